@@ -1,0 +1,7 @@
+"""A differential, per-segment correctness harness for packed-sequence attention kernels."""
+from harness.cases import Case, make_inputs
+from harness.layouts import LAYOUTS, SegmentIdError, check_segment_ids
+from harness.registry import Kernel, load_kernel_module, register_kernel, select_kernels
+
+__all__ = ["Case", "Kernel", "LAYOUTS", "SegmentIdError", "check_segment_ids", "load_kernel_module",
+           "make_inputs", "register_kernel", "select_kernels"]

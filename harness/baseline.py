@@ -1,0 +1,96 @@
+"""Regression against a baseline report: verdict flips, new and missing cases, grown errors.
+
+A regression (exit 1) is: a check that passed (or was caught) now fails, errors or is missed;
+a kernel x case that ran now skipped; or an error that grew by more than `growth` times while
+the new error is above NOISE_RATIO of its tolerance (so errors at the rounding floor,
+where a factor of two is noise, never count). New and missing cases are listed, not failed:
+suites grow and shrink on purpose.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness import records as rec
+
+NOISE_RATIO = 0.1
+_GOOD = ("ok", "caught")
+
+
+@dataclass
+class Comparison:
+    flips: list[tuple[dict, dict]] = field(default_factory=list)      # (base, new)
+    regressions: list[str] = field(default_factory=list)
+    grown: list[tuple[dict, dict]] = field(default_factory=list)
+    new_cases: list[tuple[str, str]] = field(default_factory=list)
+    missing_cases: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.regressions)
+
+
+def _cases(records) -> set[tuple[str, str]]:
+    return {(r["kernel"], r["case_id"]) for r in records}
+
+
+def compare(new: list[dict], base: list[dict], growth: float = 2.0) -> Comparison:
+    result = Comparison()
+    base_by_key = {rec.record_key(r): r for r in base}
+    new_cases, base_cases = _cases(new), _cases(base)
+    result.new_cases = sorted(new_cases - base_cases)
+    result.missing_cases = sorted(base_cases - new_cases)
+    ran_before = {(r["kernel"], r["case_id"]) for r in base if r["outcome"] != "skip"}
+    for r in new:
+        case = (r["kernel"], r["case_id"])
+        if r["outcome"] == "skip" and r["check"] == "*" and case in ran_before:
+            result.regressions.append(f"{case[0]} on {case[1]}: ran in the baseline, now skipped "
+                                      f"({r.get('message', '')})")
+        if r["outcome"] == "error" and case in base_cases and not any(
+                b["outcome"] == "error" for b in base if (b["kernel"], b["case_id"]) == case):
+            result.regressions.append(f"{case[0]} on {case[1]}: now errors: {r.get('message', '')}")
+        b = base_by_key.get(rec.record_key(r))
+        if b is None:
+            continue
+        if b["verdict"] != r["verdict"]:
+            result.flips.append((b, r))
+            if b["outcome"] in _GOOD and r["outcome"] not in _GOOD + ("skip",):
+                result.regressions.append(
+                    f"{r['kernel']} {r['check']} {r.get('segment_label')} of {r['case_id']}: "
+                    f"{b['outcome']} -> {r['outcome']}")
+        old_err, new_err = b.get("max_abs_err"), r.get("max_abs_err")
+        if r["verdict"] in ("pass", "fail") and b["verdict"] in ("pass", "fail"):
+            if new_err is None and old_err is not None:
+                result.grown.append((b, r))
+            elif (old_err is not None and new_err is not None and new_err > growth * old_err
+                  and r["ratio"] is not None and r["ratio"] > NOISE_RATIO):
+                result.grown.append((b, r))
+    for b, r in result.grown:
+        if r["expected"] == "pass":
+            result.regressions.append(
+                f"{r['kernel']} {r['check']} {r.get('segment_label')} of {r['case_id']}: error "
+                f"grew {b['max_abs_err']:.3g} -> "
+                f"{'nan/inf' if r['max_abs_err'] is None else format(r['max_abs_err'], '.3g')} "
+                f"(> {growth}x)")
+    return result
+
+
+def compare_files(new_path: str, base_path: str, growth: float = 2.0) -> int:
+    _, new = rec.read(new_path)
+    _, base = rec.read(base_path)
+    result = compare(new, base, growth)
+    print(f"compare {new_path} with baseline {base_path} (growth factor {growth})")
+    print(f"  verdict flips: {len(result.flips)}")
+    for b, r in result.flips[:40]:
+        print(f"    {r['kernel']} {r['check']} {r.get('segment_label')} of {r['case_id']}: "
+              f"{b['verdict']} -> {r['verdict']}")
+    print(f"  errors grown > {growth}x: {len(result.grown)}")
+    print(f"  new kernel x case: {len(result.new_cases)}; missing: {len(result.missing_cases)}")
+    for k, c in result.missing_cases[:20]:
+        print(f"    missing: {k} on {c}")
+    if result.regressed:
+        print(f"REGRESSION ({len(result.regressions)}):")
+        for line in result.regressions[:60]:
+            print(f"  {line}")
+        return 1
+    print("no regression")
+    return 0

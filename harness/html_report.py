@@ -1,0 +1,150 @@
+"""report.html: one self-contained file (images inline) with a kernel x layout heatmap of the
+worst ratio, and for each failing or near-failing row, error by token position with the segment
+boundaries and the tolerance drawn, for the forward output and dq."""
+from __future__ import annotations
+
+import base64
+import io
+import math
+from pathlib import Path
+
+import jinja2
+
+from harness.markdown_report import _env_line, _fmt
+from harness.summary import grid, problems
+
+PLOTTED_CHECKS = ("out", "dq")
+MAX_PLOTS = 60
+
+_TEMPLATE = jinja2.Template("""<!doctype html>
+<html><head><meta charset="utf-8"><title>Attention harness report</title>
+<style>
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; font-size: 13px; }
+td, th { border: 1px solid #ccc; padding: 3px 6px; }
+th { background: #f2f2f2; }
+.bad { color: #b00; font-weight: bold; }
+.caught { color: #06c; }
+img { max-width: 100%; }
+.plot { margin: 1em 0 2em 0; }
+</style></head><body>
+<h1>Attention harness report</h1>
+<p>suite <code>{{ header.suite }}</code> · {{ env_line }}</p>
+<p>{{ counts }}</p>
+<h2>Overview: worst error/tolerance ratio per kernel and layout</h2>
+<img alt="heatmap" src="data:image/png;base64,{{ heatmap }}">
+<h2>Problems ({{ bad|length }})</h2>
+{% if not bad %}<p>None: every kernel expected to pass passed, every expected failure was caught.</p>
+{% else %}<table><tr><th>kernel</th><th>check</th><th>segment</th><th>tokens</th><th>max abs err</th>
+<th>tolerance</th><th>ratio</th><th>worst token</th><th>case id</th></tr>
+{% for r in bad %}<tr class="bad"><td>{{ r.kernel }}</td><td>{{ r.check }}</td>
+<td>{{ r.segment_label or '' }} {{ r.outcome }}</td><td>{{ r.tokens }}</td><td>{{ r.err }}</td>
+<td>{{ r.tol }}</td><td>{{ r.ratio }}</td><td>{{ r.worst_token }}</td><td><code>{{ r.case_id }}</code>
+{% if r.message %}<br>{{ r.message }}{% endif %}</td></tr>
+{% endfor %}</table>{% endif %}
+<h2>Error by token position (failing and near-failing rows)</h2>
+<p>Grey lines: segment boundaries. Dashed: each segment's tolerance. Red points: tokens over it.
+{% if dropped %} {{ dropped }} more rows not plotted.{% endif %}</p>
+{% for p in plots %}<div class="plot"><h3 class="{{ p.css }}">{{ p.title }}</h3>
+<img alt="{{ p.title }}" src="data:image/png;base64,{{ p.png }}"></div>
+{% endfor %}
+</body></html>
+""")
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _heatmap(records) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    kernels, layouts, cells = grid(records)
+    values = np.full((len(kernels), len(layouts)), np.nan)
+    for i, k in enumerate(kernels):
+        for j, lay in enumerate(layouts):
+            cell = cells.get((k, lay))
+            if cell is not None and cell.status not in ("skip", "ERROR"):
+                r = cell.worst_ratio
+                values[i, j] = 4.0 if r is None else math.log10(max(r, 1e-4))
+    fig, ax = plt.subplots(figsize=(1.3 * len(layouts) + 3, 0.5 * len(kernels) + 1.8))
+    im = ax.imshow(values, cmap="RdYlGn_r", vmin=-2, vmax=2, aspect="auto")
+    ax.set_xticks(range(len(layouts)), layouts, rotation=35, ha="right")
+    ax.set_yticks(range(len(kernels)), kernels)
+    for i, k in enumerate(kernels):
+        for j, lay in enumerate(layouts):
+            cell = cells.get((k, lay))
+            if cell is None:
+                continue
+            label = {"skip": "skip", "ERROR": "ERROR"}.get(
+                cell.status, f"{_fmt(cell.worst_ratio, 2)}\n{cell.status}")
+            ax.text(j, i, label, ha="center", va="center", fontsize=7)
+    fig.colorbar(im, ax=ax, label="log10(worst ratio); > 0 fails")
+    return _png(fig)
+
+
+def _trace_plot(trace) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    err = np.array([np.inf if x is None else x for x in trace["token_err"]], float)
+    fig, ax = plt.subplots(figsize=(10, 2.8))
+    pos = np.arange(err.size)
+    finite = np.isfinite(err)
+    ax.plot(pos[finite], np.maximum(err[finite], 1e-8), lw=0.8, color="#333")
+    last = 0
+    for seg in trace["segments"]:
+        start, stop = seg["start"], seg["start"] + seg["length"]
+        tol = trace["tolerance"][str(seg["number"])]
+        ax.hlines(tol, start, stop - 0.01, colors="#c60", linestyles="dashed", lw=1)
+        over = [p for p in range(start, stop) if not err[p] <= tol]
+        ax.scatter(over, np.maximum(np.where(np.isfinite(err[over]), err[over], 1e3), 1e-8),
+                   s=4, color="red", zorder=3)
+        ax.axvline(start, color="#999", lw=0.6)
+        ax.text(start + 0.5, 1.02, f"s{seg['number']}", transform=ax.get_xaxis_transform(),
+                fontsize=7, color="#555")
+        last = stop
+    if last < err.size:
+        ax.axvspan(last, err.size, color="#eee", label="padding (not compared)")
+    ax.set_yscale("log")
+    ax.set_xlim(0, err.size)
+    ax.set_xlabel("token position in row")
+    ax.set_ylabel("max |err| over heads")
+    return _png(fig)
+
+
+def write_html(path: Path, header: dict, records: list[dict], traces: list[dict]) -> None:
+    bad = []
+    for r in problems(records):
+        tokens = "" if r.get("start") is None else f"{r['start']}..{r['start'] + r['length'] - 1}"
+        bad.append({**r, "tokens": tokens, "err": _fmt(r.get("max_abs_err")),
+                    "tol": _fmt(r.get("tolerance")), "ratio": _fmt(r.get("ratio")),
+                    "message": (r.get("message") or "")[:300]})
+    outcome = {(r["kernel"], r["case_id"], r["check"], r.get("row")): r["outcome"]
+               for r in records if r["outcome"] in ("fail", "missed", "caught")}
+    wanted = [t for t in traces if t["check"] in PLOTTED_CHECKS]
+    # Unexpected failures first, then catches, then near misses.
+    order = {"fail": 0, "missed": 0, "caught": 1}
+    wanted.sort(key=lambda t: order.get(outcome.get((t["kernel"], t["case_id"], t["check"], t["row"])), 2))
+    plots = []
+    for t in wanted[:MAX_PLOTS]:
+        state = outcome.get((t["kernel"], t["case_id"], t["check"], t["row"]), "near-failing")
+        plots.append({"title": f"{t['kernel']} · {t['check']} · row {t['row']} · {t['case_id']} "
+                               f"· {state}",
+                      "css": {"fail": "bad", "missed": "bad", "caught": "caught"}.get(state, ""),
+                      "png": _trace_plot(t)})
+    from harness.summary import counts
+    path.write_text(_TEMPLATE.render(
+        header=header, env_line=_env_line(header.get("environment", {})),
+        counts=", ".join(f"{k} {v}" for k, v in sorted(counts(records).items())),
+        heatmap=_heatmap(records), bad=bad, plots=plots,
+        dropped=max(0, len(wanted) - MAX_PLOTS)))

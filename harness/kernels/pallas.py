@@ -1,0 +1,24 @@
+"""Pallas flash attention (jax.experimental.pallas.ops.gpu.attention.mha) with segment ids:
+Triton on the GPU, the Pallas interpreter on the CPU."""
+from __future__ import annotations
+
+import jax
+
+from harness.registry import register_kernel
+
+
+def pallas_mha(query, key, value, segment_ids, *, causal, scale):
+    from jax.experimental.pallas.ops.gpu import attention  # deprecated upstream; import late
+
+    interpret = jax.devices()[0].platform != "gpu"
+    return attention.mha(query, key, value, segment_ids, sm_scale=scale, causal=causal,
+                         interpret=interpret)
+
+
+register_kernel(
+    "pallas_mha", pallas_mha,
+    # The kernel tiles the sequence in blocks of min(128, T), with no ragged tail, and has no
+    # grouped kv heads.
+    gqa=False, seq_len_multiple=128,
+    requires=("jax.experimental.pallas",),
+    description="Pallas mha with segment_ids (Triton on GPU, interpreter on CPU)")

@@ -1,0 +1,213 @@
+"""Runs kernels on cases and turns their differences from the truth into per-segment records.
+
+One record per kernel, case, check (out, dq, dk, dv) and segment. Inputs and segment ids are
+arguments of jitted programs, so each kernel compiles once per shape, not per layout or seed.
+"""
+from __future__ import annotations
+
+import functools
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from harness.cases import Case, make_inputs
+from harness.oracle import dense_attention
+from harness.registry import CHECKS, Kernel, Platform
+from harness.tolerance import tolerance
+
+# A row's per-token errors are kept for plotting when a segment in it gets this close to failing.
+TRACE_RATIO = 0.5
+
+OUTCOMES_OK = ("ok", "caught", "skip")
+
+
+def _with_gradients(fn: Callable) -> Callable:
+    """(q, k, v, seg, cotangent) -> (out, dq, dk, dv) through jax.vjp."""
+    def run(q, k, v, seg, ct):
+        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, seg), q, k, v)
+        return (out, *vjp(ct.astype(out.dtype)))
+    return run
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_program(scale: float, causal: bool, truth: bool):
+    return jax.jit(_with_gradients(functools.partial(
+        dense_attention, scale=scale, causal=causal, truth=truth)))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_program(kernel: Kernel, scale: float, causal: bool, max_segments: int | None,
+                    backward: bool):
+    extra = {"max_segments": max_segments} if max_segments is not None else {}
+
+    def fn(q, k, v, seg):
+        return kernel.fn(q, k, v, seg, causal=causal, scale=scale, **extra)
+
+    if backward:
+        return jax.jit(_with_gradients(fn))
+    return jax.jit(lambda q, k, v, seg, ct: (fn(q, k, v, seg),))
+
+
+@jax.jit
+def _token_errors(x, ref):
+    """Per token ([B, T]): max abs error (inf where non-finite), summed abs error, and the
+    count of non-finite values, over heads and head dims."""
+    x = x.astype(jnp.float32)
+    finite = jnp.isfinite(x)
+    diff = jnp.abs(x - ref)
+    return (jnp.where(finite, diff, jnp.inf).max(axis=(2, 3)),
+            jnp.where(finite, diff, 0.0).sum(axis=(2, 3)),
+            (~finite).sum(axis=(2, 3)))
+
+
+@dataclass
+class Reference:
+    """The truth for one case, and how far the same-dtype peer lands from it, per token."""
+    truth: tuple
+    peer_token_err: dict[str, np.ndarray]
+    scale: dict[str, float]
+
+
+@functools.lru_cache(maxsize=2)
+def reference_for(case: Case) -> Reference:
+    inputs = make_inputs(case)
+    args = (inputs.query, inputs.key, inputs.value, inputs.segment_ids, inputs.cotangent)
+    truth = _reference_program(case.scale, case.causal, True)(*args)
+    peer = _reference_program(case.scale, case.causal, False)(*args)
+    valid = jnp.asarray(case.segment_ids > 0)[:, :, None, None]
+    peer_err, scale = {}, {}
+    for check, t, p in zip(CHECKS, truth, peer):
+        peer_err[check] = np.asarray(_token_errors(p, t)[0])
+        scale[check] = float(jnp.where(valid, jnp.abs(t), 0).max())
+    return Reference(truth=truth, peer_token_err=peer_err, scale=scale)
+
+
+def _base(kernel: Kernel, case: Case) -> dict:
+    return {"kernel": kernel.name, "case_id": case.id, "layout": case.layout,
+            "family": case.family, "dtype": case.dtype, "batch": case.batch,
+            "seq_len": case.seq_len, "heads": case.heads, "kv_heads": case.kv_heads,
+            "head_dim": case.head_dim}
+
+
+def _outcome(verdict: str, expected: str) -> str:
+    if verdict in ("skip", "error"):
+        return verdict
+    if expected == "either":
+        return "ok"
+    if verdict == expected:
+        return "ok" if verdict == "pass" else "caught"
+    return "fail" if verdict == "fail" else "missed"
+
+
+def _status_record(kernel, case, verdict, message, check="*") -> dict:
+    return {**_base(kernel, case), "check": check, "segment": None, "row": None,
+            "verdict": verdict, "expected": "pass", "outcome": verdict, "message": message}
+
+
+@dataclass
+class KernelCaseResult:
+    records: list[dict]
+    traces: list[dict]
+
+
+def _elements_per_token(case: Case, check: str) -> int:
+    return (case.heads if check in ("out", "dq") else case.kv_heads) * case.head_dim
+
+
+def _check_records(kernel, case, check, errs, ref: Reference, seconds) -> KernelCaseResult:
+    tok_max, tok_sum, tok_bad = (np.asarray(e) for e in errs)
+    records, flagged_rows = [], {}
+    for seg in case.segments:
+        sl = (seg.row, slice(seg.start, seg.stop))
+        seg_err = tok_max[sl]
+        worst = int(np.argmax(seg_err))
+        max_err = float(seg_err[worst])
+        peer_err = float(ref.peer_token_err[check][sl].max())
+        tol = tolerance(check, case.dtype, peer_err, ref.scale[check])
+        nonfinite = int(tok_bad[sl].sum())
+        ratio = max_err / tol if nonfinite == 0 else float("inf")
+        verdict = "pass" if ratio <= 1.0 else "fail"
+        expected = kernel.expected(case, check, seg)
+        records.append({
+            **_base(kernel, case), "check": check, "row": seg.row, "segment": seg.number,
+            "segment_label": seg.label, "start": seg.start, "length": seg.length,
+            "max_abs_err": max_err if nonfinite == 0 else None,
+            "mean_abs_err": float(tok_sum[sl].sum()) / (seg.length * _elements_per_token(case, check)),
+            "worst_token": seg.start + worst, "nonfinite": nonfinite, "peer_err": peer_err,
+            "tolerance": tol, "ratio": ratio if np.isfinite(ratio) else None,
+            "verdict": verdict, "expected": expected, "outcome": _outcome(verdict, expected),
+            "seconds": seconds,
+        })
+        if not ratio <= TRACE_RATIO:
+            flagged_rows.setdefault(seg.row, []).append((seg, tol))
+    traces = [{
+        "kernel": kernel.name, "case_id": case.id, "check": check, "row": row,
+        "token_err": [None if not np.isfinite(x) else float(x) for x in tok_max[row]],
+        "segments": [{"number": s.number, "start": s.start, "length": s.length}
+                     for s in case.segments if s.row == row],
+        "tolerance": {str(s.number): tolerance(check, case.dtype,
+                                               float(ref.peer_token_err[check][s.row, s.start:s.stop].max()),
+                                               ref.scale[check])
+                      for s in case.segments if s.row == row},
+    } for row in flagged_rows]
+    return KernelCaseResult(records, traces)
+
+
+def run_kernel_case(kernel: Kernel, case: Case, platform: Platform) -> KernelCaseResult:
+    """Every check of one kernel on one case; unsupported -> skip, raising -> error."""
+    reasons = kernel.unsupported_reasons(case, platform)
+    if reasons:
+        return KernelCaseResult([_status_record(kernel, case, "skip", "; ".join(reasons))], [])
+    try:
+        ref = reference_for(case)
+        inputs = make_inputs(case)
+        program = _kernel_program(kernel, case.scale, case.causal,
+                                  case.max_segments if kernel.takes_max_segments else None,
+                                  kernel.backward)
+        start = time.perf_counter()
+        results = program(inputs.query, inputs.key, inputs.value, inputs.segment_ids,
+                          inputs.cotangent)
+        jax.block_until_ready(results)
+        seconds = round(time.perf_counter() - start, 4)
+        if results[0].shape != inputs.query.shape:
+            raise ValueError(f"output shape {results[0].shape} != query shape {inputs.query.shape}")
+        errs = [_token_errors(r, t) for r, t in zip(results, ref.truth)]
+    except Exception as exc:  # a kernel that raises is an error, never a skip
+        message = f"{type(exc).__name__}: {exc}".strip()
+        tb = traceback.format_exc(limit=-3)
+        return KernelCaseResult([{**_status_record(kernel, case, "error", message[:2000]),
+                                  "traceback": tb[-4000:]}], [])
+    out = KernelCaseResult([], [])
+    for check, err in zip(CHECKS, errs):
+        part = _check_records(kernel, case, check, err, ref, seconds)
+        out.records += part.records
+        out.traces += part.traces
+    if not kernel.backward:
+        out.records += [_status_record(kernel, case, "skip", "kernel declares no backward", check=c)
+                        for c in CHECKS[1:]]
+    return out
+
+
+def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platform,
+               on_result: Callable[[Kernel, Case, KernelCaseResult], None] | None = None
+               ) -> KernelCaseResult:
+    """Cases outermost, so each case's reference is computed once for all kernels."""
+    kernels = list(kernels)
+    total = KernelCaseResult([], [])
+    for case in cases:
+        for kernel in kernels:
+            result = run_kernel_case(kernel, case, platform)
+            total.records += result.records
+            total.traces += result.traces
+            if on_result:
+                on_result(kernel, case, result)
+    return total
+
+
+def is_ok(record: dict) -> bool:
+    return record["outcome"] in OUTCOMES_OK
