@@ -89,6 +89,7 @@ _KERNELS: dict[str, Kernel] = {}
 
 def register_kernel(name: str, fn: Callable, *, replace: bool = False, **capabilities) -> Kernel:
     """Adds a kernel to the matrix. Capabilities are the fields of `Kernel`."""
+    _load_builtins()  # so a user's kernel cannot silently take a built-in's name
     if name in _KERNELS and not replace:
         raise ValueError(f"kernel {name!r} is already registered")
     dtypes = capabilities.get("dtypes")
@@ -116,8 +117,12 @@ def load_kernel_module(path: str | Path) -> None:
     spec.loader.exec_module(module)
 
 
+def _load_builtins() -> None:
+    import harness.kernels  # noqa: F401  (registers the built-in kernels on first import)
+
+
 def all_kernels() -> dict[str, Kernel]:
-    import harness.kernels  # noqa: F401  (registers the built-in kernels on first use)
+    _load_builtins()
     return dict(_KERNELS)
 
 

@@ -41,3 +41,24 @@ class ReportWriter:
             from harness.baseline import compare_files
             status |= compare_files(str(self.dir / rec.RECORDS_FILE), baseline, growth=growth)
         return status
+
+
+def merge_parts(report_dir: Path, suite: str, baseline: str | None = None,
+                growth: float = 2.0) -> int:
+    """Joins the per-worker part files of a pytest run into one report; returns 1 on a
+    regression against the baseline (problems themselves already failed their tests)."""
+    from harness.environment import describe
+
+    parts = report_dir / "parts"
+    records_path, traces_path = report_dir / rec.RECORDS_FILE, report_dir / rec.TRACES_FILE
+    rec.write_header(records_path, describe(), suite=suite, source="pytest")
+    with records_path.open("a") as out, traces_path.open("w") as traces:
+        for part in sorted(parts.glob("*.jsonl")):
+            target = traces if part.name.endswith(".traces.jsonl") else out
+            target.write(part.read_text())
+    _, records = write_views(report_dir)
+    print(f"\nharness report: {report_dir}/ ({len(records)} records)")
+    if baseline:
+        from harness.baseline import compare_files
+        return compare_files(str(records_path), baseline, growth=growth)
+    return 0

@@ -46,7 +46,10 @@ def _kernel_program(kernel: Kernel, scale: float, causal: bool, max_segments: in
     extra = {"max_segments": max_segments} if max_segments is not None else {}
 
     def fn(q, k, v, seg):
-        return kernel.fn(q, k, v, seg, causal=causal, scale=scale, **extra)
+        out = kernel.fn(q, k, v, seg, causal=causal, scale=scale, **extra)
+        if out.shape != q.shape:
+            raise ValueError(f"{kernel.name}: output shape {out.shape} != query shape {q.shape}")
+        return out
 
     if backward:
         return jax.jit(_with_gradients(fn))
@@ -174,8 +177,6 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform) -> KernelCas
                           inputs.cotangent)
         jax.block_until_ready(results)
         seconds = round(time.perf_counter() - start, 4)
-        if results[0].shape != inputs.query.shape:
-            raise ValueError(f"output shape {results[0].shape} != query shape {inputs.query.shape}")
         errs = [_token_errors(r, t) for r, t in zip(results, ref.truth)]
     except Exception as exc:  # a kernel that raises is an error, never a skip
         message = f"{type(exc).__name__}: {exc}".strip()

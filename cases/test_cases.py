@@ -1,0 +1,44 @@
+"""Case ids reproduce cases exactly; inputs are fresh random, rounded, with padding poisoned."""
+import numpy as np
+import pytest
+
+from harness.cases import PADDING_POISON_SCALE, Case, make_inputs
+from harness.suites import suite_cases
+
+
+@pytest.mark.parametrize("case", suite_cases("smoke") + suite_cases("nightly"), ids=lambda c: c.id)
+def test_case_id_round_trips(case):
+    assert Case.from_id(case.id) == case
+
+
+def test_bidirectional_case_id():
+    case = Case("packed/random", 2, 64, 2, 1, 8, "bfloat16", 3, causal=False)
+    assert case.id.endswith("-bidir") and Case.from_id(case.id) == case
+
+
+@pytest.mark.parametrize("bad", ["packed/random-b2", "nope/x-b1-t8-h1kv1-d8-f32-s0",
+                                 "packed/random-b1-t8-h1kv1-d8-f64-s0"])
+def test_bad_case_ids_are_refused(bad):
+    with pytest.raises(ValueError):
+        Case.from_id(bad)
+
+
+def test_heads_must_be_a_multiple_of_kv_heads():
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        Case("packed/random", 1, 64, 6, 4, 8, "float32", 0)
+
+
+def test_inputs_are_seeded_random_with_poisoned_padding():
+    case = Case("unpacked/pad-tail", 3, 128, 4, 2, 16, "bfloat16", seed=5)
+    a, b = make_inputs(case), make_inputs(case)
+    np.testing.assert_array_equal(np.asarray(a.query, np.float32), np.asarray(b.query, np.float32))
+    other = make_inputs(Case("unpacked/pad-tail", 3, 128, 4, 2, 16, "bfloat16", seed=6))
+    assert not np.array_equal(np.asarray(a.query, np.float32), np.asarray(other.query, np.float32))
+    pad = case.segment_ids == 0
+    assert pad.any()
+    assert str(a.query.dtype) == "bfloat16"
+    q = np.asarray(a.query, np.float32)
+    assert np.abs(q[~pad]).std() < 1.5 < np.abs(q[pad]).std() < PADDING_POISON_SCALE * 1.5
+    ct = np.asarray(a.cotangent, np.float32)
+    assert (ct[pad] == 0).all() and (ct[~pad] != 0).mean() > 0.99
+    assert (np.asarray(a.key, np.float32) != 0).mean() > 0.99, "never zeros"

@@ -1,0 +1,105 @@
+"""Capabilities decide skips (with reasons); errors stay errors; outside kernels plug in by path."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cases import Case
+from harness.registry import Kernel, Platform, register_kernel, select_kernels
+from harness.runner import run_kernel_case
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "my_kernel.py"
+CASE = Case("packed/random", 2, 128, 4, 2, 32, "bfloat16", 0)
+
+
+def _noop(q, k, v, seg, *, causal, scale):
+    return q
+
+
+@pytest.mark.parametrize("caps, platform, reason", [
+    ({"dtypes": ("float32",)}, Platform("cpu"), "dtype bfloat16 not in float32"),
+    ({"gqa": False}, Platform("cpu"), "no GQA/MQA"),
+    ({"packed": False}, Platform("cpu"), "no packed segments"),
+    ({"head_dims": (64, 128)}, Platform("cpu"), "head_dim 32 not in (64, 128)"),
+    ({"devices": ("gpu",)}, Platform("cpu"), "runs on gpu, not cpu"),
+    ({"min_compute_capability": 9.0}, Platform("gpu", 8.0), "needs compute capability >= 9.0"),
+    ({"requires": ("transformer_engine_not_here",)}, Platform("cpu"), "not installed"),
+    ({"seq_len_multiple": 96}, Platform("cpu"), "not a multiple of 96"),
+])
+def test_unsupported_combinations_are_skipped_with_the_reason(caps, platform, reason):
+    records = run_kernel_case(Kernel("k", _noop, **caps), CASE, platform).records
+    assert [r["verdict"] for r in records] == ["skip"]
+    assert reason in records[0]["message"]
+
+
+def test_a_kernel_that_raises_is_an_error_not_a_skip():
+    def broken(q, k, v, seg, *, causal, scale):
+        raise RuntimeError("cuDNN said no")
+    records = run_kernel_case(Kernel("broken", broken), CASE, Platform("cpu")).records
+    assert records[0]["outcome"] == "error" and "cuDNN said no" in records[0]["message"]
+
+
+def test_wrong_output_shape_is_an_error():
+    def wrong(q, k, v, seg, *, causal, scale):
+        return q[:, :-1]
+    records = run_kernel_case(Kernel("wrong", wrong), CASE, Platform("cpu")).records
+    assert records[0]["outcome"] == "error" and "output shape" in records[0]["message"]
+
+
+def test_a_kernel_that_returns_its_query_fails_everywhere():
+    records = run_kernel_case(Kernel("noop", _noop), CASE, Platform("cpu")).records
+    assert {r["verdict"] for r in records if r["check"] == "out"} == {"fail"}
+
+
+def test_duplicate_and_unknown_names_are_refused():
+    with pytest.raises(ValueError, match="already registered"):
+        register_kernel("dot_product", _noop)
+    with pytest.raises(KeyError, match="unknown kernels"):
+        select_kernels("dot_product,nope")
+    with pytest.raises(ValueError, match="unknown dtypes"):
+        register_kernel("k_bad_dtype", _noop, dtypes=("float64",))
+
+
+def _run(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_kernel_module_is_picked_up_by_the_cli(tmp_path):
+    out = _run("-m", "harness", "run", "--kernel-module", str(EXAMPLE), "--kernels", "my_attention",
+               "--cases", "packed/random-*-bf16-*", "--report-dir", str(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [json.loads(x) for x in (tmp_path / "report.jsonl").read_text().splitlines()]
+    assert lines[0]["type"] == "run" and lines[0]["kernels"] == ["my_attention"]
+    assert {x["verdict"] for x in lines[1:]} == {"pass"}
+    assert (tmp_path / "summary.md").exists() and (tmp_path / "report.html").exists()
+
+
+def test_kernel_module_is_picked_up_by_pytest(tmp_path):
+    out = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "cases" / "test_matrix.py"),
+               "--kernel-module", str(EXAMPLE), "--kernels", "my_attention,canary_causal_only",
+               "--cases", "packed/random-*", "--report-dir", str(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "my_attention:packed/random" in _run("-m", "pytest", "--collect-only", "-q",
+                                                 "-p", "no:cacheprovider",
+                                                 str(ROOT / "cases" / "test_matrix.py"),
+                                                 "--kernel-module", str(EXAMPLE),
+                                                 "--kernels", "my_attention").stdout
+    kernels = {json.loads(x).get("kernel") for x in (tmp_path / "report.jsonl").read_text().splitlines()}
+    assert {"my_attention", "canary_causal_only"} <= kernels
+
+
+def test_cli_exits_non_zero_when_a_kernel_fails(tmp_path):
+    leaky = tmp_path / "leaky.py"
+    leaky.write_text(
+        "import harness, jax\n"
+        "def leaky(q, k, v, seg, *, causal, scale):\n"
+        "    return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True)\n"
+        "harness.register_kernel('leaky', leaky)\n")
+    out = _run("-m", "harness", "run", "--kernel-module", str(leaky), "--kernels", "leaky",
+               "--cases", "packed/random-*-f32-*", "--report-dir", str(tmp_path / "r"))
+    assert out.returncode == 1
+    assert "FAIL" in out.stdout and "r0s2" in out.stdout
