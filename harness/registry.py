@@ -50,6 +50,12 @@ class Kernel:
     # Anything else a kernel cannot do: (case, platform) -> reasons (empty when it can).
     constraints: Callable[[Case, Platform], list[str]] | None = None
     expect: Expectation | None = None
+    # Known upstream failure: the kernel must raise an error containing this text. It is then
+    # recorded as "known" (not bad); if it stops raising, that is reported as "missed".
+    expect_error: str | None = None
+    # Custom-call names that must appear in the compiled program: proof that the fused kernel
+    # ran, so a silent fallback cannot pass as it.
+    hlo_markers: tuple[str, ...] = ()
     description: str = ""
     tags: tuple[str, ...] = field(default=())
 

@@ -23,7 +23,7 @@ from harness.tolerance import tolerance
 # A row's per-token errors are kept for plotting when a segment in it gets this close to failing.
 TRACE_RATIO = 0.5
 
-OUTCOMES_OK = ("ok", "caught", "skip")
+OUTCOMES_OK = ("ok", "caught", "skip", "known")
 
 
 def _with_gradients(fn: Callable) -> Callable:
@@ -107,9 +107,23 @@ def _outcome(verdict: str, expected: str) -> str:
     return "fail" if verdict == "fail" else "missed"
 
 
-def _status_record(kernel, case, verdict, message, check="*") -> dict:
+def _status_record(kernel, case, verdict, message, check="*", expected="pass",
+                   outcome=None) -> dict:
     return {**_base(kernel, case), "check": check, "segment": None, "row": None,
-            "verdict": verdict, "expected": "pass", "outcome": verdict, "message": message}
+            "verdict": verdict, "expected": expected, "outcome": outcome or verdict,
+            "message": message}
+
+
+_HLO_CHECKED: dict[tuple, list[str]] = {}
+
+
+def missing_hlo_markers(kernel: Kernel, program, args) -> list[str]:
+    """Markers absent from the compiled program (checked once per kernel and shape)."""
+    key = (kernel.name, tuple((a.shape, str(a.dtype)) for a in args))
+    if key not in _HLO_CHECKED:
+        text = program.lower(*args).compile().as_text()
+        _HLO_CHECKED[key] = [m for m in kernel.hlo_markers if m not in text]
+    return _HLO_CHECKED[key]
 
 
 @dataclass
@@ -173,17 +187,27 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform) -> KernelCas
                                   case.max_segments if kernel.takes_max_segments else None,
                                   kernel.backward)
         start = time.perf_counter()
-        results = program(inputs.query, inputs.key, inputs.value, inputs.segment_ids,
-                          inputs.cotangent)
+        args = (inputs.query, inputs.key, inputs.value, inputs.segment_ids, inputs.cotangent)
+        results = program(*args)
         jax.block_until_ready(results)
         seconds = round(time.perf_counter() - start, 4)
         errs = [_token_errors(r, t) for r, t in zip(results, ref.truth)]
+        missing = missing_hlo_markers(kernel, program, args) if kernel.hlo_markers else []
+        if missing:
+            raise AssertionError(f"compiled program lacks {missing}: the fused kernel did not run")
     except Exception as exc:  # a kernel that raises is an error, never a skip
         message = f"{type(exc).__name__}: {exc}".strip()
         tb = traceback.format_exc(limit=-3)
-        return KernelCaseResult([{**_status_record(kernel, case, "error", message[:2000]),
-                                  "traceback": tb[-4000:]}], [])
+        known = kernel.expect_error is not None and kernel.expect_error in message
+        record = _status_record(kernel, case, "error", message[:2000],
+                                expected="error" if kernel.expect_error else "pass",
+                                outcome="known" if known else "error")
+        return KernelCaseResult([{**record, "traceback": tb[-4000:]}], [])
     out = KernelCaseResult([], [])
+    if kernel.expect_error is not None:
+        out.records.append(_status_record(
+            kernel, case, "pass", f"expected upstream error {kernel.expect_error!r} did not occur",
+            expected="error", outcome="missed"))
     for check, err in zip(CHECKS, errs):
         part = _check_records(kernel, case, check, err, ref, seconds)
         out.records += part.records

@@ -94,7 +94,7 @@ def print_console(records: list[dict], console=None) -> None:
     styles = {"ok": "green", "caught": "cyan", "FAIL": "bold red", "MISSED": "bold red",
               "ERROR": "bold red", "skip": "dim"}
     table = Table(title="kernel x layout: segments passing every check / segments, worst error/tolerance ratio r")
-    table.add_column("kernel")
+    table.add_column("kernel", no_wrap=True)
     for layout in layouts:
         table.add_column(layout)
     for kernel in kernels:

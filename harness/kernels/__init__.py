@@ -1,3 +1,4 @@
-"""Built-in kernels. Importing this package registers them; GPU-only libraries are imported
-inside the kernels' functions, never here, so CPU CI needs none of them."""
-from harness.kernels import pallas, reference  # noqa: F401
+"""Built-in kernels. Importing this package registers them; GPU-only libraries (cuDNN's jax
+module at call time, Transformer Engine) are imported inside the kernels, never here, so CPU CI
+needs none of them."""
+from harness.kernels import pallas, reference, sut, te  # noqa: F401

@@ -1,0 +1,221 @@
+"""The system under test: config rules, the packed lowering, bad segment ids in and out of jit,
+the GQA offsets workaround, and the emulator's API contract."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.cases import Case, make_inputs
+from harness.layouts import LAYOUTS, SegmentIdError, check_segment_ids
+from harness.sut import AttentionConfig, AttentionOp, ConfigError
+from harness.sut import cudnn_emulator as emu
+from harness.sut import lowering
+
+
+def cfg(**kw):
+    base = dict(attention="cudnn_flash_jax", packing=True, hardware="gpu", max_segments_per_seq=8,
+                compute_capability=9.0)
+    return AttentionConfig(**{**base, **kw})
+
+
+# ----- config rules: each one refuses a setting that would corrupt training or crash later ----
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"attention": "flash"}, "is not one of"),
+    ({"hardware": "cpu"}, "runs on NVIDIA GPUs only"),
+    ({"max_segments_per_seq": None}, "needs max_segments_per_seq"),
+    ({"attention": "cudnn_flash_te", "max_segments_per_seq": None}, "needs max_segments_per_seq"),
+    ({"max_segments_per_seq": 0}, "must be >= 1"),
+    ({"attention": "cudnn_flash_te", "compute_capability": 8.0}, "needs compute capability >= 9.0"),
+    ({"model_mode": "decode"}, "packed rows are a training layout"),
+    ({"dropout_rate": 0.1, "compute_capability": 7.5}, "XLA fallback has no attention dropout"),
+    ({"dropout_rate": 0.1, "attention": "dot_product"}, "dot_product has no attention dropout"),
+    ({"dropout_rate": 0.1, "cudnn_backend": "emulator"}, "emulator has no dropout"),
+    ({"dropout_rate": 1.0}, "not in [0, 1)"),
+    ({"segment_check": "ignore"}, "segment_check"),
+])
+def test_config_rules(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(")", r"\)")):
+        cfg(**overrides).validate()
+
+
+@pytest.mark.parametrize("overrides, path", [
+    ({}, "cudnn_packed"),
+    ({"compute_capability": 8.0}, "cudnn_mask"),
+    ({"force_fallback": True}, "cudnn_mask"),
+    ({"compute_capability": 7.5}, "xla_fallback"),
+    ({"attention": "dot_product"}, "dot_product"),
+    ({"attention": "cudnn_flash_te"}, "te_thd"),
+])
+def test_path_selection(overrides, path):
+    config = cfg(**overrides).validate()
+    assert config.path() == path
+
+
+def test_valid_configs_pass():
+    cfg().validate()
+    cfg(dropout_rate=0.1).validate()              # cuDNN packed path does dropout
+    cfg(dropout_rate=0.1, compute_capability=8.0).validate()  # so does the mask fallback
+    AttentionConfig(attention="dot_product", hardware="cpu").validate()
+
+
+# ----- the lowering -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_lengths_offsets_and_positions_match_the_segments(layout):
+    seg = LAYOUTS[layout].segment_ids(6, 256, 0)
+    segments = check_segment_ids(seg)
+    m = max(s.number for s in segments) + 1
+    seqlen, offsets = map(np.asarray, lowering.lengths_and_offsets(jnp.asarray(seg), m))
+    pos = np.asarray(lowering.positions(jnp.asarray(seg)))
+    assert seqlen.shape == (6, m) and offsets.shape == (6, m + 1)
+    for r in range(6):
+        mine = [s for s in segments if s.row == r]
+        assert seqlen[r].tolist() == [s.length for s in mine] + [-1] * (m - len(mine))
+        assert offsets[r].tolist() == [s.start for s in mine] + [-1] * (m + 1 - len(mine))
+        for s in mine:
+            assert pos[r, s.start:s.stop].tolist() == list(range(s.length))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 5), min_size=12, max_size=12), min_size=1, max_size=3),
+       st.integers(1, 4))
+def test_traced_representability_agrees_with_the_concrete_check(rows, max_segments):
+    seg = np.array(rows, np.int32)
+    traced = np.asarray(lowering.representable_rows(jnp.asarray(seg), max_segments))
+    for r in range(seg.shape[0]):
+        try:
+            check_segment_ids(seg[r:r + 1], max_segments=max_segments)
+            ok = True
+        except SegmentIdError:
+            ok = False
+        assert traced[r] == ok, seg[r]
+
+
+# ----- bad segment ids through the op: concrete raises, jitted is loud ------------------------
+
+def _op(**kw):
+    return AttentionOp(cfg(**{"cudnn_backend": "emulator", "max_segments_per_seq": 2, **kw}))
+
+
+def _qkv(b=2, t=8, h=2, kv=1, d=8, dtype=jnp.bfloat16):
+    k = jax.random.split(jax.random.PRNGKey(0), 3)
+    return (jax.random.normal(k[0], (b, t, h, d), dtype), jax.random.normal(k[1], (b, t, kv, d), dtype),
+            jax.random.normal(k[2], (b, t, kv, d), dtype))
+
+
+GOOD = [1, 1, 1, 2, 2, 2, 0, 0]
+TOO_MANY = [1, 1, 2, 2, 3, 3, 0, 0]        # id 3 > max_segments_per_seq=2
+SPLIT = [1, 1, 2, 2, 1, 1, 0, 0]            # id 1 in two runs
+
+
+@pytest.mark.parametrize("bad, message", [(TOO_MANY, "more than max_segments=2"),
+                                          (SPLIT, "not contiguous")])
+def test_concrete_bad_segment_ids_raise(bad, message):
+    q, k, v = _qkv()
+    with pytest.raises(SegmentIdError, match=message):
+        _op()(q, k, v, jnp.array([GOOD, bad], jnp.int32), scale=0.35)
+
+
+@pytest.mark.parametrize("bad", [TOO_MANY, SPLIT])
+def test_jitted_bad_rows_come_out_nan(bad):
+    q, k, v = _qkv()
+    out = jax.jit(lambda q, k, v, s: _op()(q, k, v, s, scale=0.35))(
+        q, k, v, jnp.array([GOOD, bad], jnp.int32))
+    out = np.asarray(out, np.float32)
+    assert np.isfinite(out[0]).all() and np.isnan(out[1]).all()
+
+
+@pytest.mark.parametrize("bad", [TOO_MANY, SPLIT])
+def test_jitted_bad_rows_raise_through_checkify(bad):
+    from jax.experimental import checkify
+    q, k, v = _qkv()
+    step = checkify.checkify(jax.jit(lambda q, k, v, s: _op(segment_check="checkify")(
+        q, k, v, s, scale=0.35)))
+    err, _ = step(q, k, v, jnp.array([GOOD, bad], jnp.int32))
+    with pytest.raises(Exception, match="cannot be lowered to the packed layout"):
+        err.throw()
+    err, _ = step(q, k, v, jnp.array([GOOD, GOOD], jnp.int32))
+    err.throw()  # good rows: no error
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: _qkv(dtype=jnp.float32), "takes bfloat16/float16, not float32"),
+    (lambda: _qkv(d=12), "head_dim 12 unsupported"),
+    (lambda: (_qkv()[0], _qkv(t=6)[1], _qkv(t=6)[2]), "does not match query"),
+    (lambda: _qkv(h=3, kv=2), "not a multiple of 2 kv heads"),
+])
+def test_bad_inputs_get_a_clear_error(make, message):
+    q, k, v = make()
+    with pytest.raises(ValueError, match=message):
+        _op()(q, k, v, jnp.ones(q.shape[:2], jnp.int32), scale=0.35)
+
+
+def test_segment_ids_shape_is_checked():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="segment_ids"):
+        _op()(q, k, v, jnp.ones((2, 7), jnp.int32), scale=0.35)
+
+
+# ----- GQA: jax's own packed offset arithmetic, and the workaround --------------------------------
+
+def _jax_version_at_most(v):
+    return tuple(int(x) for x in jax.__version__.split(".")[:3]) <= v
+
+
+def test_upstream_gqa_kv_offsets_and_the_workaround():
+    """jax <= 0.11.0 multiplies packed kv offsets by the query head count. With 4 query heads
+    over 1 kv head, the second kv segment's element offset comes out 4x too far; giving cuDNN
+    as many kv heads as query heads (what the op does there) makes the same arithmetic right."""
+    from jax._src.cudnn import fused_attention_stablehlo as sdpa
+
+    heads, kv_heads, d, t = 4, 1, 8, 8
+    seqlen = jnp.array([[3, 5]], jnp.int32)
+    offsets = jnp.array([[0, 3, -1]], jnp.int32)
+    q = jnp.zeros((1, t, heads, d), jnp.bfloat16)
+    k_gqa = jnp.zeros((1, t, kv_heads, d), jnp.bfloat16)
+    _, _, _, kv_off = sdpa._fix_seqlen_offsets(seqlen, seqlen, offsets, offsets, q, k_gqa)
+    right_for_gqa = 3 * kv_heads * d          # token 3 of a [T, kv_heads, d] tensor
+    wrong = int(kv_off[0, 1]) != right_for_gqa
+    assert wrong == lowering.upstream_gqa_offsets_wrong()
+    assert wrong == _jax_version_at_most((0, 11, 0)), jax.__version__
+    # The workaround: kv repeated to the query head count.
+    k_rep = jnp.zeros((1, t, heads, d), jnp.bfloat16)
+    _, _, _, kv_off = sdpa._fix_seqlen_offsets(seqlen, seqlen, offsets, offsets, q, k_rep)
+    assert int(kv_off[0, 1]) == 3 * heads * d
+
+
+# ----- the emulator's contract --------------------------------------------------------------
+
+def test_emulator_refuses_packed_layout_below_hopper():
+    q, k, v = _qkv()
+    seqlen = jnp.array([[3, 3], [3, 3]], jnp.int32)
+    offsets = jnp.array([[0, 3, -1], [0, 3, -1]], jnp.int32)
+    with pytest.raises(NotImplementedError, match="at least Hopper"):
+        emu.dot_product_attention(q, k, v, q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets,
+                                  kv_offsets=offsets, mask_type=emu.MaskType.PADDING_CAUSAL,
+                                  compute_capability=8.0)
+
+
+def test_emulator_padding_mask_uses_seqlens():
+    q, k, v = _qkv(b=1)
+    full = emu.dot_product_attention(q, k, v, mask_type=emu.MaskType.CAUSAL)
+    padded = emu.dot_product_attention(q, k, v, q_seqlen=jnp.array([5]), kv_seqlen=jnp.array([5]),
+                                       mask_type=emu.MaskType.PADDING_CAUSAL)
+    np.testing.assert_array_equal(np.asarray(full[:, :5], np.float32), np.asarray(padded[:, :5], np.float32))
+    assert (np.asarray(padded[:, 5:], np.float32) == 0).all()
+
+
+def test_original_call_through_the_emulator_leaks_and_the_fix_does_not():
+    case = Case("packed/random", 2, 128, 4, 2, 32, "bfloat16", 0)
+    x = make_inputs(case)
+    from harness.kernels.sut import original_cudnn_flash_jax
+    fixed = AttentionOp(cfg(cudnn_backend="emulator", max_segments_per_seq=case.max_segments))
+    a = np.asarray(fixed(x.query, x.key, x.value, x.segment_ids, scale=case.scale), np.float32)
+    b = np.asarray(original_cudnn_flash_jax(x.query, x.key, x.value, x.segment_ids, causal=True,
+                                            scale=case.scale, backend="emulator"), np.float32)
+    for s in case.segments:
+        rows = (s.row, slice(s.start, s.stop))
+        assert np.array_equal(a[rows], b[rows]) == (s.number == 1), s.label

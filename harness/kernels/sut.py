@@ -1,0 +1,84 @@
+"""The system under test as kernels: the fixed attention op on each of its paths, and the
+original MaxText call it replaces (expected to be caught), on real cuDNN and on the emulator."""
+from __future__ import annotations
+
+import functools
+
+from harness.kernels.reference import causal_only_expectation
+from harness.registry import register_kernel
+from harness.sut.attention_op import AttentionOp, cudnn_backend
+from harness.sut.config import AttentionConfig
+
+CUDNN = ("bfloat16", "float16")
+CUDNN_HEAD_DIMS = tuple(range(8, 257, 8))
+CUDNN_MARKER = ("__cudnn$fmha",)
+
+
+def _hardware() -> str:
+    import jax
+    return "gpu" if jax.devices()[0].platform == "gpu" else "cpu"
+
+
+def op_kernel(query, key, value, segment_ids, *, causal, scale, max_segments, **config):
+    config.setdefault("hardware", _hardware())
+    op = AttentionOp(AttentionConfig(packing=True, max_segments_per_seq=max_segments, **config))
+    return op(query, key, value, segment_ids, scale=scale, causal=causal)
+
+
+def original_cudnn_flash_jax(query, key, value, segment_ids, *, causal, scale, backend="cudnn"):
+    """MaxText's train-mode cudnn_flash_jax before the fix: causal mask only."""
+    del segment_ids, causal
+    sdpa, mask_type = cudnn_backend(backend)
+    return sdpa(query, key, value, scale=scale, mask_type=mask_type.CAUSAL, qkv_layout="BTNH")
+
+
+def _even_seq(case, platform):
+    return [] if case.seq_len % 2 == 0 else [f"odd seq_len {case.seq_len}: cuDNN with a bias "
+                                             "needs an even one in training"]
+
+
+def _pre_hopper_head_dims(case, platform):
+    cc = platform.compute_capability
+    if platform.name == "gpu" and cc is not None and cc < 9.0 and case.head_dim > 128:
+        return [f"head_dim {case.head_dim} > 128 below Hopper"]
+    return []
+
+
+def _op(**config):
+    return functools.partial(op_kernel, **config)
+
+
+register_kernel(
+    "sut:dot_product", _op(attention="dot_product"), takes_max_segments=True,
+    description="the attention op, attention=dot_product")
+register_kernel(
+    "sut:cudnn_flash_jax", _op(attention="cudnn_flash_jax"), takes_max_segments=True,
+    dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=9.0,
+    hlo_markers=CUDNN_MARKER,
+    description="the fixed op: packed seqlens/offsets, PADDING_CAUSAL, real cuDNN (Hopper+)")
+register_kernel(
+    "sut:cudnn_flash_jax:fallback", _op(attention="cudnn_flash_jax", force_fallback=True),
+    takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",),
+    min_compute_capability=8.0, hlo_markers=CUDNN_MARKER,
+    constraints=lambda c, p: _even_seq(c, p) + _pre_hopper_head_dims(c, p),
+    description="the fixed op's pre-Hopper fallback (same-segment mask as cuDNN bias), forced")
+register_kernel(
+    "sut:cudnn_flash_jax:emulated", _op(attention="cudnn_flash_jax", cudnn_backend="emulator"),
+    takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS,
+    description="the fixed op's packed lowering through the cuDNN API emulator")
+register_kernel(
+    "sut:cudnn_flash_jax:emulated-sm80",
+    _op(attention="cudnn_flash_jax", cudnn_backend="emulator", compute_capability=8.0),
+    takes_max_segments=True, dtypes=CUDNN, head_dims=tuple(range(8, 129, 8)),
+    constraints=_even_seq,
+    description="the fixed op as on an sm80 GPU (mask fallback), through the emulator")
+register_kernel(
+    "maxtext_original:cudnn_flash_jax", original_cudnn_flash_jax, dtypes=CUDNN,
+    head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=8.0, causal_only=True,
+    hlo_markers=CUDNN_MARKER, expect=causal_only_expectation, tags=("canary",),
+    description="MaxText's cudnn_flash_jax before the fix (causal only, real cuDNN): caught")
+register_kernel(
+    "maxtext_original:cudnn_flash_jax:emulated",
+    functools.partial(original_cudnn_flash_jax, backend="emulator"), dtypes=CUDNN,
+    causal_only=True, expect=causal_only_expectation, tags=("canary",),
+    description="MaxText's cudnn_flash_jax before the fix, through the emulator: caught")

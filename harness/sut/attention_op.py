@@ -1,0 +1,161 @@
+"""The fixed attention op: MaxText's AttentionOp train path, kernels selected by name.
+
+MaxText's `cudnn_flash_jax` called cuDNN with a causal mask only, so packed rows attended
+across their boundaries. Here the segment ids always reach the kernel:
+
+- cudnn_packed (Hopper+): segment ids -> per-row seqlens [B, M] and offsets [B, M+1] with
+  PADDING_CAUSAL, cuDNN's packed layout, which skips cross-segment work.
+- cudnn_mask (below Hopper, where the packed layout raises; or forced): the same-segment mask
+  as a cuDNN bias with a causal mask type. Still fused, still correct, slower.
+- xla_fallback (no cuDNN fused attention below sm80): dense dot_product with the same mask.
+- te_thd: Transformer Engine's THD fused attention with a SequenceDescriptor.
+
+Segment ids the packed lowering cannot represent (an id above max_segments_per_seq, one id in
+two runs, padding before a segment) raise SegmentIdError when they are concrete. Inside jit
+they cannot raise: with segment_check="nan" the rows that cannot be lowered come out as NaN
+(the loss goes NaN on that step: loud, never silently wrong); with "checkify" a
+jax.experimental.checkify error names the problem when the step is wrapped in
+checkify.checkify.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from harness.sut.dot_product import dot_product, segment_mask
+from harness.sut import lowering
+from harness.sut.config import AttentionConfig
+
+CUDNN_DTYPES = ("bfloat16", "float16")
+
+
+def _device_compute_capability() -> float | None:
+    device = jax.devices()[0]
+    cc = getattr(device, "compute_capability", None)
+    return float(cc) if cc else None
+
+
+def cudnn_backend(name: str, compute_capability: float | None = None):
+    """(dot_product_attention, MaskType) of the real cuDNN API or of the emulator."""
+    if name == "emulator":
+        import functools
+
+        from harness.sut import cudnn_emulator as emu
+        return (functools.partial(emu.dot_product_attention, compute_capability=compute_capability),
+                emu.MaskType)
+    from jax._src.cudnn import fused_attention_stablehlo as sdpa
+    return sdpa.dot_product_attention, sdpa.MaskType
+
+
+class AttentionOp:
+    def __init__(self, config: AttentionConfig):
+        if (config.compute_capability is None and config.hardware == "gpu"
+                and config.cudnn_backend == "cudnn" and config.attention != "dot_product"):
+            config = dataclasses.replace(config, compute_capability=_device_compute_capability())
+        self.config = config.validate()
+
+    @property
+    def max_segments(self) -> int:
+        return self.config.max_segments_per_seq if self.config.packing else 1
+
+    def _check_inputs(self, query, key, value, segment_ids) -> None:
+        """Shapes, dtypes and head dims the selected kernel cannot take: a clear error, now."""
+        if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+            raise ValueError("query, key and value must be [batch, seq, heads, head_dim]; got "
+                             f"{query.shape}, {key.shape}, {value.shape}")
+        b, t, heads, d = query.shape
+        if key.shape != value.shape:
+            raise ValueError(f"key {key.shape} and value {value.shape} differ")
+        if key.shape[0] != b or key.shape[1] != t or key.shape[3] != d:
+            raise ValueError(f"key {key.shape} does not match query {query.shape} in batch, "
+                             "sequence or head_dim (self-attention)")
+        if heads % key.shape[2]:
+            raise ValueError(f"{heads} query heads are not a multiple of {key.shape[2]} kv heads")
+        if segment_ids.shape != (b, t):
+            raise ValueError(f"segment_ids {segment_ids.shape} must be [batch, seq] = {(b, t)}")
+        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+            raise ValueError(f"segment_ids must be integers, got {segment_ids.dtype}")
+        path = self.config.path()
+        if path.startswith("cudnn") or path == "te_thd":
+            if str(query.dtype) not in CUDNN_DTYPES:
+                raise ValueError(f"attention={self.config.attention} takes {'/'.join(CUDNN_DTYPES)}, "
+                                 f"not {query.dtype}")
+            cc = self.config.compute_capability
+            max_d = 128 if cc is not None and cc < 9.0 else 256
+            if d % 8 or d > max_d:
+                raise ValueError(f"head_dim {d} unsupported by cuDNN fused attention here "
+                                 f"(multiple of 8, at most {max_d})")
+            if path == "cudnn_mask" and t % 2:
+                raise ValueError(f"seq_len {t} must be even for cuDNN attention with a mask bias "
+                                 "in training")
+
+    def __call__(self, query, key, value, segment_ids, *, scale: float, causal: bool = True):
+        segment_ids = jnp.asarray(segment_ids) if lowering.is_concrete(segment_ids) else segment_ids
+        self._check_inputs(query, key, value, segment_ids)
+        limit = self.max_segments if self.config.attention != "dot_product" else None
+        if lowering.is_concrete(segment_ids):
+            lowering.check_concrete(segment_ids, limit)
+        path = self.config.path()
+        if path in ("dot_product", "xla_fallback"):
+            return dot_product(query, key, value, segment_ids, causal=causal, scale=scale)
+        if path == "cudnn_mask":
+            out = self._cudnn_mask(query, key, value, segment_ids, scale, causal)
+        elif path == "cudnn_packed":
+            out = self._cudnn_packed(query, key, value, segment_ids, scale, causal)
+        else:
+            out = self._te_thd(query, key, value, segment_ids, scale, causal)
+        # Packed kernels leave padding outputs undefined; zero them so that no NaN there can
+        # reach a masked loss (0 * NaN is NaN).
+        out = jnp.where((segment_ids > 0)[:, :, None, None], out, 0).astype(query.dtype)
+        if not lowering.is_concrete(segment_ids):
+            out = self._guard(out, segment_ids)
+        return out
+
+    def _guard(self, out, segment_ids):
+        ok = lowering.representable_rows(segment_ids, self.max_segments)
+        if self.config.segment_check == "checkify":
+            from jax.experimental import checkify
+            checkify.check(ok.all(), "segment_ids cannot be lowered to the packed layout: a row "
+                           f"has an id above max_segments_per_seq={self.max_segments}, an id in "
+                           "two separate runs, or padding before a segment (rows ok: {ok})", ok=ok)
+            return out
+        return jnp.where(ok[:, None, None, None], out, jnp.nan)
+
+    def _sdpa(self):
+        return cudnn_backend(self.config.cudnn_backend, self.config.compute_capability)
+
+    def _cudnn_packed(self, query, key, value, segment_ids, scale, causal):
+        sdpa, mask_type = self._sdpa()
+        if (self.config.cudnn_backend == "cudnn" and key.shape[2] != query.shape[2]
+                and lowering.upstream_gqa_offsets_wrong()):
+            # This jax scales kv offsets by the query head count: give cuDNN as many kv heads
+            # as query heads so the arithmetic holds. Autodiff sums the repeated heads' grads.
+            group = query.shape[2] // key.shape[2]
+            key, value = jnp.repeat(key, group, axis=2), jnp.repeat(value, group, axis=2)
+        seqlen, offsets = lowering.lengths_and_offsets(segment_ids, self.max_segments)
+        return sdpa(query, key, value, q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets,
+                    kv_offsets=offsets, scale=scale, dropout_rate=self.config.dropout_rate,
+                    mask_type=mask_type.PADDING_CAUSAL if causal else mask_type.PADDING,
+                    qkv_layout="BTNH")
+
+    def _cudnn_mask(self, query, key, value, segment_ids, scale, causal):
+        sdpa, mask_type = self._sdpa()
+        same = segment_mask(segment_ids, causal=False)          # [B, 1, T, T]
+        return sdpa(query, key, value, mask=same, scale=scale,
+                    dropout_rate=self.config.dropout_rate,
+                    mask_type=mask_type.CAUSAL if causal else mask_type.NO_MASK,
+                    qkv_layout="BTNH")
+
+    def _te_thd(self, query, key, value, segment_ids, scale, causal):
+        from transformer_engine.jax import attention as te
+
+        pos = lowering.positions(segment_ids)
+        descriptor = te.SequenceDescriptor.from_segment_ids_and_pos(
+            (segment_ids, segment_ids), (pos, pos))
+        mask = te.AttnMaskType.PADDING_CAUSAL_MASK if causal else te.AttnMaskType.PADDING_MASK
+        return te.fused_attn(
+            (query, key, value), None, descriptor, None, te.AttnBiasType.NO_BIAS, mask,
+            te.QKVLayout.THD_THD_THD, te.AttnSoftmaxType.VANILLA_SOFTMAX, scale,
+            self.config.dropout_rate, True, max_segments_per_seq=self.max_segments)

@@ -1,0 +1,107 @@
+"""The attention op's configuration and the rules that keep it from corrupting training silently."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KERNELS = ("dot_product", "cudnn_flash_jax", "cudnn_flash_te")
+HARDWARE = ("gpu", "cpu", "tpu")
+MODES = ("train", "decode")
+CUDNN_BACKENDS = ("cudnn", "emulator")
+SEGMENT_CHECKS = ("nan", "checkify")
+
+# Compute capability from which cuDNN's packed (offsets) layout and TE's THD fused attention run.
+PACKED_MIN_CC = 9.0
+# Below this, jax's cuDNN fused attention does not run at all.
+CUDNN_MIN_CC = 8.0
+
+
+class ConfigError(ValueError):
+    """A configuration that would train on wrong attention, or crash later."""
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    attention: str = "dot_product"
+    packing: bool = True
+    hardware: str = "gpu"
+    max_segments_per_seq: int | None = None
+    dropout_rate: float = 0.0
+    model_mode: str = "train"
+    # The GPU's compute capability; None: read from the first device when the op is built.
+    compute_capability: float | None = None
+    # Take the pre-Hopper fallback (same-segment mask through cuDNN) on any GPU, to test it.
+    force_fallback: bool = False
+    # "cudnn": jax's cuDNN SDPA; "emulator": harness.sut.cudnn_emulator, its documented
+    # semantics in plain JAX (runs anywhere, for CPU CI).
+    cudnn_backend: str = "cudnn"
+    # Inside jit, rows the packed lowering cannot represent poison their outputs with NaN
+    # ("nan"), or raise through jax.experimental.checkify ("checkify"; wrap the step in
+    # checkify.checkify).
+    segment_check: str = "nan"
+
+    def path(self) -> str:
+        """Which lowering the op takes: dot_product, cudnn_packed (seqlens/offsets, Hopper+),
+        cudnn_mask (same-segment mask as a cuDNN bias: below Hopper, or forced),
+        xla_fallback (no cuDNN fused attention below CUDNN_MIN_CC), te_thd."""
+        if self.attention == "dot_product":
+            return "dot_product"
+        if self.attention == "cudnn_flash_te":
+            return "te_thd"
+        cc = self.compute_capability
+        if self.cudnn_backend == "cudnn" and cc is not None and cc < CUDNN_MIN_CC:
+            return "xla_fallback"
+        if self.force_fallback or (cc is not None and cc < PACKED_MIN_CC):
+            return "cudnn_mask"
+        return "cudnn_packed"
+
+    def validate(self) -> "AttentionConfig":
+        """Raises ConfigError naming the first rule broken; returns self otherwise."""
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ConfigError(message)
+
+        need(self.attention in KERNELS,
+             f"attention={self.attention!r} is not one of {', '.join(KERNELS)}")
+        need(self.hardware in HARDWARE, f"hardware={self.hardware!r} is not one of {HARDWARE}")
+        need(self.model_mode in MODES, f"model_mode={self.model_mode!r} is not one of {MODES}")
+        need(self.cudnn_backend in CUDNN_BACKENDS,
+             f"cudnn_backend={self.cudnn_backend!r} is not one of {CUDNN_BACKENDS}")
+        need(self.segment_check in SEGMENT_CHECKS,
+             f"segment_check={self.segment_check!r} is not one of {SEGMENT_CHECKS}")
+        need(0.0 <= self.dropout_rate < 1.0, f"dropout_rate={self.dropout_rate} is not in [0, 1)")
+        need(self.max_segments_per_seq is None or self.max_segments_per_seq >= 1,
+             f"max_segments_per_seq={self.max_segments_per_seq} must be >= 1")
+        cudnn = self.attention.startswith("cudnn")
+        emulated = self.cudnn_backend == "emulator"
+        if cudnn and not emulated:
+            need(self.hardware == "gpu",
+                 f"attention={self.attention} runs on NVIDIA GPUs only, not hardware={self.hardware}")
+        if self.packing:
+            need(self.model_mode == "train",
+                 "packing=True with model_mode='decode': packed rows are a training layout; "
+                 "decode one sequence per row")
+            if cudnn:
+                need(self.max_segments_per_seq is not None,
+                     f"packing=True with attention={self.attention} needs max_segments_per_seq: "
+                     "the packed cuDNN/TE lowering is sized by it at compile time")
+            if self.attention == "cudnn_flash_te":
+                need(emulated or (self.compute_capability or 0) >= PACKED_MIN_CC,
+                     f"packing=True with attention=cudnn_flash_te needs compute capability >= "
+                     f"{PACKED_MIN_CC} (THD fused attention); this GPU has "
+                     f"{self.compute_capability}, and TE's unfused fallback crashes on a "
+                     "SequenceDescriptor. Use attention=cudnn_flash_jax (it falls back) or "
+                     "dot_product")
+                need(not emulated, "attention=cudnn_flash_te has no emulator; use hardware "
+                     "with Transformer Engine")
+        if self.dropout_rate > 0 and self.model_mode == "train":
+            need(not emulated, "dropout_rate > 0 with cudnn_backend='emulator': the cuDNN "
+                 "emulator has no dropout")
+            need(self.path() != "xla_fallback",
+                 f"dropout_rate={self.dropout_rate} with attention={self.attention} on a GPU of "
+                 f"compute capability {self.compute_capability}: cuDNN fused attention needs "
+                 f">= {CUDNN_MIN_CC}, and the XLA fallback has no attention dropout; it would "
+                 "be silently skipped")
+            need(self.attention != "dot_product",
+                 "dropout_rate > 0 with attention=dot_product: this op's dot_product has no "
+                 "attention dropout; it would be silently skipped")
+        return self
