@@ -59,6 +59,14 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from harness.reporting import write_views
+    from harness.summary import print_console, problems
+    _, records = write_views(Path(args.report_dir))
+    print_console(records)
+    return 1 if problems(records) else 0
+
+
 def cmd_compare(args) -> int:
     from harness.baseline import compare_files
     return compare_files(args.new, args.baseline, growth=args.growth)
@@ -90,6 +98,10 @@ def main(argv=None) -> int:
     lst.add_argument("-v", "--verbose", action="store_true")
     _add_selection(lst)
     lst.set_defaults(func=cmd_list)
+
+    rep = sub.add_parser("report", help="rewrite summary.md and report.html from a report folder")
+    rep.add_argument("report_dir")
+    rep.set_defaults(func=cmd_report)
 
     cmp_ = sub.add_parser("compare", help="compare a report with a baseline")
     cmp_.add_argument("new")

@@ -6,7 +6,7 @@ by harness.runner: kernel, case_id, layout, family, dtype, batch, seq_len, heads
 head_dim, check (out|dq|dk|dv, or * for a kernel-level skip/error), row, segment (1-based),
 segment_label (r<row>s<segment>), start, length, max_abs_err, mean_abs_err, worst_token,
 nonfinite, peer_err, tolerance, ratio, verdict (pass|fail|skip|error), expected
-(pass|fail|either), outcome (ok|caught|fail|missed|skip|error), seconds, message.
+(pass|fail|either), outcome (ok|caught|known|fail|missed|skip|error), message (skips and errors).
 """
 from __future__ import annotations
 

@@ -6,7 +6,6 @@ arguments of jitted programs, so each kernel compiles once per shape, not per la
 from __future__ import annotations
 
 import functools
-import time
 import traceback
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -136,7 +135,7 @@ def _elements_per_token(case: Case, check: str) -> int:
     return (case.heads if check in ("out", "dq") else case.kv_heads) * case.head_dim
 
 
-def _check_records(kernel, case, check, errs, ref: Reference, seconds) -> KernelCaseResult:
+def _check_records(kernel, case, check, errs, ref: Reference) -> KernelCaseResult:
     tok_max, tok_sum, tok_bad = (np.asarray(e) for e in errs)
     records, flagged_rows = [], {}
     for seg in case.segments:
@@ -158,7 +157,6 @@ def _check_records(kernel, case, check, errs, ref: Reference, seconds) -> Kernel
             "worst_token": seg.start + worst, "nonfinite": nonfinite, "peer_err": peer_err,
             "tolerance": tol, "ratio": ratio if np.isfinite(ratio) else None,
             "verdict": verdict, "expected": expected, "outcome": _outcome(verdict, expected),
-            "seconds": seconds,
         })
         if not ratio <= TRACE_RATIO:
             flagged_rows.setdefault(seg.row, []).append((seg, tol))
@@ -186,11 +184,9 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform) -> KernelCas
         program = _kernel_program(kernel, case.scale, case.causal,
                                   case.max_segments if kernel.takes_max_segments else None,
                                   kernel.backward)
-        start = time.perf_counter()
         args = (inputs.query, inputs.key, inputs.value, inputs.segment_ids, inputs.cotangent)
         results = program(*args)
         jax.block_until_ready(results)
-        seconds = round(time.perf_counter() - start, 4)
         errs = [_token_errors(r, t) for r, t in zip(results, ref.truth)]
         missing = missing_hlo_markers(kernel, program, args) if kernel.hlo_markers else []
         if missing:
@@ -209,7 +205,7 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform) -> KernelCas
             kernel, case, "pass", f"expected upstream error {kernel.expect_error!r} did not occur",
             expected="error", outcome="missed"))
     for check, err in zip(CHECKS, errs):
-        part = _check_records(kernel, case, check, err, ref, seconds)
+        part = _check_records(kernel, case, check, err, ref)
         out.records += part.records
         out.traces += part.traces
     if not kernel.backward:
