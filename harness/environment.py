@@ -39,6 +39,14 @@ def _cudnn_version() -> str | None:
     return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
 
 
+def _gqa_offsets_bug() -> bool | None:
+    try:
+        from harness.sut.lowering import upstream_gqa_offsets_wrong
+        return upstream_gqa_offsets_wrong()
+    except Exception:  # the private jax module moved: unknown
+        return None
+
+
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -63,6 +71,7 @@ def describe() -> dict:
         "transformer_engine": _version("transformer_engine") or _version("transformer_engine_jax"),
         "maxtext": _version("maxtext"),
         "git_commit": _git_commit(),
+        "jax_packed_gqa_offsets_bug": _gqa_offsets_bug(),
         "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": _platform.node(),
     }

@@ -117,10 +117,18 @@ _HLO_CHECKED: dict[tuple, list[str]] = {}
 
 
 def missing_hlo_markers(kernel: Kernel, program, args) -> list[str]:
-    """Markers absent from the compiled program (checked once per kernel and shape)."""
+    """Markers absent from the program handed to XLA (checked once per kernel and shape).
+
+    The lowered module is what XLA compiles; XLA never drops a custom call, and a cuDNN call it
+    cannot plan fails compilation rather than falling back. So a fused kernel's custom call in
+    the lowered text proves it ran; its absence means something above it chose another path.
+    """
     key = (kernel.name, tuple((a.shape, str(a.dtype)) for a in args))
     if key not in _HLO_CHECKED:
-        text = program.lower(*args).compile().as_text()
+        lowered = program.lower(*args)
+        text = lowered.as_text()
+        if any(m not in text for m in kernel.hlo_markers):
+            text += lowered.compile().as_text()  # some backends name the call only there
         _HLO_CHECKED[key] = [m for m in kernel.hlo_markers if m not in text]
     return _HLO_CHECKED[key]
 
@@ -190,7 +198,7 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform) -> KernelCas
         errs = [_token_errors(r, t) for r, t in zip(results, ref.truth)]
         missing = missing_hlo_markers(kernel, program, args) if kernel.hlo_markers else []
         if missing:
-            raise AssertionError(f"compiled program lacks {missing}: the fused kernel did not run")
+            raise AssertionError(f"program lacks {missing}: the fused kernel did not run")
     except Exception as exc:  # a kernel that raises is an error, never a skip
         message = f"{type(exc).__name__}: {exc}".strip()
         tb = traceback.format_exc(limit=-3)

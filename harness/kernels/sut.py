@@ -70,7 +70,7 @@ register_kernel(
     "sut:cudnn_flash_jax:emulated-sm80",
     _op(attention="cudnn_flash_jax", cudnn_backend="emulator", compute_capability=8.0),
     takes_max_segments=True, dtypes=CUDNN, head_dims=tuple(range(8, 129, 8)),
-    constraints=_even_seq,
+    constraints=_even_seq, devices=("cpu",),  # a CPU stand-in: on GPUs the real fallback runs
     description="the fixed op as on an sm80 GPU (mask fallback), through the emulator")
 register_kernel(
     "maxtext_original:cudnn_flash_jax", original_cudnn_flash_jax, dtypes=CUDNN,
@@ -81,4 +81,5 @@ register_kernel(
     "maxtext_original:cudnn_flash_jax:emulated",
     functools.partial(original_cudnn_flash_jax, backend="emulator"), dtypes=CUDNN,
     causal_only=True, expect=causal_only_expectation, tags=("canary",),
+    devices=("cpu",),  # a CPU stand-in: on GPUs the real original call runs
     description="MaxText's cudnn_flash_jax before the fix, through the emulator: caught")
