@@ -33,7 +33,11 @@ def causal_only_expectation(case, check, segment):
     """Where ignoring segment ids must be caught.
 
     The forward output and dq of a segment are wrong iff earlier segments precede it in its row:
-    exactly segments 2.. fail, segment 1 passes. dk and dv of a packed row's segment 1 are wrong
+    exactly segments 2.. fail, segment 1 passes. One exception for dq: a single-token segment's
+    true dq is exactly 0, and the leaked dq of a query whose attention is spread over n earlier
+    keys is O(1/sqrt(n)) of the gradients' scale, inside bf16 noise for long rows (seen on the
+    H200: ratios 0.9-1.0 after ~2000 tokens); its forward output fails by orders of magnitude,
+    so its dq is not judged. dk and dv of a packed row's segment 1 are wrong
     because every later query reads its keys; each later query at position i spreads about
     1/(i+1) of its attention over them, so the harmonic sum over the later queries,
     ln((L1 + later) / L1), sets the size of the error. It must be caught when the later segments
@@ -42,8 +46,10 @@ def causal_only_expectation(case, check, segment):
     later tokens after 1115 gave dv ratio 0.67), so it is not judged. dk/dv of later segments
     are wrong too, by an amount the layout decides, and not judged. Unpacked rows are right."""
     row_segments = [s for s in case.segments if s.row == segment.row]
-    if check in ("out", "dq"):
+    if check == "out" or (check == "dq" and segment.length > 1):
         return "fail" if segment.number > 1 else "pass"
+    if check == "dq":
+        return "pass" if segment.number == 1 else "either"
     if len(row_segments) == 1:
         return "pass"
     if segment.number == 1:
@@ -65,32 +71,6 @@ def causal_only(query, key, value, segment_ids, *, causal, scale):
     del segment_ids
     return jax.nn.dot_product_attention(query, key, value, scale=scale, is_causal=True,
                                         implementation="xla")
-
-
-# Later queries reading segment 1's keys move its dk/dv by an amount that grows with their
-# number; below this many later tokens the move can hide inside bf16 rounding.
-CANARY_MIN_LATER_TOKENS = 16
-
-
-def causal_only_expectation(case, check, segment):
-    """Where ignoring segment ids must be caught.
-
-    The forward output and dq of a segment are wrong iff earlier segments precede it in its row:
-    exactly segments 2.. fail, segment 1 passes. dk and dv of a packed row's segment 1 are wrong
-    because every later query reads its keys; that must be caught whenever the later segments
-    hold at least CANARY_MIN_LATER_TOKENS tokens. dk/dv of later segments are wrong too (their
-    attention weights are diluted by the earlier keys) but by an amount the layout decides
-    (a single trailing token's key gradient moves by very little), so they are not judged.
-    Unpacked rows are right everywhere."""
-    row_segments = [s for s in case.segments if s.row == segment.row]
-    if check in ("out", "dq"):
-        return "fail" if segment.number > 1 else "pass"
-    if len(row_segments) == 1:
-        return "pass"
-    if segment.number == 1:
-        later = sum(s.length for s in row_segments[1:])
-        return "fail" if later >= CANARY_MIN_LATER_TOKENS else "either"
-    return "either"
 
 
 register_kernel(
