@@ -40,7 +40,7 @@ def test_causal_only_is_caught_exactly_after_each_boundary(case):
             later = sum(t.length for t in case.segments if t.row == s.row and t.number > 1)
             if case.segments_in_row(s.row) == 1:
                 assert (s.row, s.number) not in failing, f"{check} {s.label}: unpacked row"
-            elif s.number == 1 and later >= s.length:
+            elif s.number == 1 and later >= s.length and s.length <= 256:  # bf16/f32 limit
                 assert (s.row, s.number) in failing, f"{check} {s.label}: later queries read it"
 
 

@@ -67,6 +67,12 @@ def cmd_report(args) -> int:
     return 1 if problems(records) else 0
 
 
+def cmd_merge(args) -> int:
+    from harness.reporting import merge_reports
+    merge_reports(Path(args.out), [Path(s) for s in args.sources], rejudged=args.rejudge)
+    return cmd_report(argparse.Namespace(report_dir=args.out))
+
+
 def cmd_compare(args) -> int:
     from harness.baseline import compare_files
     return compare_files(args.new, args.baseline, growth=args.growth)
@@ -102,6 +108,13 @@ def main(argv=None) -> int:
     rep = sub.add_parser("report", help="rewrite summary.md and report.html from a report folder")
     rep.add_argument("report_dir")
     rep.set_defaults(func=cmd_report)
+
+    mrg = sub.add_parser("merge", help="merge report folders (shards of one suite) into one")
+    mrg.add_argument("out")
+    mrg.add_argument("sources", nargs="+")
+    mrg.add_argument("--rejudge", action="store_true",
+                     help="recompute expectations/outcomes from the kernels as registered now")
+    mrg.set_defaults(func=cmd_merge)
 
     cmp_ = sub.add_parser("compare", help="compare a report with a baseline")
     cmp_.add_argument("new")

@@ -71,7 +71,7 @@ def _heatmap(records) -> str:
     for i, k in enumerate(kernels):
         for j, lay in enumerate(layouts):
             cell = cells.get((k, lay))
-            if cell is not None and cell.status not in ("skip", "ERROR"):
+            if cell is not None and cell.status not in ("skip", "ERROR", "known"):
                 r = cell.worst_ratio
                 values[i, j] = 4.0 if r is None else math.log10(max(r, 1e-4))
     fig, ax = plt.subplots(figsize=(1.3 * len(layouts) + 3, 0.5 * len(kernels) + 1.8))
@@ -83,7 +83,7 @@ def _heatmap(records) -> str:
             cell = cells.get((k, lay))
             if cell is None:
                 continue
-            label = {"skip": "skip", "ERROR": "ERROR"}.get(
+            label = {"skip": "skip", "ERROR": "ERROR", "known": "known"}.get(
                 cell.status, f"{_fmt(cell.worst_ratio, 2)}\n{cell.status}")
             ax.text(j, i, label, ha="center", va="center", fontsize=7)
     fig.colorbar(im, ax=ax, label="log10(worst ratio); > 0 fails")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.summary import counts, grid, problems
 
-_MARK = {"ok": "🟢", "caught": "🔵", "FAIL": "🔴", "MISSED": "🔴", "ERROR": "❌", "skip": "⚪"}
+_MARK = {"ok": "🟢", "caught": "🔵", "known": "🟠", "FAIL": "🔴", "MISSED": "🔴", "ERROR": "❌", "skip": "⚪"}
 
 
 def _mark(cell) -> str:
@@ -32,7 +32,8 @@ def render(header: dict, records: list[dict]) -> str:
            f"suite `{header.get('suite')}` · {_env_line(header.get('environment', {}))}", "",
            f"outcomes: {', '.join(f'{k} {v}' for k, v in sorted(counts(records).items()))}", "",
            "🟢 pass (ratio ≤ 0.5) · 🟡 pass (0.5 < ratio ≤ 1) · 🔵 expected failure caught · "
-           "🔴 unexpected failure or missed catch · ❌ error · ⚪ skipped", "",
+           "🟠 known upstream failure, reproduced · 🔴 unexpected failure or missed catch · "
+           "❌ error · ⚪ skipped", "",
            "| kernel | " + " | ".join(layouts) + " |",
            "|---|" + "---|" * len(layouts)]
     for kernel in kernels:

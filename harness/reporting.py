@@ -62,3 +62,58 @@ def merge_parts(report_dir: Path, suite: str, baseline: str | None = None,
         from harness.baseline import compare_files
         return compare_files(str(records_path), baseline, growth=growth)
     return 0
+
+
+def rejudge(records: list[dict]) -> list[dict]:
+    """Recomputes each record's expectation and outcome from the kernels as registered now.
+    Errors, ratios and verdicts stay as measured; only what they were expected to be changes
+    (for reports measured before an expectation was corrected)."""
+    from harness.cases import Case
+    from harness.layouts import Segment
+    from harness.registry import all_kernels
+    from harness.runner import _outcome
+
+    kernels = all_kernels()
+    out = []
+    for r in records:
+        kernel = kernels.get(r["kernel"])
+        if kernel is not None and r["verdict"] in ("pass", "fail") and r.get("segment"):
+            case = Case.from_id(r["case_id"])
+            seg = Segment(r["row"], r["segment"], r["start"], r["length"])
+            expected = kernel.expected(case, r["check"], seg)
+            r = {**r, "expected": expected, "outcome": _outcome(r["verdict"], expected)}
+        out.append(r)
+    return out
+
+
+def merge_reports(out_dir: Path, sources: list[Path], rejudged: bool = False) -> None:
+    """One report from several runs' folders (e.g. a suite run in shards). A kernel x case in a
+    later source replaces the same one from an earlier source."""
+    by_case: dict[tuple, list[dict]] = {}
+    traces: dict[tuple, list[dict]] = {}
+    headers = []
+    for src in sources:
+        header, records = rec.read(src / rec.RECORDS_FILE)
+        headers.append(header)
+        fresh: dict[tuple, list[dict]] = {}
+        for r in records:
+            fresh.setdefault((r["kernel"], r["case_id"]), []).append(r)
+        by_case.update(fresh)
+        for t in rec.read_traces(src / rec.TRACES_FILE):
+            traces.setdefault((t["kernel"], t["case_id"]), []).append(t)
+    records = [r for rows in by_case.values() for r in rows]
+    if rejudged:
+        records = rejudge(records)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    first = headers[0]
+    rec.write_header(out_dir / rec.RECORDS_FILE, first["environment"], suite=first.get("suite"),
+                     merged_from=[{"path": str(s), "environment": h["environment"]}
+                                  for s, h in zip(sources, headers)],
+                     rejudged=rejudged)
+    rec.append(out_dir / rec.RECORDS_FILE, [{k: v for k, v in r.items() if k != "type"}
+                                            for r in records])
+    (out_dir / rec.TRACES_FILE).write_text("")
+    rec.append(out_dir / rec.TRACES_FILE,
+               [{k: v for k, v in t.items() if k != "type"}
+                for key in by_case for t in traces.get(key, [])], kind="trace")
+    write_views(out_dir)

@@ -19,8 +19,8 @@ class Cell:
 
     @property
     def text(self) -> str:
-        if self.status == "skip":
-            return "skip"
+        if self.status in ("skip", "known"):
+            return self.status
         if self.status == "ERROR":
             return "ERROR"
         ratio = "inf" if self.worst_ratio is None else f"{self.worst_ratio:.3g}"
@@ -55,6 +55,8 @@ def grid(records: list[dict]) -> tuple[list[str], list[str], dict[tuple[str, str
             status = "MISSED"
         elif outcomes["caught"]:
             status = "caught"
+        elif outcomes["known"]:
+            status = "known"
         elif judged:
             status = "ok"
         else:
@@ -91,7 +93,7 @@ def print_console(records: list[dict], console=None) -> None:
     # Wide enough for the grid in CI logs, where there is no terminal to measure.
     console = console or Console(width=None if sys.stdout.isatty() else 220)
     kernels, layouts, cells = grid(records)
-    styles = {"ok": "green", "caught": "cyan", "FAIL": "bold red", "MISSED": "bold red",
+    styles = {"ok": "green", "caught": "cyan", "known": "yellow", "FAIL": "bold red", "MISSED": "bold red",
               "ERROR": "bold red", "skip": "dim"}
     table = Table(title="kernel x layout: segments passing every check / segments, worst error/tolerance ratio r")
     table.add_column("kernel", no_wrap=True)

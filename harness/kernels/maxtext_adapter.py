@@ -1,0 +1,84 @@
+"""MaxText's own attention op as harness kernels: `maxtext:<kernel>`.
+
+Wraps `maxtext.layers.attention_op.AttentionOp` from the MaxText that is installed (extra
+`maxtext`; Python >= 3.12), in train mode, so the harness checks the real code rather than a
+re-implementation. MaxText's conventions stay here:
+- the op applies no softmax scale: the caller pre-scales the query, as MaxText's attention
+  layer does;
+- segment positions follow from the segment ids (position within each segment);
+- a one-device mesh over the first local device (each pytest-xdist worker pins its own GPU);
+- the op reads nine config attributes on this path; the adapter answers each from MaxText's own
+  `configs/base.yml` defaults, with `attention` set to the kernel and dropout off, and refuses
+  any attribute base.yml does not define (so a new read is an error, not a guess).
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+from harness.registry import register_kernel
+
+
+@functools.lru_cache(maxsize=1)
+def _base_config() -> dict:
+    import importlib.resources
+
+    import yaml
+    return yaml.safe_load((importlib.resources.files("maxtext") / "configs" / "base.yml").read_text())
+
+
+class MaxTextConfig:
+    """The config attributes AttentionOp reads: overrides first, then base.yml defaults."""
+
+    def __init__(self, **overrides):
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name):
+        base = _base_config()
+        if name.startswith("__") or name not in base:
+            raise AttributeError(f"maxtext adapter: AttentionOp read config.{name}, which "
+                                 "MaxText's base.yml does not define")
+        return base[name]
+
+
+def maxtext_attention(query, key, value, segment_ids, *, causal, scale, attention):
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+    from maxtext.layers.attention_op import AttentionOp
+
+    from harness.sut.lowering import positions
+
+    del causal  # MaxText's decoder attention is causal; the kernel declares causal_only
+    _, t, heads, _ = query.shape
+    config = MaxTextConfig(attention=attention, enable_dropout=False, dropout_rate=0.0)
+    mesh = Mesh(np.array(jax.local_devices()[:1]), ("data",))
+    op = AttentionOp(config=config, mesh=mesh, attention_kernel=attention, max_target_length=t,
+                     num_query_heads=heads, num_kv_heads=key.shape[2], dtype=query.dtype)
+    out = op(query * jax.numpy.asarray(scale, query.dtype), key, value, segment_ids,
+             positions(segment_ids), "train")
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _python_312(case, platform):
+    if sys.version_info < (3, 12):
+        return [f"maxtext installs on Python >= 3.12 only, this is "
+                f"{sys.version_info.major}.{sys.version_info.minor}"]
+    return []
+
+
+_COMMON = dict(requires=("maxtext",), causal_only=True, constraints=_python_312)
+
+register_kernel(
+    "maxtext:dot_product", functools.partial(maxtext_attention, attention="dot_product"),
+    **_COMMON, description="MaxText's AttentionOp, attention=dot_product (installed maxtext)")
+register_kernel(
+    "maxtext:cudnn_flash_jax", functools.partial(maxtext_attention, attention="cudnn_flash_jax"),
+    dtypes=("bfloat16", "float16"), devices=("gpu",), min_compute_capability=8.0,
+    hlo_markers=("__cudnn$fmha",), **_COMMON,
+    description="MaxText's AttentionOp, attention=cudnn_flash_jax (installed maxtext)")
+register_kernel(
+    "maxtext:cudnn_flash_te", functools.partial(maxtext_attention, attention="cudnn_flash_te"),
+    dtypes=("bfloat16", "float16"), devices=("gpu",), min_compute_capability=9.0,
+    **{**_COMMON, "requires": ("maxtext", "transformer_engine")},
+    description="MaxText's AttentionOp, attention=cudnn_flash_te (installed maxtext and TE)")
