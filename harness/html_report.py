@@ -11,9 +11,8 @@ from pathlib import Path
 import jinja2
 
 from harness.markdown_report import _env_line, _fmt
+from harness.runner import TRACED_CHECKS as PLOTTED_CHECKS
 from harness.summary import grid, problems
-
-PLOTTED_CHECKS = ("out", "dq")
 MAX_PLOTS = 60
 
 _TEMPLATE = jinja2.Template("""<!doctype html>

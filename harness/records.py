@@ -10,6 +10,7 @@ nonfinite, peer_err, tolerance, ratio, verdict (pass|fail|skip|error), expected
 """
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -32,10 +33,15 @@ def append(path: Path, rows: list[dict], kind: str = "record") -> None:
             f.write(json.dumps({"type": kind, **row}) + "\n")
 
 
+def _open(path: Path):
+    """Plain or gzip-compressed (committed reports and baselines are kept as .jsonl.gz)."""
+    return gzip.open(path, "rt") if path.suffix == ".gz" else path.open()
+
+
 def read(path: str | Path) -> tuple[dict, list[dict]]:
     """(header, records) of a report; raises ValueError for a file of another schema."""
     header, records = None, []
-    with Path(path).open() as f:
+    with _open(Path(path)) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -56,7 +62,7 @@ def read_traces(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         return []
-    with path.open() as f:
+    with _open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 

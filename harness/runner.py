@@ -19,8 +19,10 @@ from harness.oracle import dense_attention
 from harness.registry import CHECKS, Kernel, Platform
 from harness.tolerance import tolerance
 
-# A row's per-token errors are kept for plotting when a segment in it gets this close to failing.
+# A row's per-token errors are kept for plotting when a segment in it gets this close to failing,
+# for the checks the HTML report plots, to 3 significant digits.
 TRACE_RATIO = 0.5
+TRACED_CHECKS = ("out", "dq")
 
 OUTCOMES_OK = ("ok", "caught", "skip", "known")
 
@@ -166,11 +168,11 @@ def _check_records(kernel, case, check, errs, ref: Reference) -> KernelCaseResul
             "tolerance": tol, "ratio": ratio if np.isfinite(ratio) else None,
             "verdict": verdict, "expected": expected, "outcome": _outcome(verdict, expected),
         })
-        if not ratio <= TRACE_RATIO:
+        if check in TRACED_CHECKS and not ratio <= TRACE_RATIO:
             flagged_rows.setdefault(seg.row, []).append((seg, tol))
     traces = [{
         "kernel": kernel.name, "case_id": case.id, "check": check, "row": row,
-        "token_err": [None if not np.isfinite(x) else float(x) for x in tok_max[row]],
+        "token_err": [None if not np.isfinite(x) else float(f"{x:.3g}") for x in tok_max[row]],
         "segments": [{"number": s.number, "start": s.start, "length": s.length}
                      for s in case.segments if s.row == row],
         "tolerance": {str(s.number): tolerance(check, case.dtype,
