@@ -26,6 +26,8 @@ def pytest_addoption(parser):
     group.addoption("--baseline", default=None, help="baseline report.jsonl to compare with")
     group.addoption("--growth", type=float, default=2.0,
                     help="error growth over the baseline that counts as a regression")
+    group.addoption("--gpu-per-worker", action="store_true",
+                    help="pin each xdist worker to its own GPU (CUDA_VISIBLE_DEVICES=worker index)")
 
 
 def _is_worker(config) -> bool:
@@ -37,6 +39,10 @@ def _report_dir(config) -> Path:
 
 
 def pytest_configure(config):
+    if _is_worker(config) and config.getoption("--gpu-per-worker"):
+        # Before anything asks jax for a device: the CUDA backend reads this once, at start.
+        index = int(config.workerinput["workerid"].removeprefix("gw"))
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
     from harness.registry import load_kernel_module
     for path in config.getoption("--kernel-module"):
         load_kernel_module(path)

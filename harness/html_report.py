@@ -98,7 +98,10 @@ def _trace_plot(trace) -> str:
     err = np.array([np.inf if x is None else x for x in trace["token_err"]], float)
     fig, ax = plt.subplots(figsize=(10, 2.8))
     pos = np.arange(err.size)
-    finite = np.isfinite(err)
+    compared = np.zeros(err.size, bool)
+    for seg in trace["segments"]:
+        compared[seg["start"]:seg["start"] + seg["length"]] = True
+    finite = np.isfinite(err) & compared  # padding is never compared: not drawn
     ax.plot(pos[finite], np.maximum(err[finite], 1e-8), lw=0.8, color="#333")
     last = 0
     for seg in trace["segments"]:

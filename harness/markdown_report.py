@@ -26,6 +26,21 @@ def _env_line(env: dict) -> str:
     return " · ".join(f"{k}={env.get(k)}" for k in keys if env.get(k) is not None)
 
 
+MAX_ROWS = 300
+
+
+def _segment_table(rows: list[dict]) -> list[str]:
+    out = ["| kernel | check | segment | tokens | max abs err | tolerance | ratio | worst token | case id |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        label = r["segment_label"] + (" (missed)" if r["outcome"] == "missed" else "")
+        out.append(
+            f"| {r['kernel']} | {r['check']} | {label} | {r['start']}..{r['start'] + r['length'] - 1} "
+            f"| {_fmt(r['max_abs_err'])} | {_fmt(r['tolerance'])} | {_fmt(r['ratio'])} "
+            f"| {r['worst_token']} | `{r['case_id']}` |")
+    return out
+
+
 def render(header: dict, records: list[dict]) -> str:
     kernels, layouts, cells = grid(records)
     out = ["# Attention harness report", "",
@@ -48,17 +63,7 @@ def render(header: dict, records: list[dict]) -> str:
     if not bad:
         out.append("None: every kernel expected to pass passed, every expected failure was caught.")
     else:
-        out += ["| kernel | check | segment | tokens | max abs err | tolerance | ratio | worst token | case id |",
-                "|---|---|---|---|---|---|---|---|---|"]
-        for r in bad:
-            if r["outcome"] == "error":
-                out.append(f"| {r['kernel']} | ERROR | | | | | | | `{r['case_id']}` |")
-                continue
-            label = r["segment_label"] + (" (missed)" if r["outcome"] == "missed" else "")
-            out.append(
-                f"| {r['kernel']} | {r['check']} | {label} | {r['start']}..{r['start'] + r['length'] - 1} "
-                f"| {_fmt(r['max_abs_err'])} | {_fmt(r['tolerance'])} | {_fmt(r['ratio'])} "
-                f"| {r['worst_token']} | `{r['case_id']}` |")
+        out += _segment_table([r for r in bad if r["outcome"] != "error"])
         errors = [r for r in bad if r["outcome"] == "error"]
         if errors:
             out += ["", "### Errors", ""]
@@ -74,6 +79,9 @@ def render(header: dict, records: list[dict]) -> str:
         out.append(f"- largest: `{worst['kernel']}` {worst['check']} {worst['segment_label']} of "
                    f"`{worst['case_id']}`, ratio {_fmt(worst['ratio'])}, worst token "
                    f"{worst['worst_token']}")
+        out += ["", f"<details><summary>every caught segment (first {MAX_ROWS})</summary>", ""]
+        out += _segment_table(caught[:MAX_ROWS])
+        out += ["", "</details>"]
 
     skips = Counter((r["kernel"], r.get("message", "")) for r in records if r["outcome"] == "skip")
     if skips:
