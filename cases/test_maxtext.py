@@ -1,0 +1,41 @@
+"""MaxText's own AttentionOp as kernels. Without maxtext (or on Python 3.11, where it does not
+install) they are skipped with that reason; with it, maxtext:dot_product must pass on CPU."""
+import importlib.util
+import sys
+
+import pytest
+
+from harness.cases import Case
+from harness.registry import Platform, select_kernels
+from harness.runner import run_kernel_case
+
+HAVE_MAXTEXT = importlib.util.find_spec("maxtext") is not None and sys.version_info >= (3, 12)
+CASES = [Case("packed/random", 2, 256, 4, 2, 32, "bfloat16", 0),
+         Case("unaligned/block-edges", 4, 256, 4, 4, 32, "float32", 0),
+         Case("extremes/single-tokens", 4, 64, 4, 1, 16, "bfloat16", 1)]
+
+
+@pytest.mark.skipif(HAVE_MAXTEXT, reason="maxtext is installed here")
+def test_maxtext_kernels_are_skipped_with_the_reason():
+    for kernel in select_kernels("maxtext:dot_product,maxtext:cudnn_flash_jax,maxtext:cudnn_flash_te"):
+        records = run_kernel_case(kernel, CASES[0], Platform("cpu")).records
+        assert [r["verdict"] for r in records] == ["skip"]
+        message = records[0]["message"]
+        assert "'maxtext' is not installed" in message or "Python >= 3.12" in message
+
+
+@pytest.mark.skipif(not HAVE_MAXTEXT, reason="maxtext is not installed (Python >= 3.12 only)")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_maxtext_dot_product_honours_segments(case):
+    kernel = select_kernels("maxtext:dot_product")[0]
+    records = run_kernel_case(kernel, case, Platform("cpu")).records
+    assert records and all(r["verdict"] == "pass" for r in records), records[0].get("message")
+
+
+@pytest.mark.skipif(not HAVE_MAXTEXT, reason="maxtext is not installed (Python >= 3.12 only)")
+def test_adapter_config_refuses_attributes_base_yml_lacks():
+    from harness.kernels.maxtext_adapter import MaxTextConfig
+    config = MaxTextConfig(attention="dot_product")
+    assert config.attention == "dot_product" and config.ici_context_autoregressive_parallelism == 1
+    with pytest.raises(AttributeError, match="does not define"):
+        config.not_a_maxtext_setting
