@@ -147,14 +147,14 @@ def _elements_per_token(case: Case, check: str) -> int:
 
 def _check_records(kernel, case, check, errs, ref: Reference) -> KernelCaseResult:
     tok_max, tok_sum, tok_bad = (np.asarray(e) for e in errs)
-    records, flagged_rows = [], {}
+    records, tolerances, flagged_rows = [], {}, set()
     for seg in case.segments:
         sl = (seg.row, slice(seg.start, seg.stop))
         seg_err = tok_max[sl]
         worst = int(np.argmax(seg_err))
         max_err = float(seg_err[worst])
         peer_err = float(ref.peer_token_err[check][sl].max())
-        tol = tolerance(check, case.dtype, peer_err, ref.scale[check])
+        tol = tolerances[seg] = tolerance(check, case.dtype, peer_err, ref.scale[check])
         nonfinite = int(tok_bad[sl].sum())
         ratio = max_err / tol if nonfinite == 0 else float("inf")
         verdict = "pass" if ratio <= 1.0 else "fail"
@@ -169,17 +169,16 @@ def _check_records(kernel, case, check, errs, ref: Reference) -> KernelCaseResul
             "verdict": verdict, "expected": expected, "outcome": _outcome(verdict, expected),
         })
         if check in TRACED_CHECKS and not ratio <= TRACE_RATIO:
-            flagged_rows.setdefault(seg.row, []).append((seg, tol))
-    traces = [{
-        "kernel": kernel.name, "case_id": case.id, "check": check, "row": row,
-        "token_err": [None if not np.isfinite(x) else float(f"{x:.3g}") for x in tok_max[row]],
-        "segments": [{"number": s.number, "start": s.start, "length": s.length}
-                     for s in case.segments if s.row == row],
-        "tolerance": {str(s.number): tolerance(check, case.dtype,
-                                               float(ref.peer_token_err[check][s.row, s.start:s.stop].max()),
-                                               ref.scale[check])
-                      for s in case.segments if s.row == row},
-    } for row in flagged_rows]
+            flagged_rows.add(seg.row)
+    traces = []
+    for row in sorted(flagged_rows):
+        segs = [s for s in case.segments if s.row == row]
+        traces.append({
+            "kernel": kernel.name, "case_id": case.id, "check": check, "row": row,
+            "token_err": [None if not np.isfinite(x) else float(f"{x:.3g}") for x in tok_max[row]],
+            "segments": [{"number": s.number, "start": s.start, "length": s.length} for s in segs],
+            "tolerance": {str(s.number): tolerances[s] for s in segs},
+        })
     return KernelCaseResult(records, traces)
 
 
