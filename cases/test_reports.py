@@ -1,7 +1,6 @@
 """Reports: JSON Lines, Markdown and HTML views, baseline comparison, and pytest integration
 (xdist parts merged even when a worker dies, JUnit properties, --baseline)."""
 import gzip
-import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
