@@ -29,6 +29,7 @@ def cfg(**kw):
     ({"attention": "cudnn_flash_te", "max_segments_per_seq": None}, "needs max_segments_per_seq"),
     ({"max_segments_per_seq": 0}, "must be >= 1"),
     ({"attention": "cudnn_flash_te", "compute_capability": 8.0}, "needs compute capability >= 9.0"),
+    ({"attention": "cudnn_flash_te", "cudnn_backend": "emulator"}, "has no emulator"),
     ({"model_mode": "decode"}, "packed rows are a training layout"),
     ({"dropout_rate": 0.1, "compute_capability": 7.5}, "XLA fallback has no attention dropout"),
     ({"dropout_rate": 0.1, "attention": "dot_product"}, "dot_product has no attention dropout"),
@@ -157,6 +158,20 @@ def test_segment_ids_shape_is_checked():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="segment_ids"):
         _op()(q, k, v, jnp.ones((2, 7), jnp.int32), scale=0.35)
+
+
+def test_unpacked_config_takes_per_row_lengths_and_refuses_packed_rows():
+    case = Case("unpacked/pad-tail", 3, 128, 4, 2, 32, "bfloat16", 0)
+    x = make_inputs(case)
+    op = AttentionOp(cfg(cudnn_backend="emulator", packing=False))
+    out = np.asarray(op(x.query, x.key, x.value, x.segment_ids, scale=case.scale), np.float32)
+    ref = np.asarray(AttentionOp(cfg(attention="dot_product", packing=False))(
+        x.query, x.key, x.value, x.segment_ids, scale=case.scale), np.float32)
+    valid = case.segment_ids > 0
+    assert np.abs(out[valid] - ref[valid]).max() < 0.05
+    q, k, v = _qkv()
+    with pytest.raises(SegmentIdError, match="more than max_segments=1"):
+        op(q, k, v, jnp.array([GOOD, GOOD], jnp.int32), scale=0.35)
 
 
 # ----- GQA: jax's own packed offset arithmetic, and the workaround --------------------------------

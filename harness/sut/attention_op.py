@@ -128,17 +128,22 @@ class AttentionOp:
 
     def _cudnn_packed(self, query, key, value, segment_ids, scale, causal):
         sdpa, mask_type = self._sdpa()
-        if (self.config.cudnn_backend == "cudnn" and key.shape[2] != query.shape[2]
-                and lowering.upstream_gqa_offsets_wrong()):
+        if (self.config.cudnn_backend == "cudnn" and self.config.packing
+                and key.shape[2] != query.shape[2] and lowering.upstream_gqa_offsets_wrong()):
             # This jax scales kv offsets by the query head count: give cuDNN as many kv heads
             # as query heads so the arithmetic holds. Autodiff sums the repeated heads' grads.
             group = query.shape[2] // key.shape[2]
             key, value = jnp.repeat(key, group, axis=2), jnp.repeat(value, group, axis=2)
+        mask = mask_type.PADDING_CAUSAL if causal else mask_type.PADDING
+        if not self.config.packing:
+            # One sequence per row, then padding: plain per-row lengths, no packed offsets.
+            lengths = (segment_ids > 0).sum(axis=1).astype(jnp.int32)
+            return sdpa(query, key, value, q_seqlen=lengths, kv_seqlen=lengths, scale=scale,
+                        dropout_rate=self.config.dropout_rate, mask_type=mask, qkv_layout="BTNH")
         seqlen, offsets = lowering.lengths_and_offsets(segment_ids, self.max_segments)
         return sdpa(query, key, value, q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets,
                     kv_offsets=offsets, scale=scale, dropout_rate=self.config.dropout_rate,
-                    mask_type=mask_type.PADDING_CAUSAL if causal else mask_type.PADDING,
-                    qkv_layout="BTNH")
+                    mask_type=mask, qkv_layout="BTNH")
 
     def _cudnn_mask(self, query, key, value, segment_ids, scale, causal):
         sdpa, mask_type = self._sdpa()

@@ -76,6 +76,9 @@ class AttentionConfig:
         if cudnn and not emulated:
             need(self.hardware == "gpu",
                  f"attention={self.attention} runs on NVIDIA GPUs only, not hardware={self.hardware}")
+        if self.attention == "cudnn_flash_te":
+            need(not emulated, "attention=cudnn_flash_te has no emulator; use hardware with "
+                 "Transformer Engine")
         if self.packing:
             need(self.model_mode == "train",
                  "packing=True with model_mode='decode': packed rows are a training layout; "
@@ -85,14 +88,12 @@ class AttentionConfig:
                      f"packing=True with attention={self.attention} needs max_segments_per_seq: "
                      "the packed cuDNN/TE lowering is sized by it at compile time")
             if self.attention == "cudnn_flash_te":
-                need(emulated or (self.compute_capability or 0) >= PACKED_MIN_CC,
+                need((self.compute_capability or 0) >= PACKED_MIN_CC,
                      f"packing=True with attention=cudnn_flash_te needs compute capability >= "
                      f"{PACKED_MIN_CC} (THD fused attention); this GPU has "
                      f"{self.compute_capability}, and TE's unfused fallback crashes on a "
                      "SequenceDescriptor. Use attention=cudnn_flash_jax (it falls back) or "
                      "dot_product")
-                need(not emulated, "attention=cudnn_flash_te has no emulator; use hardware "
-                     "with Transformer Engine")
         if self.dropout_rate > 0 and self.model_mode == "train":
             need(not emulated, "dropout_rate > 0 with cudnn_backend='emulator': the cuDNN "
                  "emulator has no dropout")
