@@ -34,10 +34,11 @@ def _segment_table(rows: list[dict]) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         label = r["segment_label"] + (" (missed)" if r["outcome"] == "missed" else "")
+        leak = r["check"] == "leak"  # bitwise check: the change itself, no tolerance or ratio
         out.append(
             f"| {r['kernel']} | {r['check']} | {label} | {r['start']}..{r['start'] + r['length'] - 1} "
-            f"| {_fmt(r['max_abs_err'])} | {_fmt(r['tolerance'])} | {_fmt(r['ratio'])} "
-            f"| {r['worst_token']} | `{r['case_id']}` |")
+            f"| {_fmt(r['max_abs_err'])} | {'bitwise' if leak else _fmt(r['tolerance'])} "
+            f"| {'—' if leak else _fmt(r['ratio'])} | {r['worst_token']} | `{r['case_id']}` |")
     return out
 
 

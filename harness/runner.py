@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from harness import leak_probe
 from harness.cases import Case, make_inputs
 from harness.oracle import dense_attention
 from harness.registry import CHECKS, Kernel, Platform
@@ -25,6 +26,7 @@ TRACE_RATIO = 0.5
 TRACED_CHECKS = ("out", "dq")
 
 OUTCOMES_OK = ("ok", "caught", "skip", "known")
+LEAK = "leak"  # the tolerance-free check of harness.leak_probe
 
 
 def _with_gradients(fn: Callable) -> Callable:
@@ -220,7 +222,38 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform) -> KernelCas
     if not kernel.backward:
         out.records += [_status_record(kernel, case, "skip", "kernel declares no backward", check=c)
                         for c in CHECKS[1:]]
+    out.records += _leak_records(kernel, case, program, inputs, results)
     return out
+
+
+def _leak_records(kernel, case, program, inputs, results) -> list[dict]:
+    """The tolerance-free leak probe (harness.leak_probe), one record per segment."""
+    try:
+        leaks, nondeterministic = leak_probe.probe(program, inputs, case, results)
+    except Exception as exc:  # the kernel ran once already: a failure here is the kernel's
+        return [_status_record(kernel, case, "error", f"leak probe: {type(exc).__name__}: {exc}",
+                               check=LEAK)]
+    if len(nondeterministic) == len(results):
+        return [_status_record(kernel, case, "skip", "leak probe needs bitwise-deterministic "
+                               f"outputs; {', '.join(nondeterministic)} differ run to run",
+                               check=LEAK)]
+    note = (f"; not probed (differ run to run): {', '.join(nondeterministic)}"
+            if nondeterministic else "")
+    records = []
+    for leak in leaks:
+        seg = leak.segment
+        verdict = "fail" if leak.leaked else "pass"
+        expected = kernel.expected(case, LEAK, seg)
+        message = (f"changed while the segment was untouched: {', '.join(leak.leaked)}"
+                   if leak.leaked else "bitwise unchanged") + note
+        records.append({
+            **_base(kernel, case), "check": LEAK, "row": seg.row, "segment": seg.number,
+            "segment_label": seg.label, "start": seg.start, "length": seg.length,
+            "max_abs_err": leak.max_change, "worst_token": leak.first_token, "tolerance": 0.0,
+            "ratio": None, "verdict": verdict, "expected": expected,
+            "outcome": _outcome(verdict, expected), "message": message,
+        })
+    return records
 
 
 def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platform,

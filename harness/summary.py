@@ -28,7 +28,8 @@ class Cell:
 
 
 def _worst(records: list[dict]) -> float | None:
-    ratios = [r["ratio"] for r in records if r["verdict"] in ("pass", "fail")]
+    # The leak probe has no tolerance, hence no ratio: its verdicts count, not its numbers.
+    ratios = [r["ratio"] for r in records if r["verdict"] in ("pass", "fail") and r["check"] != "leak"]
     if any(r is None for r in ratios):
         return None  # non-finite values: reported as inf
     return max(ratios) if ratios else None
@@ -78,6 +79,11 @@ def counts(records: list[dict]) -> dict[str, int]:
 def describe_problem(r: dict) -> str:
     if r["outcome"] == "error":
         return f"{r['kernel']} on {r['case_id']}: ERROR {r.get('message', '')}"
+    if r["check"] == "leak":
+        what = "MISSED (expected a leak, none seen)" if r["outcome"] == "missed" else "LEAK"
+        return (f"{r['kernel']} leak {r['segment_label']} of {r['case_id']}: {what}: "
+                f"{r.get('message', '')}; first changed token {r['worst_token']}, "
+                f"max change {r['max_abs_err']:.3g}")
     ratio = "inf (non-finite output)" if r["ratio"] is None else f"{r['ratio']:.3g}"
     what = "MISSED (expected to fail, passed)" if r["outcome"] == "missed" else "FAIL"
     err = "nan/inf" if r["max_abs_err"] is None else f"{r['max_abs_err']:.3g}"

@@ -46,8 +46,14 @@ def causal_only_expectation(case, check, segment):
     short enough for the leak to clear the tolerance floor (_visible_length); otherwise the
     change can hide in rounding noise (H200, bf16: 933 later tokens after L1 = 1115 gave dv
     ratio 0.67; L1 of 512 to 1970 gave 0.6-1.0) and is not judged. dk/dv of later segments are
-    wrong too, by an amount the layout decides, and not judged. Unpacked rows are right."""
+    wrong too, by an amount the layout decides, and not judged. Unpacked rows are right.
+
+    The leak probe has no tolerance, so it is judged everywhere: every segment of a packed row
+    changes when its neighbours are redrawn (later ones read earlier keys; segment 1's dk/dv
+    are read by later queries), and no segment of an unpacked row does."""
     row_segments = [s for s in case.segments if s.row == segment.row]
+    if check == "leak":  # exact: every segment of a packed row reads or is read across
+        return "fail" if len(row_segments) > 1 else "pass"
     if check == "out" or (check == "dq" and segment.length > 1):
         return "fail" if segment.number > 1 else "pass"
     if check == "dq":
