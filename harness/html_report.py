@@ -128,8 +128,10 @@ def write_html(path: Path, header: dict, records: list[dict], traces: list[dict]
     bad = []
     for r in problems(records):
         tokens = "" if r.get("start") is None else f"{r['start']}..{r['start'] + r['length'] - 1}"
+        leak = r["check"] == "leak"  # bitwise check: no tolerance, no ratio
         bad.append({**r, "tokens": tokens, "err": _fmt(r.get("max_abs_err")),
-                    "tol": _fmt(r.get("tolerance")), "ratio": _fmt(r.get("ratio")),
+                    "tol": "bitwise" if leak else _fmt(r.get("tolerance")),
+                    "ratio": "—" if leak else _fmt(r.get("ratio")),
                     "message": (r.get("message") or "")[:300]})
     outcome = {(r["kernel"], r["case_id"], r["check"], r.get("row")): r["outcome"]
                for r in records if r["outcome"] in ("fail", "missed", "caught")}
