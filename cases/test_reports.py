@@ -142,3 +142,13 @@ def test_pytest_baseline_flags_grown_errors(tmp_path):
     same = _pytest(*args, "--report-dir", str(tmp_path / "same"), "--baseline",
                    str(tmp_path / "good" / "report.jsonl"))
     assert same.returncode == 0 and "no regression" in same.stdout
+
+
+def test_merge_keeps_one_copy_of_a_kernel_case_run_in_two_shards(tmp_path):
+    from harness.reporting import merge_reports
+    for shard in ("a", "b"):
+        _report(tmp_path / shard, kernels="canary_causal_only").finish()
+    merge_reports(tmp_path / "m", [tmp_path / "a", tmp_path / "b"])
+    one = rec.read_traces(tmp_path / "a" / "traces.jsonl")
+    assert one and len(rec.read_traces(tmp_path / "m" / "traces.jsonl")) == len(one)
+    assert len(rec.read(tmp_path / "m" / "report.jsonl")[1]) == len(rec.read(tmp_path / "a" / "report.jsonl")[1])

@@ -11,6 +11,7 @@ from pathlib import Path
 import jinja2
 
 from harness.markdown_report import _env_line, _fmt
+from harness.registry import LEAK
 from harness.runner import TRACED_CHECKS as PLOTTED_CHECKS
 from harness.summary import grid, problems
 MAX_PLOTS = 60
@@ -128,7 +129,7 @@ def write_html(path: Path, header: dict, records: list[dict], traces: list[dict]
     bad = []
     for r in problems(records):
         tokens = "" if r.get("start") is None else f"{r['start']}..{r['start'] + r['length'] - 1}"
-        leak = r["check"] == "leak"  # bitwise check: no tolerance, no ratio
+        leak = r["check"] == LEAK  # bitwise check: no tolerance, no ratio
         bad.append({**r, "tokens": tokens, "err": _fmt(r.get("max_abs_err")),
                     "tol": "bitwise" if leak else _fmt(r.get("tolerance")),
                     "ratio": "—" if leak else _fmt(r.get("ratio")),

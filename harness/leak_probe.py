@@ -73,13 +73,13 @@ def probe(program, inputs: Inputs, case: Case, results) -> tuple[list[SegmentLea
     for seg in case.segments:
         clean = 1 - seg.number % 2  # the run in which this segment was not redrawn
         sl = (seg.row, slice(seg.start, seg.stop))
-        leaked, first, biggest = [], None, 0.0
+        leaked, firsts, biggest = [], [], 0.0
         for i in probed:
             changed, change = runs[clean][i]
             tokens = np.flatnonzero(changed[sl])
             if tokens.size:
                 leaked.append(names[i])
-                first = seg.start + int(tokens[0]) if first is None else min(first, seg.start + int(tokens[0]))
+                firsts.append(seg.start + int(tokens[0]))
                 biggest = max(biggest, float(change[sl].max()))
-        leaks.append(SegmentLeak(seg, leaked, first, biggest))
+        leaks.append(SegmentLeak(seg, leaked, min(firsts, default=None), biggest))
     return leaks, nondeterministic

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from harness.registry import LEAK
 from harness.summary import counts, grid, problems
 
 _MARK = {"ok": "🟢", "caught": "🔵", "known": "🟠", "FAIL": "🔴", "MISSED": "🔴", "ERROR": "❌", "skip": "⚪"}
@@ -34,7 +35,7 @@ def _segment_table(rows: list[dict]) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         label = r["segment_label"] + (" (missed)" if r["outcome"] == "missed" else "")
-        leak = r["check"] == "leak"  # bitwise check: the change itself, no tolerance or ratio
+        leak = r["check"] == LEAK  # bitwise check: the change itself, no tolerance or ratio
         out.append(
             f"| {r['kernel']} | {r['check']} | {label} | {r['start']}..{r['start'] + r['length'] - 1} "
             f"| {_fmt(r['max_abs_err'])} | {'bitwise' if leak else _fmt(r['tolerance'])} "

@@ -18,6 +18,7 @@ from harness.layouts import Segment
 
 ALL_DTYPES = ("float32", "bfloat16", "float16")
 CHECKS = ("out", "dq", "dk", "dv")
+LEAK = "leak"  # the tolerance-free check of harness.leak_probe
 
 # expect(case, check, segment) -> "pass" | "fail" | "either": what a correct harness must
 # conclude ("either": not judged, the verdict is reported only).

@@ -99,8 +99,10 @@ def merge_reports(out_dir: Path, sources: list[Path], rejudged: bool = False) ->
         for r in records:
             fresh.setdefault((r["kernel"], r["case_id"]), []).append(r)
         by_case.update(fresh)
+        fresh_traces: dict[tuple, list[dict]] = {key: [] for key in fresh}
         for t in rec.read_traces(src / rec.TRACES_FILE):
-            traces.setdefault((t["kernel"], t["case_id"]), []).append(t)
+            fresh_traces.setdefault((t["kernel"], t["case_id"]), []).append(t)
+        traces.update(fresh_traces)
     records = [r for rows in by_case.values() for r in rows]
     if rejudged:
         records = rejudge(records)

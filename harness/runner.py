@@ -17,7 +17,7 @@ import numpy as np
 from harness import leak_probe
 from harness.cases import Case, make_inputs
 from harness.oracle import dense_attention
-from harness.registry import CHECKS, Kernel, Platform
+from harness.registry import CHECKS, LEAK, Kernel, Platform
 from harness.tolerance import tolerance
 
 # A row's per-token errors are kept for plotting when a segment in it gets this close to failing,
@@ -26,7 +26,6 @@ TRACE_RATIO = 0.5
 TRACED_CHECKS = ("out", "dq")
 
 OUTCOMES_OK = ("ok", "caught", "skip", "known")
-LEAK = "leak"  # the tolerance-free check of harness.leak_probe
 
 
 def _with_gradients(fn: Callable) -> Callable:

@@ -5,6 +5,8 @@ import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from harness.registry import LEAK
+
 BAD_OUTCOMES = ("fail", "missed", "error")
 
 
@@ -29,7 +31,7 @@ class Cell:
 
 def _worst(records: list[dict]) -> float | None:
     # The leak probe has no tolerance, hence no ratio: its verdicts count, not its numbers.
-    ratios = [r["ratio"] for r in records if r["verdict"] in ("pass", "fail") and r["check"] != "leak"]
+    ratios = [r["ratio"] for r in records if r["verdict"] in ("pass", "fail") and r["check"] != LEAK]
     if any(r is None for r in ratios):
         return None  # non-finite values: reported as inf
     return max(ratios) if ratios else None
@@ -79,7 +81,7 @@ def counts(records: list[dict]) -> dict[str, int]:
 def describe_problem(r: dict) -> str:
     if r["outcome"] == "error":
         return f"{r['kernel']} on {r['case_id']}: ERROR {r.get('message', '')}"
-    if r["check"] == "leak":
+    if r["check"] == LEAK:
         what = "MISSED (expected a leak, none seen)" if r["outcome"] == "missed" else "LEAK"
         return (f"{r['kernel']} leak {r['segment_label']} of {r['case_id']}: {what}: "
                 f"{r.get('message', '')}; first changed token {r['worst_token']}, "

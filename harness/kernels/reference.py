@@ -4,7 +4,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from harness.registry import register_kernel
+from harness.registry import LEAK, register_kernel
 from harness.sut.dot_product import dot_product, segment_mask
 from harness.tolerance import RULES
 
@@ -52,7 +52,7 @@ def causal_only_expectation(case, check, segment):
     changes when its neighbours are redrawn (later ones read earlier keys; segment 1's dk/dv
     are read by later queries), and no segment of an unpacked row does."""
     row_segments = [s for s in case.segments if s.row == segment.row]
-    if check == "leak":  # exact: every segment of a packed row reads or is read across
+    if check == LEAK:  # exact: every segment of a packed row reads or is read across
         return "fail" if len(row_segments) > 1 else "pass"
     if check == "out" or (check == "dq" and segment.length > 1):
         return "fail" if segment.number > 1 else "pass"
