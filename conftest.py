@@ -1,15 +1,23 @@
 """pytest options and the kernel x case matrix.
 
     pytest --suite smoke|nightly --kernels a,b --kernel-module my_kernels.py --cases 'packed/*'
-           --report-dir DIR --baseline reports/baselines/h200.jsonl
+           --seeds N --shard I/N --report-dir DIR --baseline reports/baselines/h200.jsonl.gz
 
-Each xdist worker appends its records to DIR/parts/<worker>.jsonl as it goes; the controller
-merges the parts into DIR/report.jsonl (plus summary.md and report.html) at the end, so a worker
-that crashes loses only the test it was running.
+Each xdist worker appends its records to DIR/parts/<run>/<worker>.jsonl as it goes; the
+controller merges the parts of its own run into DIR/report.jsonl (plus summary.md and
+report.html) at the end, so a worker that crashes loses only the test it was running, and a
+pytest started inside another (the harness's own tests do) never touches the outer run's parts.
+Tests of one shape go to one worker (xdist's loadgroup), which compiles that shape's programs
+ahead, in parallel. A user's mistake (an unknown kernel or suite, a glob that matches nothing,
+a missing module or baseline) is a one-line usage error before anything runs.
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,12 +30,20 @@ def pytest_addoption(parser):
     group.addoption("--kernel-module", action="append", default=[], metavar="PATH",
                     help="Python file that registers kernels with harness.register_kernel")
     group.addoption("--cases", default=None, help="glob(s) over case ids, comma-separated")
+    group.addoption("--seeds", type=int, default=1, help="run every case under N seeds")
+    group.addoption("--shard", default=None, metavar="I/N", help="run shard I of N of the suite")
     group.addoption("--report-dir", default="reports/pytest", help="where the report goes")
-    group.addoption("--baseline", default=None, help="baseline report.jsonl to compare with")
+    group.addoption("--baseline", default=None, help="baseline report (folder or file)")
     group.addoption("--growth", type=float, default=2.0,
                     help="error growth over the baseline that counts as a regression")
     group.addoption("--gpu-per-worker", action="store_true",
                     help="pin each xdist worker to its own GPU (CUDA_VISIBLE_DEVICES=worker index)")
+    group.addoption("--no-leak-probe", action="store_true", help="tolerance checks only")
+    group.addoption("--no-deterministic-probe", action="store_true",
+                    help="probe the kernels' default builds on GPUs too")
+    group.addoption("--compilation-cache", default=None, metavar="DIR",
+                    help="jax's persistent compilation cache (default: the CLI's)")
+    group.addoption("--no-compilation-cache", action="store_true")
 
 
 def _is_worker(config) -> bool:
@@ -38,34 +54,77 @@ def _report_dir(config) -> Path:
     return Path(config.getoption("--report-dir")).resolve()
 
 
+def _parts(config) -> Path:
+    run = config.workerinput["harness_run"] if _is_worker(config) else config._harness_run
+    return _report_dir(config) / "parts" / run
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    # Tests of one shape share one worker, which compiles that shape's programs together.
+    if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
+        config.option.dist = "loadgroup"
+
+
 def pytest_configure(config):
-    if _is_worker(config) and config.getoption("--gpu-per-worker"):
-        # Before anything asks jax for a device: the CUDA backend reads this once, at start.
-        index = int(config.workerinput["workerid"].removeprefix("gw"))
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
-    from harness.registry import load_kernel_module
-    for path in config.getoption("--kernel-module"):
-        load_kernel_module(path)
-    if not _is_worker(config):
-        parts = _report_dir(config) / "parts"
-        parts.mkdir(parents=True, exist_ok=True)
-        for old in parts.glob("*.jsonl"):
-            old.unlink()
+    from harness.errors import UsageError
+
+    config.addinivalue_line("markers", "xdist_group: tests of one shape run on one worker")
+    if _is_worker(config):
+        count = int(config.workerinput.get("workercount", 1))
+        if config.getoption("--gpu-per-worker"):
+            # Before anything asks jax for a device: the CUDA backend reads this once, at start.
+            index = int(config.workerinput["workerid"].removeprefix("gw"))
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
+        elif count > 1 and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ:
+            # Workers sharing a GPU must not each take jax's default 75% of its memory.
+            os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(0.75, 0.9 / count):.2f}"
+    else:
+        config._harness_run = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        config._harness_start = time.monotonic()
+    try:
+        from harness import records as rec
+        from harness.registry import load_kernel_module, mark_absl_flags_parsed
+        mark_absl_flags_parsed()
+        for path in config.getoption("--kernel-module"):
+            load_kernel_module(path)
+        if config.getoption("--baseline") and not _is_worker(config):
+            rec.read(config.getoption("--baseline"), what="baseline")
+        config._harness_matrix = _matrix(config)
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist (controller): tells each worker the run its parts belong to."""
+    node.workerinput["harness_run"] = node.config._harness_run
 
 
 def _matrix(config):
     from harness.registry import select_kernels
-    from harness.suites import suite_cases
+    from harness.suites import parse_shard, shard, suite_cases
     kernels = select_kernels(config.getoption("--kernels"))
-    cases = suite_cases(config.getoption("--suite"), config.getoption("--cases"))
+    cases = suite_cases(config.getoption("--suite"), config.getoption("--cases"),
+                        seeds=config.getoption("--seeds"))
+    part = parse_shard(config.getoption("--shard"))
+    if part:
+        cases = shard(cases, *part)
     # Case-major order: consecutive tests share the case's reference computation.
     return [(k, c) for c in cases for k in kernels]
 
 
+def _group(case) -> str:
+    b, t, h, kv, d, dtype, causal = case.shape_key
+    return f"b{b}-t{t}-h{h}kv{kv}-d{d}-{dtype}{'' if causal else '-bidir'}"
+
+
 def pytest_generate_tests(metafunc):
     if "kernel_case" in metafunc.fixturenames:
-        pairs = _matrix(metafunc.config)
-        metafunc.parametrize("kernel_case", pairs, ids=[f"{k.name}:{c.id}" for k, c in pairs])
+        pairs = metafunc.config._harness_matrix
+        metafunc.parametrize("kernel_case", [
+            pytest.param((k, c), id=f"{k.name}:{c.id}",
+                         marks=pytest.mark.xdist_group(_group(c))) for k, c in pairs])
 
 
 @pytest.fixture(scope="session")
@@ -75,11 +134,43 @@ def platform():
 
 
 @pytest.fixture(scope="session")
+def programs(request):
+    """This process's compiled programs; on a shape's first test, that shape's programs for
+    every selected kernel start compiling."""
+    from harness.programs import DEFAULT_CACHE_DIR, Programs, enable_compilation_cache
+    config = request.config
+    if not config.getoption("--no-compilation-cache"):
+        enable_compilation_cache(config.getoption("--compilation-cache") or DEFAULT_CACHE_DIR)
+    progs = Programs(deterministic_probe=not config.getoption("--no-deterministic-probe"))
+    config._harness_programs = progs
+    yield progs
+    progs.close()
+
+
+@pytest.fixture
+def run_case(request, platform, programs):
+    """Runs one kernel x case of the matrix, its shape's programs compiled ahead."""
+    from harness.runner import run_kernel_case
+    config = request.config
+    seen = config.__dict__.setdefault("_harness_prefetched", set())
+
+    def run(kernel, case):
+        if case.shape_key not in seen:
+            seen.add(case.shape_key)
+            programs.prefetch([(k, c) for k, c in config._harness_matrix
+                               if c.shape_key == case.shape_key
+                               and not k.unsupported_reasons(c, platform)])
+        return run_kernel_case(kernel, case, platform, programs,
+                               leak=not config.getoption("--no-leak-probe"))
+    return run
+
+
+@pytest.fixture(scope="session")
 def record_sink(request):
     """Appends records and traces to this process's part file."""
     from harness import records as rec
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    parts = _report_dir(request.config) / "parts"
+    parts = _parts(request.config)
     parts.mkdir(parents=True, exist_ok=True)
 
     def sink(result):
@@ -90,14 +181,30 @@ def record_sink(request):
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
+    if getattr(config, "_harness_matrix", None) is None:
+        return  # configuration failed: nothing ran
+    parts = _parts(config)
+    programs = getattr(config, "_harness_programs", None)
+    if programs is not None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        parts.mkdir(parents=True, exist_ok=True)
+        (parts / f"{worker}.run.json").write_text(json.dumps(
+            {"probe_mode": programs.probe_mode, "timing": programs.report()}))
     if _is_worker(config):
         return
-    parts = _report_dir(config) / "parts"
     if not any(p.stat().st_size for p in parts.glob("*.jsonl")):
+        shutil.rmtree(parts, ignore_errors=True)
         return  # no matrix test ran
     from harness.reporting import merge_parts
-    status = merge_parts(_report_dir(config), suite=config.getoption("--suite"),
-                         baseline=config.getoption("--baseline"),
-                         growth=config.getoption("--growth"))
+    status = merge_parts(
+        _report_dir(config),
+        header_info={"suite": config.getoption("--suite"), "seeds": config.getoption("--seeds"),
+                     "shard": config.getoption("--shard"),
+                     "kernels": sorted({k.name for k, _ in config._harness_matrix}),
+                     "cases": len({c for _, c in config._harness_matrix}),
+                     "leak_probe": not config.getoption("--no-leak-probe")},
+        wall_s=time.monotonic() - config._harness_start, parts=parts,
+        baseline=config.getoption("--baseline"), growth=config.getoption("--growth"))
+    shutil.rmtree(parts, ignore_errors=True)
     if status and session.exitstatus == 0:
         session.exitstatus = 1

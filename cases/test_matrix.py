@@ -1,24 +1,27 @@
 """The kernel x case matrix: every registered kernel on every case of the suite, per segment."""
 import pytest
 
-from harness.runner import run_kernel_case
-from harness.summary import describe_problem, problems
+from harness import judging
+from harness.summary import describe_problem
 
 pytestmark = pytest.mark.matrix
 
 
-def test_kernel_on_case(kernel_case, platform, record_sink, record_property):
+def test_kernel_on_case(kernel_case, run_case, record_sink, record_property):
     kernel, case = kernel_case
-    result = run_kernel_case(kernel, case, platform)
+    result = run_case(kernel, case)
     record_sink(result)
-    judged = [r for r in result.records if r["verdict"] in ("pass", "fail")]
-    if judged:
-        ratios = [r["ratio"] for r in judged]
-        record_property("worst_ratio", "inf" if None in ratios else max(ratios))
+    has_ratio, worst = judging.worst_ratio(result.records)
+    if has_ratio:
+        record_property("worst_ratio", judging.ratio_text(worst))
+    measured = [r for r in result.records if judging.measured(r)]
+    if measured:
         record_property("failing_segments", ",".join(sorted(
-            {f"{r['check']}:{r['segment_label']}" for r in judged if r["verdict"] == "fail"})))
-    bad = problems(result.records)
+            {f"{r['check']}:{r['segment_label']}" for r in measured if r["verdict"] == "fail"})))
+        record_property("unjudged", judging.counts(result.records).get("unjudged", 0))
+        record_property("unprobed", sum(judging.unprobed(result.records).values()))
+    bad = judging.bad(result.records)
     if bad:
         pytest.fail("\n".join(describe_problem(r) for r in bad), pytrace=False)
-    if not judged:
+    if not measured:
         pytest.skip(f"{kernel.name}: {result.records[0]['message']}")

@@ -1,7 +1,10 @@
 """A differential, per-segment correctness harness for packed-sequence attention kernels."""
 from harness.cases import Case, make_inputs
+from harness.errors import UsageError
+from harness.kernel import Kernel, Platform
 from harness.layouts import LAYOUTS, SegmentIdError, check_segment_ids
-from harness.registry import Kernel, load_kernel_module, register_kernel, select_kernels
+from harness.registry import load_kernel_module, register_kernel, select_kernels
 
-__all__ = ["Case", "Kernel", "LAYOUTS", "SegmentIdError", "check_segment_ids", "load_kernel_module",
-           "make_inputs", "register_kernel", "select_kernels"]
+__all__ = ["Case", "Kernel", "LAYOUTS", "Platform", "SegmentIdError", "UsageError",
+           "check_segment_ids", "load_kernel_module", "make_inputs", "register_kernel",
+           "select_kernels"]

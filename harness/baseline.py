@@ -4,16 +4,17 @@ A regression (exit 1) is: a check that passed (or was caught) now fails, errors 
 a kernel x case that ran now skipped; or an error that grew by more than `growth` times while
 the new error is above NOISE_RATIO of its tolerance (so errors at the rounding floor,
 where a factor of two is noise, never count). New and missing cases are listed, not failed:
-suites grow and shrink on purpose.
+suites grow and shrink on purpose. A baseline from another suite or platform is compared all
+the same, with a warning first: most of its pairs will be new or missing.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from harness import judging
 from harness import records as rec
 
 NOISE_RATIO = 0.1
-_GOOD = ("ok", "caught")
 
 
 @dataclass
@@ -40,25 +41,28 @@ def compare(new: list[dict], base: list[dict], growth: float = 2.0) -> Compariso
     result.new_cases = sorted(new_cases - base_cases)
     result.missing_cases = sorted(base_cases - new_cases)
     ran_before = {(r["kernel"], r["case_id"]) for r in base if r["outcome"] != "skip"}
+    errored_before = {(r["kernel"], r["case_id"]) for r in base if r["outcome"] == "error"}
     for r in new:
         case = (r["kernel"], r["case_id"])
-        if r["outcome"] == "skip" and r["check"] == "*" and case in ran_before:
+        if r["outcome"] == "skip" and r["check"] == judging.KERNEL_LEVEL and case in ran_before:
             result.regressions.append(f"{case[0]} on {case[1]}: ran in the baseline, now skipped "
                                       f"({r.get('message', '')})")
-        if r["outcome"] == "error" and case in base_cases and not any(
-                b["outcome"] == "error" for b in base if (b["kernel"], b["case_id"]) == case):
+        if r["outcome"] == "error" and case in base_cases and case not in errored_before:
             result.regressions.append(f"{case[0]} on {case[1]}: now errors: {r.get('message', '')}")
         b = base_by_key.get(rec.record_key(r))
         if b is None:
             continue
         if b["verdict"] != r["verdict"]:
             result.flips.append((b, r))
-            if b["outcome"] in _GOOD and r["outcome"] not in _GOOD + ("skip",):
+            if judging.is_good(b) and judging.is_bad(r):
                 result.regressions.append(
                     f"{r['kernel']} {r['check']} {r.get('segment_label')} of {r['case_id']}: "
                     f"{b['outcome']} -> {r['outcome']}")
+        chk = judging.CHECKS.get(r["check"])
+        if chk is None or chk.bitwise:
+            continue  # kernel-level records and bitwise checks have no error to grow
         old_err, new_err = b.get("max_abs_err"), r.get("max_abs_err")
-        if r["verdict"] in ("pass", "fail") and b["verdict"] in ("pass", "fail"):
+        if judging.measured(r) and judging.measured(b):
             if new_err is None and old_err is not None:
                 result.grown.append((b, r))
             elif (old_err is not None and new_err is not None and new_err > growth * old_err
@@ -74,11 +78,28 @@ def compare(new: list[dict], base: list[dict], growth: float = 2.0) -> Compariso
     return result
 
 
-def compare_files(new_path: str, base_path: str, growth: float = 2.0) -> int:
-    _, new = rec.read(new_path)
-    _, base = rec.read(base_path)
-    result = compare(new, base, growth)
+def mismatch(new_header: dict, base_header: dict) -> list[str]:
+    """Why two reports are not like for like (suite, platform, device), if they are not."""
+    out = []
+    if new_header.get("suite") != base_header.get("suite"):
+        out.append(f"suite {new_header.get('suite')!r} vs the baseline's "
+                   f"{base_header.get('suite')!r}")
+    env_new, env_base = new_header.get("environment", {}), base_header.get("environment", {})
+    for key in ("platform", "device_kind"):
+        if env_new.get(key) != env_base.get(key):
+            out.append(f"{key} {env_new.get(key)!r} vs the baseline's {env_base.get(key)!r}")
+    return out
+
+
+def compare_files(new_path, base_path, growth: float = 2.0) -> int:
+    new_header, new = rec.read(new_path)
+    base_header, base = rec.read(base_path, what="baseline")
     print(f"compare {new_path} with baseline {base_path} (growth factor {growth})")
+    differs = mismatch(new_header, base_header)
+    if differs:
+        print(f"  warning: not like for like ({'; '.join(differs)}): expect many new and "
+              "missing pairs")
+    result = compare(new, base, growth)
     print(f"  verdict flips: {len(result.flips)}")
     for b, r in result.flips[:40]:
         print(f"    {r['kernel']} {r['check']} {r.get('segment_label')} of {r['case_id']}: "

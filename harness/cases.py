@@ -1,6 +1,7 @@
-"""A case: shapes, dtype, a segment layout and a seed. Its id reproduces it exactly."""
+"""A case: shapes, dtype, mask, a segment layout and a seed. Its id reproduces it exactly."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 
-from harness.layouts import LAYOUTS, Segment, check_segment_ids
+from harness.layouts import CUSTOM, LAYOUTS, Segment, check_segment_ids, segment_ids_from_rows
 
 DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 _SHORT = {v: k for k, v in DTYPES.items()}
@@ -21,7 +22,16 @@ PADDING_POISON_SCALE = 8.0
 _ID = re.compile(
     r"^(?P<layout>[a-z]+/[a-z-]+)-b(?P<batch>\d+)-t(?P<seq_len>\d+)-h(?P<heads>\d+)"
     r"kv(?P<kv_heads>\d+)-d(?P<head_dim>\d+)-(?P<dtype>[a-z0-9]+)-s(?P<seed>\d+)"
-    r"(?P<bidir>-bidir)?$")
+    r"(?P<bidir>-bidir)?(?:-r(?P<rows>[0-9p.,]+))?$")
+
+
+def _rows_text(rows) -> str:
+    return ",".join(".".join(str(n) if n > 0 else f"p{-n}" for n in row) for row in rows)
+
+
+def _rows_parse(text: str) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(-int(x[1:]) if x.startswith("p") else int(x) for x in row.split(".") if x)
+                 for row in text.split(","))
 
 
 @dataclass(frozen=True)
@@ -35,12 +45,20 @@ class Case:
     dtype: str
     seed: int
     causal: bool = True
+    # Only for layout custom/rows: each row's runs (segment_ids_from_rows).
+    rows: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self):
-        if self.layout not in LAYOUTS:
+        if self.layout != CUSTOM and self.layout not in LAYOUTS:
             raise ValueError(f"unknown layout {self.layout!r}; known: {', '.join(LAYOUTS)}")
+        if (self.layout == CUSTOM) != (self.rows is not None):
+            raise ValueError(f"rows are given exactly for layout {CUSTOM}")
+        if self.rows is not None and len(self.rows) != self.batch:
+            raise ValueError(f"{len(self.rows)} rows for batch {self.batch}")
         if self.dtype not in _SHORT:
             raise ValueError(f"unsupported dtype {self.dtype!r}; known: {', '.join(_SHORT)}")
+        if min(self.batch, self.seq_len, self.heads, self.kv_heads, self.head_dim) < 1:
+            raise ValueError("batch, seq_len, heads, kv_heads and head_dim must be >= 1")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
 
@@ -48,19 +66,25 @@ class Case:
     def id(self) -> str:
         return (f"{self.layout}-b{self.batch}-t{self.seq_len}-h{self.heads}kv{self.kv_heads}"
                 f"-d{self.head_dim}-{_SHORT[self.dtype]}-s{self.seed}"
-                + ("" if self.causal else "-bidir"))
+                + ("" if self.causal else "-bidir")
+                + ("" if self.rows is None else f"-r{_rows_text(self.rows)}"))
 
     @classmethod
     def from_id(cls, case_id: str) -> "Case":
         m = _ID.match(case_id)
         if not m:
-            raise ValueError(f"not a case id: {case_id!r}")
+            raise ValueError(f"not a case id: {case_id!r} (ids look like "
+                             "packed/random-b4-t256-h4kv2-d64-bf16-s0)")
         g = m.groupdict()
         ints = {k: int(g[k]) for k in ("batch", "seq_len", "heads", "kv_heads", "head_dim", "seed")}
         dtype = DTYPES.get(g["dtype"])
         if dtype is None:
             raise ValueError(f"unknown dtype {g['dtype']!r} in case id {case_id!r}")
-        return cls(layout=g["layout"], dtype=dtype, causal=not g["bidir"], **ints)
+        rows = _rows_parse(g["rows"]) if g["rows"] else None
+        return cls(layout=g["layout"], dtype=dtype, causal=not g["bidir"], rows=rows, **ints)
+
+    def with_seed(self, seed: int) -> "Case":
+        return dataclasses.replace(self, seed=seed)
 
     @property
     def family(self) -> str:
@@ -74,29 +98,49 @@ class Case:
     def scale(self) -> float:
         return 1.0 / math.sqrt(self.head_dim)
 
+    @property
+    def shape_key(self) -> tuple:
+        """What a compiled program depends on: cases that share it share programs."""
+        return (self.batch, self.seq_len, self.heads, self.kv_heads, self.head_dim, self.dtype,
+                self.causal)
+
     @functools.cached_property
     def segment_ids(self) -> np.ndarray:
+        if self.rows is not None:
+            return segment_ids_from_rows(self.rows, self.seq_len)
         return LAYOUTS[self.layout].segment_ids(self.batch, self.seq_len, self.seed)
 
     @functools.cached_property
     def segments(self) -> tuple[Segment, ...]:
-        return tuple(check_segment_ids(self.segment_ids))
+        return tuple(check_segment_ids(self.segment_ids, padding="anywhere"))
 
     @property
     def packed(self) -> bool:
         return any(s.number > 1 for s in self.segments)
 
+    @functools.cached_property
+    def padding_inside(self) -> bool:
+        """Padding before a segment somewhere (left padding, or between segments)."""
+        valid = self.segment_ids > 0
+        later_valid = np.flip(np.logical_or.accumulate(np.flip(valid, 1), 1), 1)
+        return bool((~valid & later_valid).any())
+
     @property
     def max_segments(self) -> int:
-        """The M a packed kernel is configured with: one more than the fullest row, so every
-        case also has rows with fewer real segments than the maximum (as TE's tests do)."""
-        return max(s.number for s in self.segments) + 1
+        """The M a packed kernel is configured with: at least one more than the fullest row, so
+        every case also has rows with fewer real segments than the maximum (as TE's tests do),
+        rounded up to a power of two so that cases of one shape share compiled programs."""
+        need = max(s.number for s in self.segments) + 1
+        return max(4, 1 << (need - 1).bit_length())
+
+    def row_segments(self, row: int) -> list[Segment]:
+        return [s for s in self.segments if s.row == row]
 
     def segments_in_row(self, row: int) -> int:
-        return sum(1 for s in self.segments if s.row == row)
+        return len(self.row_segments(row))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Inputs:
     query: np.ndarray
     key: np.ndarray
@@ -104,9 +148,16 @@ class Inputs:
     cotangent: np.ndarray  # for the output; zero at padding
     segment_ids: np.ndarray
 
+    @property
+    def args(self) -> tuple:
+        """A kernel program's arguments, in order."""
+        return self.query, self.key, self.value, self.segment_ids, self.cotangent
 
+
+@functools.lru_cache(maxsize=4)
 def make_inputs(case: Case) -> Inputs:
-    """Fresh standard-normal inputs drawn from the case's seed, rounded to its dtype.
+    """Fresh standard-normal inputs drawn from the case's seed, rounded to its dtype (made once
+    per case: the kernels and the oracle read the same arrays).
 
     Padding positions of q, k and v hold larger random values (poison); the output cotangent is
     zero there, so a correct kernel's gradients never see them.

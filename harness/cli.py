@@ -1,7 +1,11 @@
-"""python -m harness run | list | compare | bench"""
+"""python -m harness run | list | report | merge | compare | bench | selftest | repro
+
+Every user mistake (a path, a kernel or suite name, a glob, a module, a baseline, a shape too
+big for the device) is one line on stderr and exit status 2, found before any work starts."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -12,34 +16,63 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
                    help="a Python file that calls harness.register_kernel (repeatable)")
 
 
+def _add_compilation(p: argparse.ArgumentParser) -> None:
+    from harness.programs import DEFAULT_CACHE_DIR
+    p.add_argument("--compilation-cache", default=DEFAULT_CACHE_DIR, metavar="DIR",
+                   help="jax's persistent compilation cache (default %(default)s; "
+                        "HARNESS_COMPILATION_CACHE sets it too)")
+    p.add_argument("--no-compilation-cache", action="store_true",
+                   help="compile everything afresh, keep nothing on disk")
+
+
 def _load_modules(paths) -> None:
     from harness.registry import load_kernel_module
     for path in paths:
         load_kernel_module(path)
 
 
+def _programs(args):
+    from harness.programs import Programs, enable_compilation_cache
+    enable_compilation_cache(None if args.no_compilation_cache else args.compilation_cache)
+    return Programs(deterministic_probe=not args.no_deterministic_probe)
+
+
 def cmd_run(args) -> int:
     from harness import reporting
+    from harness import records as rec
     from harness.environment import current_platform, describe
     from harness.registry import select_kernels
     from harness.runner import run_matrix
-    from harness.suites import suite_cases
+    from harness.suites import parse_shard, shard, suite_cases
 
     _load_modules(args.kernel_module)
     kernels = select_kernels(args.kernels)
-    cases = suite_cases(args.suite, args.cases)
-    if not cases:
-        print(f"no case of suite {args.suite!r} matches {args.cases!r}", file=sys.stderr)
-        return 2
-    writer = reporting.ReportWriter(Path(args.report_dir), describe(), suite=args.suite,
-                                    kernels=[k.name for k in kernels], cases=len(cases))
+    cases = suite_cases(args.suite, args.cases, seeds=args.seeds)
+    part = parse_shard(args.shard)
+    if part:
+        cases = shard(cases, *part)
+    if args.baseline:
+        rec.read(args.baseline, what="baseline")  # a missing or broken baseline: now, not later
+    report_dir = Path(args.report_dir)
+    if (report_dir / rec.RECORDS_FILE).exists():
+        print(f"replacing the report in {report_dir}/ (--report-dir DIR writes elsewhere)",
+              file=sys.stderr)
+    programs = _programs(args)
+    writer = reporting.ReportWriter(
+        report_dir, describe(), suite=args.suite, kernels=[k.name for k in kernels],
+        cases=len(cases), seeds=args.seeds, shard=args.shard, probe_mode=programs.probe_mode,
+        leak_probe=not args.no_leak_probe)
     from harness.progress import progress
-    with progress(len(cases) * len(kernels)) as step:
-        def on_result(kernel, case, result):
-            writer.add(result)
-            step(f"{kernel.name} {case.id}")
-        run_matrix(kernels, cases, current_platform(), on_result=on_result)
-    return writer.finish(baseline=args.baseline, growth=args.growth)
+    try:
+        with progress(len(cases) * len(kernels)) as step:
+            def on_result(kernel, case, result):
+                writer.add(result)
+                step(f"{kernel.name} {case.id}")
+            run_matrix(kernels, cases, current_platform(), on_result=on_result,
+                       programs=programs, leak=not args.no_leak_probe)
+    finally:
+        programs.close()
+    return writer.finish(baseline=args.baseline, growth=args.growth, timing=programs.report())
 
 
 def cmd_list(args) -> int:
@@ -52,7 +85,7 @@ def cmd_list(args) -> int:
     cases = suite_cases(args.suite, args.cases)
     for kernel in select_kernels(args.kernels):
         runnable = sum(not kernel.unsupported_reasons(c, platform) for c in cases)
-        print(f"{kernel.name:28s} {runnable:3d}/{len(cases)} cases  {kernel.description}")
+        print(f"{kernel.name:42s} {runnable:3d}/{len(cases)} cases  {kernel.description}")
     if args.verbose:
         for case in cases:
             print(case.id)
@@ -60,21 +93,28 @@ def cmd_list(args) -> int:
 
 
 def cmd_report(args) -> int:
+    from harness import judging
     from harness.reporting import write_views
-    from harness.summary import print_console, problems
+    from harness.summary import print_console
     _, records = write_views(Path(args.report_dir))
     print_console(records)
-    return 1 if problems(records) else 0
+    return 1 if judging.bad(records) else 0
 
 
 def cmd_merge(args) -> int:
+    from harness import records as rec
     from harness.reporting import merge_reports
+    for source in args.sources:
+        rec.resolve(source)
     merge_reports(Path(args.out), [Path(s) for s in args.sources], rejudged=args.rejudge)
     return cmd_report(argparse.Namespace(report_dir=args.out))
 
 
 def cmd_compare(args) -> int:
+    from harness import records as rec
     from harness.baseline import compare_files
+    rec.read(args.new)
+    rec.read(args.baseline, what="baseline")
     return compare_files(args.new, args.baseline, growth=args.growth)
 
 
@@ -84,18 +124,38 @@ def cmd_bench(args) -> int:
     return bench_main(args)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def cmd_selftest(args) -> int:
+    from harness.selftest import main as selftest_main
+    return selftest_main(args)
+
+
+def cmd_repro(args) -> int:
+    from harness.repro import main as repro_main
+    _load_modules(args.kernel_module)
+    return repro_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the kernel x case matrix and write a report")
     run.add_argument("--suite", default="smoke", help="smoke (CPU, minutes) or nightly (GPU)")
     run.add_argument("--cases", help="glob(s) over case ids, comma-separated, to narrow the suite")
+    run.add_argument("--seeds", type=int, default=1, help="run every case under N seeds")
+    run.add_argument("--shard", metavar="I/N", help="run shard I of N (join them: harness merge)")
     run.add_argument("--report-dir", default="reports/latest")
-    run.add_argument("--baseline", help="a baseline report.jsonl to compare with at the end")
+    run.add_argument("--baseline", help="a baseline report (folder or file) to compare with")
     run.add_argument("--growth", type=float, default=2.0,
                      help="error growth over the baseline that counts as a regression")
+    run.add_argument("--no-leak-probe", action="store_true",
+                     help="tolerance checks only (the views then say the probe did not run)")
+    run.add_argument("--no-deterministic-probe", action="store_true",
+                     help="probe the kernels' default builds on GPUs too (tensors that differ "
+                          "run to run are then unprobed)")
     _add_selection(run)
+    _add_compilation(run)
     run.set_defaults(func=cmd_run)
 
     lst = sub.add_parser("list", help="list kernels (and with -v the suite's case ids)")
@@ -105,7 +165,7 @@ def main(argv=None) -> int:
     _add_selection(lst)
     lst.set_defaults(func=cmd_list)
 
-    rep = sub.add_parser("report", help="rewrite summary.md and report.html from a report folder")
+    rep = sub.add_parser("report", help="rewrite summary.md and report.html of a report folder")
     rep.add_argument("report_dir")
     rep.set_defaults(func=cmd_report)
 
@@ -116,7 +176,7 @@ def main(argv=None) -> int:
                      help="recompute expectations/outcomes from the kernels as registered now")
     mrg.set_defaults(func=cmd_merge)
 
-    cmp_ = sub.add_parser("compare", help="compare a report with a baseline")
+    cmp_ = sub.add_parser("compare", help="compare a report with a baseline (folders or files)")
     cmp_.add_argument("new")
     cmp_.add_argument("baseline")
     cmp_.add_argument("--growth", type=float, default=2.0)
@@ -124,15 +184,43 @@ def main(argv=None) -> int:
 
     bench = sub.add_parser("bench", help="time kernels forward+backward (medians, ratios)")
     bench.add_argument("--shapes", default="small",
-                       help="small (CPU) or hopper (the GPU runner's shapes)")
+                       help="small (any device) or hopper (GPU shapes; refused where they do "
+                            "not fit)")
     bench.add_argument("--repeats", type=int, default=10)
     bench.add_argument("--output", help="write the results as JSON here")
     _add_selection(bench)
     bench.set_defaults(func=cmd_bench)
 
-    args = parser.parse_args(argv)
+    st = sub.add_parser("selftest", help="the harness's bug zoo: every bug caught, no correct "
+                                         "kernel flagged")
+    st.add_argument("--bugs", help="comma-separated zoo entries (default: all)")
+    st.set_defaults(func=cmd_selftest)
+
+    rp = sub.add_parser("repro", help="shrink a failing case and write a standalone script")
+    rp.add_argument("kernel")
+    rp.add_argument("case_id")
+    rp.add_argument("--check", help="the check that must keep failing (default: the first "
+                                    "that fails)")
+    rp.add_argument("--output", help="where the script goes (default repro_<kernel>.py)")
+    rp.add_argument("--kernel-module", action="append", default=[], metavar="PATH")
+    rp.set_defaults(func=cmd_repro)
+    return parser
+
+
+def main(argv=None) -> int:
+    from harness.errors import UsageError
+
+    args = build_parser().parse_args(argv)
     try:
+        from harness.registry import mark_absl_flags_parsed
+        mark_absl_flags_parsed()
         return args.func(args)
-    except (KeyError, ValueError, FileNotFoundError) as exc:
+    except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `python -m harness list | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

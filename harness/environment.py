@@ -2,27 +2,44 @@
 from __future__ import annotations
 
 import datetime
+import importlib
 import importlib.metadata
+import importlib.util
+import os
 import platform as _platform
 import subprocess
 from pathlib import Path
 
 import jax
 
-from harness.registry import Platform
+from harness.kernel import Platform
 
 
 def current_platform() -> Platform:
+    from harness.programs import device_memory_bytes
+
     device = jax.devices()[0]
     cc = getattr(device, "compute_capability", None)
-    return Platform(name=device.platform, compute_capability=float(cc) if cc else None)
+    return Platform(name=device.platform, compute_capability=float(cc) if cc else None,
+                    memory_bytes=device_memory_bytes())
 
 
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
+        pass
+    # Installed without its metadata (e.g. a bundle on PYTHONPATH): ask the module itself.
+    try:
+        spec = importlib.util.find_spec(dist)
+    except (ImportError, ValueError):
         return None
+    if spec is None:
+        return None
+    try:
+        return getattr(importlib.import_module(dist), "__version__", None) or "unknown version"
+    except Exception:
+        return "unknown version"
 
 
 def _cudnn_version() -> str | None:
@@ -47,17 +64,30 @@ def _gqa_offsets_bug() -> bool | None:
         return None
 
 
-def _git_commit() -> str | None:
+def _git(*args) -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+        out = subprocess.run(["git", *args], capture_output=True, text=True,
                              cwd=Path(__file__).resolve().parent, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def git_state() -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the code that runs. A copy without .git (a GPU runner that got the
+    working tree) is told its commit through HARNESS_GIT_COMMIT (and HARNESS_GIT_DIRTY)."""
+    commit = _git("rev-parse", "HEAD")
+    if commit:
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        return commit, bool(status) if status is not None else None
+    commit = os.environ.get("HARNESS_GIT_COMMIT") or None
+    dirty = os.environ.get("HARNESS_GIT_DIRTY")
+    return commit, None if dirty is None else dirty not in ("", "0", "false")
+
+
 def describe() -> dict:
     device = jax.devices()[0]
+    commit, dirty = git_state()
     plat = current_platform()
     return {
         "platform": plat.name,
@@ -70,7 +100,8 @@ def describe() -> dict:
         "cudnn": _cudnn_version(),
         "transformer_engine": _version("transformer_engine") or _version("transformer_engine_jax"),
         "maxtext": _version("maxtext"),
-        "git_commit": _git_commit(),
+        "git_commit": commit,
+        "git_dirty": dirty,
         "jax_packed_gqa_offsets_bug": _gqa_offsets_bug(),
         "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": _platform.node(),

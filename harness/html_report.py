@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import base64
 import io
-import math
 from pathlib import Path
 
 import jinja2
 
-from harness.markdown_report import _env_line, _fmt
-from harness.registry import LEAK
-from harness.runner import TRACED_CHECKS as PLOTTED_CHECKS
-from harness.summary import grid, problems
+from harness import judging
+from harness.markdown_report import _fmt, env_line, run_line
+from harness.summary import coverage_lines, grid, not_judged_lines
+
+PLOTTED_CHECKS = tuple(c.name for c in judging.TENSORS if c.traced)
 MAX_PLOTS = 60
 
 _TEMPLATE = jinja2.Template("""<!doctype html>
@@ -29,7 +29,7 @@ img { max-width: 100%; }
 .plot { margin: 1em 0 2em 0; }
 </style></head><body>
 <h1>Attention harness report</h1>
-<p>suite <code>{{ header.suite }}</code> · {{ env_line }}</p>
+<p>{{ run_line }} · {{ env_line }}</p>
 <p>{{ counts }}</p>
 <h2>Overview: worst error/tolerance ratio per kernel and layout</h2>
 <img alt="heatmap" src="data:image/png;base64,{{ heatmap }}">
@@ -41,6 +41,15 @@ img { max-width: 100%; }
 <td>{{ r.segment_label or '' }} {{ r.outcome }}</td><td>{{ r.tokens }}</td><td>{{ r.err }}</td>
 <td>{{ r.tol }}</td><td>{{ r.ratio }}</td><td>{{ r.worst_token }}</td><td><code>{{ r.case_id }}</code>
 {% if r.message %}<br>{{ r.message }}{% endif %}</td></tr>
+{% endfor %}</table>{% endif %}
+<h2>Not judged ({{ n_unjudged }} checks; {{ n_unprobed }} unprobed tensors)</h2>
+{% if not_judged %}<ul>{% for line in not_judged %}<li>{{ line }}</li>{% endfor %}</ul>
+{% else %}<p>Every check was judged.</p>{% endif %}
+{% if coverage %}<p>Leak-probe coverage below 100%:</p><ul>{% for line in coverage %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
+{% if timing %}<h2>Where the time went</h2><table><tr><th>kernel</th><th>programs</th><th>lower s</th>
+<th>compile s</th><th>runs</th><th>execute s</th></tr>
+{% for k, t in timing %}<tr><td>{{ k }}</td><td>{{ t.programs }}</td><td>{{ "%.1f"|format(t.lower_s) }}</td>
+<td>{{ "%.1f"|format(t.compile_s) }}</td><td>{{ t.runs }}</td><td>{{ "%.1f"|format(t.execute_s) }}</td></tr>
 {% endfor %}</table>{% endif %}
 <h2>Error by token position (failing and near-failing rows)</h2>
 <p>Grey lines: segment boundaries. Dashed: each segment's tolerance. Red points: tokens over it.
@@ -71,9 +80,8 @@ def _heatmap(records) -> str:
     for i, k in enumerate(kernels):
         for j, lay in enumerate(layouts):
             cell = cells.get((k, lay))
-            if cell is not None and cell.status not in ("skip", "ERROR", "known"):
-                r = cell.worst_ratio
-                values[i, j] = 4.0 if r is None else math.log10(max(r, 1e-4))
+            if cell is not None and cell.heat is not None:
+                values[i, j] = cell.heat
     fig, ax = plt.subplots(figsize=(1.3 * len(layouts) + 3, 0.5 * len(kernels) + 1.8))
     im = ax.imshow(values, cmap="RdYlGn_r", vmin=-2, vmax=2, aspect="auto")
     ax.set_xticks(range(len(layouts)), layouts, rotation=35, ha="right")
@@ -83,8 +91,9 @@ def _heatmap(records) -> str:
             cell = cells.get((k, lay))
             if cell is None:
                 continue
+            ratio = _fmt(cell.worst_ratio, 2) if cell.has_ratio else "—"
             label = {"skip": "skip", "ERROR": "ERROR", "known": "known"}.get(
-                cell.status, f"{_fmt(cell.worst_ratio, 2)}\n{cell.status}")
+                cell.status, f"{ratio}\n{cell.status}")
             ax.text(j, i, label, ha="center", va="center", fontsize=7)
     fig.colorbar(im, ax=ax, label="log10(worst ratio); > 0 fails")
     return _png(fig)
@@ -127,9 +136,9 @@ def _trace_plot(trace) -> str:
 
 def write_html(path: Path, header: dict, records: list[dict], traces: list[dict]) -> None:
     bad = []
-    for r in problems(records):
+    for r in judging.bad(records):
         tokens = "" if r.get("start") is None else f"{r['start']}..{r['start'] + r['length'] - 1}"
-        leak = r["check"] == LEAK  # bitwise check: no tolerance, no ratio
+        leak = r["check"] in judging.CHECKS and judging.check(r["check"]).bitwise
         bad.append({**r, "tokens": tokens, "err": _fmt(r.get("max_abs_err")),
                     "tol": "bitwise" if leak else _fmt(r.get("tolerance")),
                     "ratio": "—" if leak else _fmt(r.get("ratio")),
@@ -147,9 +156,13 @@ def write_html(path: Path, header: dict, records: list[dict], traces: list[dict]
                                f"· {state}",
                       "css": {"fail": "bad", "missed": "bad", "caught": "caught"}.get(state, ""),
                       "png": _trace_plot(t)})
-    from harness.summary import counts
+    timing = sorted((header.get("timing") or {}).items(), key=lambda kv: -kv[1].get("compile_s", 0))
     path.write_text(_TEMPLATE.render(
-        header=header, env_line=_env_line(header.get("environment", {})),
-        counts=", ".join(f"{k} {v}" for k, v in sorted(counts(records).items())),
+        header=header, env_line=env_line(header.get("environment", {})), run_line=run_line(header),
+        counts=", ".join(f"{k} {v}" for k, v in judging.counts(records).items()),
         heatmap=_heatmap(records), bad=bad, plots=plots,
-        dropped=max(0, len(wanted) - MAX_PLOTS)))
+        dropped=max(0, len(wanted) - MAX_PLOTS),
+        not_judged=not_judged_lines(records), coverage=coverage_lines(records),
+        n_unjudged=judging.counts(records).get("unjudged", 0),
+        n_unprobed=sum(judging.unprobed(records).values()),
+        timing=timing))

@@ -1,7 +1,10 @@
 """Segment layouts: how packed rows are laid out, how they are checked, and the named families.
 
-MaxText convention: segment ids are int32 of shape [batch, seq]; the segments of a row are
-contiguous runs numbered 1..M in order; 0 is padding and only follows the last segment.
+Segment ids are int32 of shape [batch, seq]; the segments of a row are contiguous runs numbered
+1..M in order; 0 is padding. In MaxText's convention padding only follows the last segment
+(`padding="tail"`, what the packed cuDNN lowering can represent); Transformer Engine's THD layout
+also allows padding before and between segments (`padding="anywhere"`: left-padded rows, and
+`pad_between_seqs`, which context parallelism uses for alignment).
 """
 from __future__ import annotations
 
@@ -40,8 +43,10 @@ def _runs(row: np.ndarray) -> list[tuple[int, int, int]]:
     return [(int(row[s]), int(s), int(e - s)) for s, e in zip(starts, stops)]
 
 
-def check_segment_ids(segment_ids, max_segments: int | None = None) -> list[Segment]:
-    """Validates segment ids and returns their segments; raises SegmentIdError naming the problem."""
+def check_segment_ids(segment_ids, max_segments: int | None = None,
+                      padding: str = "tail") -> list[Segment]:
+    """Validates segment ids and returns their segments; raises SegmentIdError naming the problem.
+    `padding`: "tail" (MaxText: padding only after the last segment) or "anywhere"."""
     seg = np.asarray(segment_ids)
     if seg.ndim != 2:
         raise SegmentIdError(f"segment_ids must be [batch, seq], got shape {seg.shape}")
@@ -57,7 +62,7 @@ def check_segment_ids(segment_ids, max_segments: int | None = None) -> list[Segm
             if value == 0:
                 seen_padding_at = start
                 continue
-            if seen_padding_at is not None:
+            if seen_padding_at is not None and padding == "tail":
                 raise SegmentIdError(
                     f"row {r}: padding (0) at position {seen_padding_at} comes before segment "
                     f"{value} at position {start}; padding must follow the last segment")
@@ -79,17 +84,31 @@ def check_segment_ids(segment_ids, max_segments: int | None = None) -> list[Segm
     return segments
 
 
-def segment_ids_from_rows(rows: list[list[int]], seq_len: int) -> np.ndarray:
-    """Row i holds segments of lengths rows[i], then padding up to seq_len."""
+def segment_ids_from_rows(rows, seq_len: int) -> np.ndarray:
+    """Row i holds the runs rows[i] in order: a positive n is the next segment, n tokens long; a
+    negative n is -n tokens of padding. Padding fills the row after the last run."""
     out = np.zeros((len(rows), seq_len), np.int32)
-    for r, lengths in enumerate(rows):
-        if any(n <= 0 for n in lengths) or sum(lengths) > seq_len:
-            raise ValueError(f"row {r}: lengths {lengths} do not fit in {seq_len} positions")
-        pos = 0
-        for number, n in enumerate(lengths, start=1):
-            out[r, pos:pos + n] = number
-            pos += n
+    for r, runs in enumerate(rows):
+        if any(n == 0 for n in runs) or sum(abs(n) for n in runs) > seq_len:
+            raise ValueError(f"row {r}: runs {list(runs)} do not fit in {seq_len} positions")
+        pos, number = 0, 0
+        for n in runs:
+            if n > 0:
+                number += 1
+                out[r, pos:pos + n] = number
+            pos += abs(n)
     return out
+
+
+def rows_of(segment_ids) -> tuple[tuple[int, ...], ...]:
+    """The inverse of segment_ids_from_rows (trailing padding left implicit)."""
+    rows = []
+    for row in np.asarray(segment_ids):
+        runs = [(length if value else -length) for value, _, length in _runs(row)]
+        while runs and runs[-1] < 0:
+            runs.pop()
+        rows.append(tuple(runs))
+    return tuple(rows)
 
 
 # ----- the named layouts -----------------------------------------------------------------
@@ -101,9 +120,10 @@ RowBuilder = Callable[[np.random.Generator, int, int], list[int]]
 class Layout:
     family: str
     name: str
-    row: RowBuilder  # (rng, row index, seq_len) -> segment lengths of that row
+    row: RowBuilder  # (rng, row index, seq_len) -> the row's runs (segment_ids_from_rows)
     min_seq_len: int = 8
     doc: str = ""
+    padding: str = "tail"  # where the layout puts padding: "tail" or "anywhere"
 
     @property
     def id(self) -> str:
@@ -142,6 +162,11 @@ def _packed_random(rng, r, t):
 def _packed_many(rng, r, t):
     pad = int(rng.integers(0, t // 16 + 1))
     return _split(rng, t - pad, int(rng.integers(5, 10)))
+
+
+def _packed_dozens(rng, r, t):
+    # Long rows packed with many documents: 16-32 segments per row.
+    return _split(rng, t - int(rng.integers(0, t // 64 + 1)), int(rng.integers(16, 33)))
 
 
 def _packed_ragged(rng, r, t):
@@ -190,6 +215,38 @@ def _extremes_pad_heavy(rng, r, t):
     return [[1], [t // 4, t // 8], [int(rng.integers(1, t // 2))]][r % 3]
 
 
+def _unaligned_long_edges(rng, r, t):
+    # Long rows: one segment crossing 512 and 1024, and boundaries at 511/512/513 and
+    # 1023/1024/1025 (block sizes and local windows of 512 and 1024 tokens).
+    head = [[t], [511, 512], [512, 512], [513, 512]][r % 4]
+    rest = t - sum(head)
+    return head + ([rest] if rest > 0 else [])
+
+
+def _padded_left(rng, r, t):
+    # Left padding (as in batched inference), then one to three segments.
+    pad = 1 if r == 0 else int(rng.integers(1, t // 4 + 1))
+    return [-pad] + _split(rng, t - pad, 1 + r % 3)
+
+
+def _padded_between(rng, r, t):
+    # Padding between segments (TE's pad_between_seqs): each segment padded up to a multiple
+    # of 16 (context-parallel alignment), random gaps, single-token gaps, or padding at both
+    # ends of the row. Three quarters of the row is data, the gaps fit in the rest.
+    kind = r % 4
+    lengths = _split(rng, t * 3 // 4, int(rng.integers(2, 6)))
+    if kind == 0:
+        gaps = [(-n) % 16 or 16 for n in lengths[:-1]]
+    elif kind == 2:
+        gaps = [1] * (len(lengths) - 1)
+    else:
+        gaps = [int(g) for g in rng.integers(1, 13, size=len(lengths) - 1)]
+    runs = [-int(rng.integers(1, 9))] if kind == 3 else []
+    for n, gap in zip(lengths, gaps + [0]):
+        runs += [n, -gap] if gap else [n]
+    return runs
+
+
 LAYOUTS: dict[str, Layout] = {
     lay.id: lay for lay in [
         Layout("unpacked", "full", _unpacked_full, doc="one segment filling the row"),
@@ -197,6 +254,8 @@ LAYOUTS: dict[str, Layout] = {
         Layout("packed", "random", _packed_random, doc="2-4 random segments, some padding"),
         Layout("packed", "many", _packed_many, min_seq_len=16, doc="5-9 segments per row"),
         Layout("packed", "ragged", _packed_ragged, doc="row r holds r+1 segments"),
+        Layout("packed", "dozens", _packed_dozens, min_seq_len=256,
+               doc="16-32 segments per row (long rows)"),
         Layout("unaligned", "block-edges", _unaligned_block_edges, min_seq_len=160,
                doc="boundaries at 63/64/65 and 127/128/129"),
         Layout("unaligned", "odd", _unaligned_odd, min_seq_len=16,
@@ -205,7 +264,16 @@ LAYOUTS: dict[str, Layout] = {
                doc="single-token segments at start, middle and end"),
         Layout("extremes", "long", _extremes_long, doc="a segment covering nearly the row"),
         Layout("extremes", "pad-heavy", _extremes_pad_heavy, doc="long padding after the data"),
+        Layout("unaligned", "long-edges", _unaligned_long_edges, min_seq_len=1040,
+               doc="a segment across 512 and 1024; boundaries at 511-513 and 1023-1025"),
+        Layout("padded", "left", _padded_left, doc="left padding, then 1-3 segments",
+               padding="anywhere"),
+        Layout("padded", "between", _padded_between, min_seq_len=256, padding="anywhere",
+               doc="padding between segments (pad_between_seqs): aligned, random, 1-token gaps"),
     ]
 }
 
 FAMILIES = tuple(dict.fromkeys(lay.family for lay in LAYOUTS.values()))
+
+# Cases given by their rows (python -m harness repro writes shrunk cases this way).
+CUSTOM = "custom/rows"

@@ -4,8 +4,8 @@ Three computations of one definition: token i of segment s attends to token j if
 same segment s (s > 0) and, when causal, j <= i. Padding tokens attend to nothing; their outputs
 are defined as zero here and are never compared.
 
-- `dense_attention(..., truth=True)`: float32 inputs, HIGHEST matmul precision, dense [B,T,T] mask.
-  The truth every kernel is compared with.
+- `dense_attention(..., truth=True)`: float32 inputs, HIGHEST matmul precision, dense [B,T,T] mask
+  (in blocks of queries for long rows). The truth every kernel is compared with.
 - `dense_attention(..., truth=False)`: the same formula in the input dtype with the operations in
   another order (keys scaled instead of queries, scores rounded to the dtype). Its distance from
   the truth estimates the rounding noise any kernel of that dtype must be allowed.
@@ -14,25 +14,20 @@ are defined as zero here and are never compared.
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from harness.cases import Case, make_inputs
+from harness.judging import TENSORS
 from harness.layouts import check_segment_ids
+from harness.metrics import token_errors
 
 # A finite "minus infinity": rows that attend to nothing (padding queries) stay NaN-free.
 _MASKED = -1e30
-
-
-def attention_mask(segment_ids, causal: bool):
-    """[B, T, T] bool: query i may read key j."""
-    q = segment_ids[:, :, None]
-    k = segment_ids[:, None, :]
-    mask = (q == k) & (q > 0)
-    if causal:
-        t = segment_ids.shape[1]
-        mask = mask & jnp.tril(jnp.ones((t, t), bool))[None]
-    return mask
 
 
 def repeat_kv(x, heads: int):
@@ -40,8 +35,12 @@ def repeat_kv(x, heads: int):
     return jnp.repeat(x, heads // x.shape[2], axis=2)
 
 
-def dense_attention(query, key, value, segment_ids, *, scale: float, causal: bool = True,
-                    truth: bool = True):
+# Dense scores above this size are computed in blocks of queries (memory-bounded, same math).
+_BLOCK_BYTES = 1 << 29
+
+
+def _attend(query, key, value, seg_q, seg_k, pos_q, *, scale, causal, truth):
+    """Attention of a block of queries (at positions pos_q) over the whole row."""
     heads = query.shape[2]
     if truth:
         dtype, precision = jnp.float32, jax.lax.Precision.HIGHEST
@@ -55,12 +54,42 @@ def dense_attention(query, key, value, segment_ids, *, scale: float, causal: boo
     v = repeat_kv(value.astype(dtype), heads)
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=precision,
                         preferred_element_type=dtype)
-    mask = attention_mask(segment_ids, causal)[:, None]
-    probs = jax.nn.softmax(jnp.where(mask, scores.astype(jnp.float32), _MASKED), axis=-1)
+    mask = (seg_q[:, :, None] == seg_k[:, None, :]) & (seg_q[:, :, None] > 0)
+    if causal:
+        mask = mask & (jnp.arange(seg_k.shape[1])[None, None, :] <= pos_q[None, :, None])
+    probs = jax.nn.softmax(jnp.where(mask[:, None], scores.astype(jnp.float32), _MASKED), axis=-1)
     out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(dtype), v, precision=precision,
                      preferred_element_type=dtype)
-    valid = (segment_ids > 0)[:, :, None, None]
-    return jnp.where(valid, out, 0).astype(dtype)
+    return jnp.where((seg_q > 0)[:, :, None, None], out, 0).astype(dtype)
+
+
+def query_block(batch: int, heads: int, seq_len: int) -> int:
+    """Queries per block so that one block's float32 scores stay under _BLOCK_BYTES."""
+    rows = _BLOCK_BYTES // (4 * batch * heads * seq_len)
+    return seq_len if rows >= seq_len else max(16, 1 << (max(rows, 1).bit_length() - 1))
+
+
+def dense_attention(query, key, value, segment_ids, *, scale: float, causal: bool = True,
+                    truth: bool = True, block: int | None = None):
+    """Attention with the dense same-segment (and causal) mask. Long rows are computed in
+    blocks of `block` queries, each rematerialized in the backward pass (jax.checkpoint), so
+    memory stays bounded by one block's [batch, heads, block, seq] scores: a 32768-token row fits
+    on one GPU. Every query sees the whole row either way: the same math."""
+    b, t, heads, _ = query.shape
+    block = block or query_block(b, heads, t)
+    attend = functools.partial(_attend, scale=scale, causal=causal, truth=truth)
+    if block >= t:
+        return attend(query, key, value, segment_ids, segment_ids, jnp.arange(t))
+    n = -(-t // block)
+    pad = n * block - t
+    q = jnp.pad(query, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    seg_q = jnp.pad(segment_ids, ((0, 0), (0, pad)))
+    blocks = (q.reshape(b, n, block, *q.shape[2:]).swapaxes(0, 1),
+              seg_q.reshape(b, n, block).swapaxes(0, 1),
+              jnp.arange(n * block).reshape(n, block))
+    step = jax.checkpoint(lambda x: attend(x[0], key, value, x[1], segment_ids, x[2]))
+    out = jax.lax.map(step, blocks)                        # [n, b, block, heads, d]
+    return out.swapaxes(0, 1).reshape(b, n * block, *out.shape[3:])[:, :t]
 
 
 def segment_loop_attention(query, key, value, segment_ids, cotangent, *, scale: float,
@@ -71,7 +100,7 @@ def segment_loop_attention(query, key, value, segment_ids, cotangent, *, scale: 
     group = heads // kv_heads
     out, dq = np.zeros_like(q), np.zeros_like(q)
     dk, dv = np.zeros_like(k), np.zeros_like(v)
-    for seg in check_segment_ids(np.asarray(segment_ids)):
+    for seg in check_segment_ids(np.asarray(segment_ids), padding="anywhere"):
         rows = (seg.row, slice(seg.start, seg.stop))
         qs, dos = q[rows], do[rows]                      # [L, H, D]
         ks = np.repeat(k[rows], group, axis=1)           # [L, H, D]
@@ -91,3 +120,40 @@ def segment_loop_attention(query, key, value, segment_ids, cotangent, *, scale: 
         dk[rows] = dk_h.reshape(seg.length, kv_heads, group, -1).sum(2)
         dv[rows] = dv_h.reshape(seg.length, kv_heads, group, -1).sum(2)
     return out, (dq, dk, dv)
+
+
+# ----- the reference of one case --------------------------------------------------------------
+
+def with_gradients(fn):
+    """fn(q, k, v, seg) -> program(q, k, v, seg, cotangent) = (out, dq, dk, dv) via jax.vjp."""
+    def run(q, k, v, seg, ct):
+        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, seg), q, k, v)
+        return (out, *vjp(ct.astype(out.dtype)))
+    return run
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_program(scale: float, causal: bool, truth: bool):
+    return jax.jit(with_gradients(functools.partial(
+        dense_attention, scale=scale, causal=causal, truth=truth)))
+
+
+@dataclass
+class Reference:
+    """The truth for one case, and how far the same-dtype peer lands from it, per token."""
+    truth: tuple                              # out, dq, dk, dv in float32 (device arrays)
+    peer_token_err: dict[str, np.ndarray]     # check name -> [B, T] max abs error of the peer
+    scale: dict[str, float]                   # check name -> max |truth| over valid tokens
+
+
+@functools.lru_cache(maxsize=2)
+def reference_for(case: Case) -> Reference:
+    args = make_inputs(case).args
+    truth = _reference_program(case.scale, case.causal, True)(*args)
+    peer = _reference_program(case.scale, case.causal, False)(*args)
+    valid = jnp.asarray(case.segment_ids > 0)[:, :, None, None]
+    peer_err, scale = {}, {}
+    for chk, t, p in zip(TENSORS, truth, peer):
+        peer_err[chk.name] = np.asarray(token_errors(p, t)[0])
+        scale[chk.name] = float(jnp.where(valid, jnp.abs(t), 0).max())
+    return Reference(truth=truth, peer_token_err=peer_err, scale=scale)

@@ -1,11 +1,15 @@
 """Writes a run's report folder: report.jsonl (records), traces.jsonl (per-token errors of
-failing and near-failing rows), summary.md and report.html; prints the console summary."""
+failing and near-failing rows), summary.md and report.html; prints the console summary; joins
+the parts of a pytest run and the shards of a suite."""
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
+from harness import judging
 from harness import records as rec
-from harness.summary import print_console, problems
+from harness.summary import print_console
 
 
 def write_views(report_dir: Path) -> tuple[dict, list[dict]]:
@@ -13,7 +17,7 @@ def write_views(report_dir: Path) -> tuple[dict, list[dict]]:
     from harness.html_report import write_html
     from harness.markdown_report import write_markdown
 
-    header, records = rec.read(report_dir / rec.RECORDS_FILE)
+    header, records = rec.read(report_dir)
     traces = rec.read_traces(report_dir / rec.TRACES_FILE)
     write_markdown(report_dir / "summary.md", header, records)
     write_html(report_dir / "report.html", header, records, traces)
@@ -22,8 +26,9 @@ def write_views(report_dir: Path) -> tuple[dict, list[dict]]:
 
 class ReportWriter:
     def __init__(self, report_dir: Path, environment: dict, **run_info):
-        self.dir = report_dir
+        self.dir = Path(report_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.start = time.monotonic()
         rec.write_header(self.dir / rec.RECORDS_FILE, environment, **run_info)
         (self.dir / rec.TRACES_FILE).write_text("")
 
@@ -31,58 +36,68 @@ class ReportWriter:
         rec.append(self.dir / rec.RECORDS_FILE, result.records)
         rec.append(self.dir / rec.TRACES_FILE, result.traces, kind="trace")
 
-    def finish(self, baseline: str | None = None, growth: float = 2.0) -> int:
-        """Prints the summary, writes the views; 1 if anything is bad or regressed."""
-        _, records = write_views(self.dir)
+    def finish(self, baseline: str | None = None, growth: float = 2.0,
+               timing: dict | None = None) -> int:
+        """Records the wall time (and per-kernel timing) in the header, prints the summary,
+        writes the views; 1 if anything is bad or regressed."""
+        rec.update_header(self.dir / rec.RECORDS_FILE,
+                          wall_s=round(time.monotonic() - self.start, 1), timing=timing or {})
+        header, records = write_views(self.dir)
         print_console(records)
-        print(f"report: {self.dir}/ (report.jsonl, summary.md, report.html)")
-        status = 1 if problems(records) else 0
+        print(f"wall time {header['wall_s']:.0f} s; report: {self.dir}/ (report.jsonl, "
+              "summary.md, report.html)")
+        status = 1 if judging.bad(records) else 0
         if baseline:
             from harness.baseline import compare_files
-            status |= compare_files(str(self.dir / rec.RECORDS_FILE), baseline, growth=growth)
+            status |= compare_files(self.dir / rec.RECORDS_FILE, baseline, growth=growth)
         return status
 
 
-def merge_parts(report_dir: Path, suite: str, baseline: str | None = None,
-                growth: float = 2.0) -> int:
-    """Joins the per-worker part files of a pytest run into one report; returns 1 on a
-    regression against the baseline (problems themselves already failed their tests)."""
+def merge_timing(timings: list[dict]) -> dict:
+    """Per-kernel seconds and counts summed over workers or shards."""
+    out: dict[str, dict] = {}
+    for timing in timings:
+        for kernel, t in (timing or {}).items():
+            acc = out.setdefault(kernel, {})
+            for k, v in t.items():
+                acc[k] = round(acc.get(k, 0) + v, 3)
+    return out
+
+
+def merge_parts(report_dir: Path, parts: Path, header_info: dict, wall_s: float,
+                baseline: str | None = None, growth: float = 2.0) -> int:
+    """Joins the per-worker part files of a pytest run (records, traces, and each worker's
+    probe mode and timing) into one report; returns 1 on a regression against the baseline
+    (problems themselves already failed their tests)."""
     from harness.environment import describe
 
-    parts = report_dir / "parts"
     records_path, traces_path = report_dir / rec.RECORDS_FILE, report_dir / rec.TRACES_FILE
-    rec.write_header(records_path, describe(), suite=suite, source="pytest")
+    runs = [json.loads(p.read_text()) for p in sorted(parts.glob("*.run.json"))]
+    modes = sorted({r["probe_mode"] for r in runs})
+    rec.write_header(records_path, describe(), source="pytest", wall_s=round(wall_s, 1),
+                     timing=merge_timing([r["timing"] for r in runs]),
+                     probe_mode=modes[0] if len(modes) == 1 else modes, **header_info)
     with records_path.open("a") as out, traces_path.open("w") as traces:
         for part in sorted(parts.glob("*.jsonl")):
             target = traces if part.name.endswith(".traces.jsonl") else out
             target.write(part.read_text())
     _, records = write_views(report_dir)
-    print(f"\nharness report: {report_dir}/ ({len(records)} records)")
+    print(f"\nharness report: {report_dir}/ ({len(records)} records, wall time {wall_s:.0f} s)")
     if baseline:
         from harness.baseline import compare_files
-        return compare_files(str(records_path), baseline, growth=growth)
+        return compare_files(records_path, baseline, growth=growth)
     return 0
 
 
-def rejudge(records: list[dict]) -> list[dict]:
-    """Recomputes each record's expectation and outcome from the kernels as registered now.
-    Errors, ratios and verdicts stay as measured; only what they were expected to be changes
-    (for reports measured before an expectation was corrected)."""
-    from harness.cases import Case
-    from harness.layouts import Segment
-    from harness.registry import all_kernels
-    from harness.runner import _outcome
-
-    kernels = all_kernels()
-    out = []
-    for r in records:
-        kernel = kernels.get(r["kernel"])
-        if kernel is not None and r["verdict"] in ("pass", "fail") and r.get("segment"):
-            case = Case.from_id(r["case_id"])
-            seg = Segment(r["row"], r["segment"], r["start"], r["length"])
-            expected = kernel.expected(case, r["check"], seg)
-            r = {**r, "expected": expected, "outcome": _outcome(r["verdict"], expected)}
-        out.append(r)
+def merged_environment(environments: list[dict]) -> dict:
+    """One environment for several runs: a value they share, or the list of their values."""
+    keys = list(dict.fromkeys(k for env in environments for k in env))
+    out = {}
+    for key in keys:
+        values = list(dict.fromkeys(json.dumps(env.get(key)) for env in environments))
+        values = [json.loads(v) for v in values]
+        present = [v for v in values if v is not None]
+        out[key] = present[0] if len(present) == 1 else (present or None)
     return out
 
 
@@ -93,24 +108,29 @@ def merge_reports(out_dir: Path, sources: list[Path], rejudged: bool = False) ->
     traces: dict[tuple, list[dict]] = {}
     headers = []
     for src in sources:
-        header, records = rec.read(src / rec.RECORDS_FILE)
+        header, records = rec.read(src)
         headers.append(header)
         fresh: dict[tuple, list[dict]] = {}
         for r in records:
             fresh.setdefault((r["kernel"], r["case_id"]), []).append(r)
         by_case.update(fresh)
         fresh_traces: dict[tuple, list[dict]] = {key: [] for key in fresh}
-        for t in rec.read_traces(src / rec.TRACES_FILE):
+        for t in rec.read_traces(Path(src) / rec.TRACES_FILE):
             fresh_traces.setdefault((t["kernel"], t["case_id"]), []).append(t)
         traces.update(fresh_traces)
     records = [r for rows in by_case.values() for r in rows]
     if rejudged:
-        records = rejudge(records)
+        from harness.registry import all_kernels
+        records = judging.rejudge(records, all_kernels())
     out_dir.mkdir(parents=True, exist_ok=True)
-    first = headers[0]
-    rec.write_header(out_dir / rec.RECORDS_FILE, first["environment"], suite=first.get("suite"),
-                     merged_from=[{"path": str(s), "environment": h["environment"]}
+    suites = sorted({h.get("suite") for h in headers}, key=str)
+    rec.write_header(out_dir / rec.RECORDS_FILE,
+                     merged_environment([h["environment"] for h in headers]),
+                     suite=suites[0] if len(suites) == 1 else suites,
+                     merged_from=[{"path": str(s), "environment": h["environment"],
+                                   "wall_s": h.get("wall_s")}
                                   for s, h in zip(sources, headers)],
+                     timing=merge_timing([h.get("timing") for h in headers]),
                      rejudged=rejudged)
     rec.append(out_dir / rec.RECORDS_FILE, [{k: v for k, v in r.items() if k != "type"}
                                             for r in records])

@@ -1,269 +1,210 @@
-"""Runs kernels on cases and turns their differences from the truth into per-segment records.
+"""Runs kernels on cases and turns what they computed into per-segment records.
 
-One record per kernel, case, check (out, dq, dk, dv) and segment. Inputs and segment ids are
-arguments of jitted programs, so each kernel compiles once per shape, not per layout or seed.
+The data path, one kernel on one case:
+
+    case -> inputs (made once) -> kernel program (default build) -> oracle (reference_for)
+         -> per-segment metrics (harness.metrics) -> verdicts (harness.judging) -> records
+         -> leak probe (deterministic build, harness.leak_probe) -> leak records
+
+One record per kernel, case, check and segment. Inputs and segment ids are arguments of
+compiled programs, so a kernel compiles once per shape, not per layout or seed.
 """
 from __future__ import annotations
 
-import functools
+import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from harness import leak_probe
+from harness import judging, leak_probe
 from harness.cases import Case, make_inputs
-from harness.oracle import dense_attention
-from harness.registry import CHECKS, LEAK, Kernel, Platform
-from harness.tolerance import tolerance
+from harness.judging import KERNEL_LEVEL, LEAK, TENSORS
+from harness.kernel import Kernel, Platform
+from harness.metrics import segment_error, token_errors
+from harness.oracle import Reference, reference_for
+from harness.programs import DEFAULT, Programs
 
 # A row's per-token errors are kept for plotting when a segment in it gets this close to failing,
 # for the checks the HTML report plots, to 3 significant digits.
 TRACE_RATIO = 0.5
-TRACED_CHECKS = ("out", "dq")
-
-OUTCOMES_OK = ("ok", "caught", "skip", "known")
-
-
-def _with_gradients(fn: Callable) -> Callable:
-    """(q, k, v, seg, cotangent) -> (out, dq, dk, dv) through jax.vjp."""
-    def run(q, k, v, seg, ct):
-        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, seg), q, k, v)
-        return (out, *vjp(ct.astype(out.dtype)))
-    return run
-
-
-@functools.lru_cache(maxsize=None)
-def _reference_program(scale: float, causal: bool, truth: bool):
-    return jax.jit(_with_gradients(functools.partial(
-        dense_attention, scale=scale, causal=causal, truth=truth)))
-
-
-@functools.lru_cache(maxsize=None)
-def _kernel_program(kernel: Kernel, scale: float, causal: bool, max_segments: int | None,
-                    backward: bool):
-    extra = {"max_segments": max_segments} if max_segments is not None else {}
-
-    def fn(q, k, v, seg):
-        out = kernel.fn(q, k, v, seg, causal=causal, scale=scale, **extra)
-        if out.shape != q.shape:
-            raise ValueError(f"{kernel.name}: output shape {out.shape} != query shape {q.shape}")
-        return out
-
-    if backward:
-        return jax.jit(_with_gradients(fn))
-    return jax.jit(lambda q, k, v, seg, ct: (fn(q, k, v, seg),))
-
-
-@jax.jit
-def _token_errors(x, ref):
-    """Per token ([B, T]): max abs error (inf where non-finite), summed abs error, and the
-    count of non-finite values, over heads and head dims."""
-    x = x.astype(jnp.float32)
-    finite = jnp.isfinite(x)
-    diff = jnp.abs(x - ref)
-    return (jnp.where(finite, diff, jnp.inf).max(axis=(2, 3)),
-            jnp.where(finite, diff, 0.0).sum(axis=(2, 3)),
-            (~finite).sum(axis=(2, 3)))
 
 
 @dataclass
-class Reference:
-    """The truth for one case, and how far the same-dtype peer lands from it, per token."""
-    truth: tuple
-    peer_token_err: dict[str, np.ndarray]
-    scale: dict[str, float]
-
-
-@functools.lru_cache(maxsize=2)
-def reference_for(case: Case) -> Reference:
-    inputs = make_inputs(case)
-    args = (inputs.query, inputs.key, inputs.value, inputs.segment_ids, inputs.cotangent)
-    truth = _reference_program(case.scale, case.causal, True)(*args)
-    peer = _reference_program(case.scale, case.causal, False)(*args)
-    valid = jnp.asarray(case.segment_ids > 0)[:, :, None, None]
-    peer_err, scale = {}, {}
-    for check, t, p in zip(CHECKS, truth, peer):
-        peer_err[check] = np.asarray(_token_errors(p, t)[0])
-        scale[check] = float(jnp.where(valid, jnp.abs(t), 0).max())
-    return Reference(truth=truth, peer_token_err=peer_err, scale=scale)
+class KernelCaseResult:
+    records: list[dict] = field(default_factory=list)
+    traces: list[dict] = field(default_factory=list)
 
 
 def _base(kernel: Kernel, case: Case) -> dict:
     return {"kernel": kernel.name, "case_id": case.id, "layout": case.layout,
             "family": case.family, "dtype": case.dtype, "batch": case.batch,
             "seq_len": case.seq_len, "heads": case.heads, "kv_heads": case.kv_heads,
-            "head_dim": case.head_dim}
+            "head_dim": case.head_dim, "causal": case.causal, "seed": case.seed}
 
 
-def _outcome(verdict: str, expected: str) -> str:
-    if verdict in ("skip", "error"):
-        return verdict
-    if expected == "either":
-        return "ok"
-    if verdict == expected:
-        return "ok" if verdict == "pass" else "caught"
-    return "fail" if verdict == "fail" else "missed"
+def _segment_fields(seg) -> dict:
+    return {"row": seg.row, "segment": seg.number, "segment_label": seg.label,
+            "start": seg.start, "length": seg.length}
 
 
-def _status_record(kernel, case, verdict, message, check="*", expected="pass",
+def _status_record(kernel, case, verdict, message, check=KERNEL_LEVEL, expected="pass",
                    outcome=None) -> dict:
     return {**_base(kernel, case), "check": check, "segment": None, "row": None,
-            "verdict": verdict, "expected": expected, "outcome": outcome or verdict,
-            "message": message}
+            "verdict": verdict, "expected": expected,
+            "outcome": outcome or judging.outcome(verdict, expected), "message": message}
 
 
-_HLO_CHECKED: dict[tuple, list[str]] = {}
-
-
-def missing_hlo_markers(kernel: Kernel, program, args) -> list[str]:
-    """Markers absent from the program handed to XLA (checked once per kernel and shape).
-
-    The lowered module is what XLA compiles; XLA never drops a custom call, and a cuDNN call it
-    cannot plan fails compilation rather than falling back. So a fused kernel's custom call in
-    the lowered text proves it ran; its absence means something above it chose another path.
-    """
-    key = (kernel.name, tuple((a.shape, str(a.dtype)) for a in args))
-    if key not in _HLO_CHECKED:
-        lowered = program.lower(*args)
-        text = lowered.as_text()
-        if any(m not in text for m in kernel.hlo_markers):
-            text += lowered.compile().as_text()  # some backends name the call only there
-        _HLO_CHECKED[key] = [m for m in kernel.hlo_markers if m not in text]
-    return _HLO_CHECKED[key]
-
-
-@dataclass
-class KernelCaseResult:
-    records: list[dict]
-    traces: list[dict]
-
-
-def _elements_per_token(case: Case, check: str) -> int:
-    return (case.heads if check in ("out", "dq") else case.kv_heads) * case.head_dim
-
-
-def _check_records(kernel, case, check, errs, ref: Reference) -> KernelCaseResult:
-    tok_max, tok_sum, tok_bad = (np.asarray(e) for e in errs)
-    records, tolerances, flagged_rows = [], {}, set()
+def _check_records(kernel, case, chk, errors, ref: Reference) -> KernelCaseResult:
+    errors = tuple(np.asarray(e) for e in errors)
+    per_token = (case.heads if chk.heads == "query" else case.kv_heads) * case.head_dim
+    out, tolerances, flagged_rows = KernelCaseResult(), {}, set()
     for seg in case.segments:
-        sl = (seg.row, slice(seg.start, seg.stop))
-        seg_err = tok_max[sl]
-        worst = int(np.argmax(seg_err))
-        max_err = float(seg_err[worst])
-        peer_err = float(ref.peer_token_err[check][sl].max())
-        tol = tolerances[seg] = tolerance(check, case.dtype, peer_err, ref.scale[check])
-        nonfinite = int(tok_bad[sl].sum())
-        ratio = max_err / tol if nonfinite == 0 else float("inf")
-        verdict = "pass" if ratio <= 1.0 else "fail"
-        expected = kernel.expected(case, check, seg)
-        records.append({
-            **_base(kernel, case), "check": check, "row": seg.row, "segment": seg.number,
-            "segment_label": seg.label, "start": seg.start, "length": seg.length,
-            "max_abs_err": max_err if nonfinite == 0 else None,
-            "mean_abs_err": float(tok_sum[sl].sum()) / (seg.length * _elements_per_token(case, check)),
-            "worst_token": seg.start + worst, "nonfinite": nonfinite, "peer_err": peer_err,
-            "tolerance": tol, "ratio": ratio if np.isfinite(ratio) else None,
-            "verdict": verdict, "expected": expected, "outcome": _outcome(verdict, expected),
-        })
-        if check in TRACED_CHECKS and not ratio <= TRACE_RATIO:
+        m = segment_error(errors, ref.peer_token_err[chk.name], seg, per_token)
+        tol = tolerances[seg] = judging.tolerance(chk, case.dtype, m.peer_err, ref.scale[chk.name])
+        ratio = judging.ratio(m.max_abs_err, tol, m.nonfinite)
+        verdict = judging.tolerance_verdict(ratio)
+        expected, reason = kernel.expected(case, chk.name, seg)
+        record = {
+            **_base(kernel, case), "check": chk.name, **_segment_fields(seg),
+            "max_abs_err": m.max_abs_err if m.nonfinite == 0 else None,
+            "mean_abs_err": m.mean_abs_err, "worst_token": m.worst_token,
+            "nonfinite": m.nonfinite, "peer_err": m.peer_err, "tolerance": tol,
+            "ratio": ratio, "verdict": verdict, "expected": expected,
+            "outcome": judging.outcome(verdict, expected), "mode": DEFAULT}
+        if reason:
+            record["message"] = reason
+        out.records.append(record)
+        if chk.traced and not (ratio is not None and ratio <= TRACE_RATIO):
             flagged_rows.add(seg.row)
-    traces = []
+    tok_max = errors[0]
     for row in sorted(flagged_rows):
-        segs = [s for s in case.segments if s.row == row]
-        traces.append({
-            "kernel": kernel.name, "case_id": case.id, "check": check, "row": row,
+        segs = case.row_segments(row)
+        out.traces.append({
+            "kernel": kernel.name, "case_id": case.id, "check": chk.name, "row": row,
             "token_err": [None if not np.isfinite(x) else float(f"{x:.3g}") for x in tok_max[row]],
             "segments": [{"number": s.number, "start": s.start, "length": s.length} for s in segs],
             "tolerance": {str(s.number): tolerances[s] for s in segs},
         })
-    return KernelCaseResult(records, traces)
+    return out
 
 
-def run_kernel_case(kernel: Kernel, case: Case, platform: Platform) -> KernelCaseResult:
+def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
+                    programs: Programs | None = None, leak: bool = True) -> KernelCaseResult:
     """Every check of one kernel on one case; unsupported -> skip, raising -> error."""
     reasons = kernel.unsupported_reasons(case, platform)
     if reasons:
-        return KernelCaseResult([_status_record(kernel, case, "skip", "; ".join(reasons))], [])
+        return KernelCaseResult([_status_record(kernel, case, "skip", "; ".join(reasons))])
+    programs = programs or _default_programs()
+    inputs = make_inputs(case)
     try:
-        ref = reference_for(case)
-        inputs = make_inputs(case)
-        program = _kernel_program(kernel, case.scale, case.causal,
-                                  case.max_segments if kernel.takes_max_segments else None,
-                                  kernel.backward)
-        args = (inputs.query, inputs.key, inputs.value, inputs.segment_ids, inputs.cotangent)
-        results = program(*args)
-        jax.block_until_ready(results)
-        errs = [_token_errors(r, t) for r, t in zip(results, ref.truth)]
-        missing = missing_hlo_markers(kernel, program, args) if kernel.hlo_markers else []
+        ref = timed_reference(case, programs)
+        program = programs.get(kernel, case, DEFAULT)
+        results = program(*inputs.args)
+        errs = [token_errors(r, t) for r, t in zip(results, ref.truth)]
+        missing = program.missing_markers()
         if missing:
             raise AssertionError(f"program lacks {missing}: the fused kernel did not run")
     except Exception as exc:  # a kernel that raises is an error, never a skip
         message = f"{type(exc).__name__}: {exc}".strip()
-        tb = traceback.format_exc(limit=-3)
-        known = kernel.expect_error is not None and kernel.expect_error in message
-        record = _status_record(kernel, case, "error", message[:2000],
-                                expected="error" if kernel.expect_error else "pass",
-                                outcome="known" if known else "error")
-        return KernelCaseResult([{**record, "traceback": tb[-4000:]}], [])
-    out = KernelCaseResult([], [])
+        expected, outcome = judging.error_outcome(message, kernel.expect_error)
+        record = _status_record(kernel, case, "error", message[:2000], expected=expected,
+                                outcome=outcome)
+        return KernelCaseResult([{**record, "traceback": traceback.format_exc(limit=-3)[-4000:]}])
+    out = KernelCaseResult()
     if kernel.expect_error is not None:
         out.records.append(_status_record(
             kernel, case, "pass", f"expected upstream error {kernel.expect_error!r} did not occur",
-            expected="error", outcome="missed"))
-    for check, err in zip(CHECKS, errs):
-        part = _check_records(kernel, case, check, err, ref)
+            expected="error"))
+    for chk, err in zip(TENSORS, errs):
+        part = _check_records(kernel, case, chk, err, ref)
         out.records += part.records
         out.traces += part.traces
     if not kernel.backward:
-        out.records += [_status_record(kernel, case, "skip", "kernel declares no backward", check=c)
-                        for c in CHECKS[1:]]
-    out.records += _leak_records(kernel, case, program, inputs, results)
+        out.records += [_status_record(kernel, case, "skip", "kernel declares no backward",
+                                       check=c.name) for c in TENSORS[1:]]
+    if leak:
+        out.records += _leak_records(kernel, case, programs, inputs, results)
+    out.records = judging.cover_unjudged(out.records)
     return out
 
 
-def _leak_records(kernel, case, program, inputs, results) -> list[dict]:
-    """The tolerance-free leak probe (harness.leak_probe), one record per segment."""
+def _leak_records(kernel, case, programs: Programs, inputs, results) -> list[dict]:
+    """The tolerance-free leak probe (harness.leak_probe), one record per segment, from the
+    kernel's deterministic build where the platform needs one."""
+    mode, note = programs.probe_mode, ""
     try:
-        leaks, nondeterministic = leak_probe.probe(program, inputs, case, results)
+        if mode == DEFAULT:
+            found = leak_probe.probe(programs.get(kernel, case, DEFAULT), inputs, case, results)
+        else:
+            try:
+                found = leak_probe.probe(programs.get(kernel, case, mode), inputs, case)
+            except Exception as exc:  # e.g. TE's deterministic workspace does not fit
+                note = (f"deterministic build failed ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:300] if str(exc) else ''}); probed the "
+                        "default build")
+                mode = DEFAULT
+                found = leak_probe.probe(programs.get(kernel, case, DEFAULT), inputs, case,
+                                         results)
     except Exception as exc:  # the kernel ran once already: a failure here is the kernel's
         return [_status_record(kernel, case, "error", f"leak probe: {type(exc).__name__}: {exc}",
-                               check=LEAK)]
-    if len(nondeterministic) == len(results):
-        return [_status_record(kernel, case, "skip", "leak probe needs bitwise-deterministic "
-                               f"outputs; {', '.join(nondeterministic)} differ run to run",
-                               check=LEAK)]
-    note = (f"; not probed (differ run to run): {', '.join(nondeterministic)}"
-            if nondeterministic else "")
+                               check=LEAK.name)]
     records = []
-    for leak in leaks:
+    for leak in found.leaks:
         seg = leak.segment
-        verdict = "fail" if leak.leaked else "pass"
-        expected = kernel.expected(case, LEAK, seg)
-        message = (f"changed while the segment was untouched: {', '.join(leak.leaked)}"
-                   if leak.leaked else "bitwise unchanged") + note
+        if leak.leaked:
+            verdict = "fail"
+            message = (f"changed while the segment was untouched: {', '.join(leak.leaked)} "
+                       f"(redrawn: {', '.join(leak.by)})")
+        elif found.probed:
+            verdict, message = "pass", "bitwise unchanged"
+        else:
+            verdict, message = "unprobed", "no tensor is reproducible run to run"
+        if found.unprobed:
+            message += f"; not probed (differ run to run on valid tokens): " \
+                       f"{', '.join(found.unprobed)}"
+        if note:
+            message += f"; {note}"
+        expected, _ = kernel.expected(case, LEAK.name, seg)
         records.append({
-            **_base(kernel, case), "check": LEAK, "row": seg.row, "segment": seg.number,
-            "segment_label": seg.label, "start": seg.start, "length": seg.length,
+            **_base(kernel, case), "check": LEAK.name, **_segment_fields(seg),
             "max_abs_err": leak.max_change, "worst_token": leak.first_token, "tolerance": 0.0,
             "ratio": None, "verdict": verdict, "expected": expected,
-            "outcome": _outcome(verdict, expected), "message": message,
-        })
+            "outcome": judging.outcome(verdict, expected), "message": message, "mode": mode,
+            "probed": found.probed, "unprobed": found.unprobed})
     return records
 
 
+_PROGRAMS: Programs | None = None
+
+
+def _default_programs() -> Programs:
+    global _PROGRAMS
+    if _PROGRAMS is None:
+        _PROGRAMS = Programs()
+    return _PROGRAMS
+
+
 def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platform,
-               on_result: Callable[[Kernel, Case, KernelCaseResult], None] | None = None
-               ) -> KernelCaseResult:
-    """Cases outermost, so each case's reference is computed once for all kernels."""
-    kernels = list(kernels)
-    total = KernelCaseResult([], [])
+               on_result: Callable[[Kernel, Case, KernelCaseResult], None] | None = None,
+               programs: Programs | None = None, leak: bool = True) -> KernelCaseResult:
+    """Cases outermost, grouped by shape, so each case's reference is computed once for all
+    kernels and each shape's programs compile together, ahead of use."""
+    kernels, cases = list(kernels), list(cases)
+    programs = programs or _default_programs()
+    first = {}
+    for i, c in enumerate(cases):
+        first.setdefault(c.shape_key, i)
+    cases.sort(key=lambda c: first[c.shape_key])
+    supported = [(k, c) for c in cases for k in kernels if not k.unsupported_reasons(c, platform)]
+    programs.prefetch(supported)
+    total = KernelCaseResult()
     for case in cases:
+        timed_reference(case, programs)
         for kernel in kernels:
-            result = run_kernel_case(kernel, case, platform)
+            result = run_kernel_case(kernel, case, platform, programs, leak)
             total.records += result.records
             total.traces += result.traces
             if on_result:
@@ -271,5 +212,14 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
     return total
 
 
-def is_ok(record: dict) -> bool:
-    return record["outcome"] in OUTCOMES_OK
+def timed_reference(case: Case, programs: Programs) -> Reference:
+    """reference_for(case), its time (compile and execute) counted under "oracle"."""
+    misses = reference_for.cache_info().misses
+    start = time.perf_counter()
+    ref = reference_for(case)
+    jax.block_until_ready(ref.truth)
+    if reference_for.cache_info().misses > misses:
+        timing = programs.timing["oracle"]
+        timing.execute_s += time.perf_counter() - start
+        timing.runs += 1
+    return ref

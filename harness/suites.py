@@ -1,46 +1,112 @@
-"""Named suites: which cases a run covers. Smoke is small enough for 2 CPU cores; nightly is
-sized for one Hopper GPU."""
+"""Named suites: which cases a run covers. Smoke is small enough for 2 CPU cores (rows up to
+1152 tokens, kept cheap with 2 heads of 32); nightly is sized for one Hopper GPU (rows up to
+32768 tokens)."""
 from __future__ import annotations
 
 import fnmatch
 
 from harness.cases import Case
+from harness.errors import UsageError
 from harness.layouts import LAYOUTS
+
+# Layouts every suite covers at its main shapes; the long-row layouts have shapes of their own.
+_LONG = ("unaligned/long-edges", "packed/dozens")
+_MAIN = [lay for lay in LAYOUTS if lay not in _LONG]
+_BIDIRECTIONAL = ("packed/random", "padded/between", "unpacked/pad-tail", "extremes/single-tokens")
 
 
 def smoke() -> list[Case]:
     cases = []
-    for layout in LAYOUTS:
+    for layout in _MAIN:
         cases.append(Case(layout, 4, 256, 4, 4, 32, "float32", seed=0))
         cases.append(Case(layout, 4, 256, 4, 2, 64, "bfloat16", seed=0))
     for layout in ("packed/random", "unaligned/block-edges"):
         cases.append(Case(layout, 4, 256, 4, 4, 64, "float16", seed=1))
+    # Long rows: a segment across 512 and 1024, boundaries at 511-513 and 1023-1025.
+    cases.append(Case("unaligned/long-edges", 4, 1152, 2, 1, 32, "bfloat16", seed=0))
+    cases.append(Case("unaligned/long-edges", 4, 1152, 2, 2, 32, "float32", seed=0))
+    cases.append(Case("packed/dozens", 2, 1024, 2, 1, 32, "bfloat16", seed=0))
+    # Bidirectional (BERT-style packing).
+    for layout in _BIDIRECTIONAL:
+        cases.append(Case(layout, 4, 256, 4, 2, 64, "bfloat16", seed=2, causal=False))
+        cases.append(Case(layout, 4, 256, 4, 4, 32, "float32", seed=2, causal=False))
     return cases
 
 
 def nightly() -> list[Case]:
     cases = []
-    for layout in LAYOUTS:
+    for layout in _MAIN:
         cases.append(Case(layout, 4, 2048, 8, 2, 128, "bfloat16", seed=0))   # GQA
         cases.append(Case(layout, 4, 1024, 8, 8, 64, "bfloat16", seed=1))    # MHA
+    cases.append(Case("unaligned/long-edges", 4, 2048, 8, 2, 128, "bfloat16", seed=0))
     for layout in ("packed/random", "unaligned/block-edges", "extremes/single-tokens"):
         cases.append(Case(layout, 4, 2048, 8, 8, 128, "float16", seed=2))
     for layout in ("packed/random", "unaligned/odd"):
         cases.append(Case(layout, 2, 1024, 8, 1, 256, "bfloat16", seed=3))    # MQA, head_dim 256
     for layout in ("packed/many", "unpacked/pad-tail", "extremes/long", "unaligned/block-edges"):
         cases.append(Case(layout, 1, 8192, 16, 4, 128, "bfloat16", seed=5))   # long rows
+    cases.append(Case("packed/dozens", 1, 32768, 16, 4, 128, "bfloat16", seed=7))
+    for layout in _BIDIRECTIONAL:
+        cases.append(Case(layout, 4, 2048, 8, 2, 128, "bfloat16", seed=4, causal=False))
+    for layout in ("packed/random", "padded/between"):
+        cases.append(Case(layout, 4, 1024, 8, 8, 64, "bfloat16", seed=4, causal=False))
     return cases
 
 
 SUITES = {"smoke": smoke, "nightly": nightly}
 
 
-def suite_cases(name: str, pattern: str | None = None) -> list[Case]:
-    """The suite's cases; `pattern` (a glob over case ids, comma-separated) narrows them."""
+def suite_cases(name: str, pattern: str | None = None, seeds: int = 1) -> list[Case]:
+    """The suite's cases, each under `seeds` seeds (its own and the next ones); `pattern` (globs
+    over case ids, comma-separated) narrows them. Matching nothing is a UsageError."""
     if name not in SUITES:
-        raise KeyError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
+        raise UsageError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
+    if seeds < 1:
+        raise UsageError(f"--seeds {seeds}: must be at least 1")
     cases = SUITES[name]()
     if pattern:
         globs = [p.strip() for p in pattern.split(",") if p.strip()]
         cases = [c for c in cases if any(fnmatch.fnmatch(c.id, g) for g in globs)]
-    return cases
+        if not cases:
+            raise UsageError(f"no case of suite {name!r} matches {pattern!r}; "
+                             f"`python -m harness list --suite {name} -v` lists the case ids")
+    return [c.with_seed(c.seed + i) for c in cases for i in range(seeds)]
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """"I/N" -> (I, N), 1 <= I <= N; None for no sharding."""
+    if not text:
+        return None
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard {text!r}: expected I/N, e.g. 1/4") from None
+    if not 1 <= index <= count:
+        raise UsageError(f"--shard {text!r}: I must be between 1 and N")
+    return index, count
+
+
+def shard(cases: list[Case], index: int, count: int) -> list[Case]:
+    """Shard `index` of `count` (1-based) of the cases. Cases of one shape stay together where
+    there are at least `count` shapes (a shard then compiles only its own shapes' programs),
+    the shapes dealt out by cost, largest first, to the least loaded shard; otherwise the
+    cases are dealt out one by one. Every case lands in exactly one shard."""
+    groups: dict[tuple, list[Case]] = {}
+    for c in cases:
+        groups.setdefault(c.shape_key, []).append(c)
+    if len(groups) < count:
+        return cases[index - 1::count]
+    load = [0.0] * count
+    mine: list[Case] = []
+    for key, members in sorted(groups.items(), key=lambda kv: -_cost(kv[1])):
+        target = load.index(min(load))
+        load[target] += _cost(members)
+        if target == index - 1:
+            mine += members
+    chosen = set(mine)
+    return [c for c in cases if c in chosen]
+
+
+def _cost(cases: list[Case]) -> float:
+    # Programs to compile (one per shape) plus attention work (batch * heads * seq^2).
+    return 1.0 + sum(c.batch * c.heads * c.seq_len ** 2 / 4e8 for c in cases)

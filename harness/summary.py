@@ -1,40 +1,52 @@
-"""Summaries of a run's records: the kernel x layout grid and the list of problems."""
+"""Summaries of a run's records, shared by every view: the kernel x layout grid, the problems,
+what was not judged, and the console print-out. Verdicts come from harness.judging; nothing
+here re-derives one."""
 from __future__ import annotations
 
+import math
 import sys
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 
-from harness.registry import LEAK
-
-BAD_OUTCOMES = ("fail", "missed", "error")
+from harness import judging
 
 
 @dataclass
 class Cell:
     """One kernel on one layout, over every case, check and segment of that layout."""
-    status: str          # ok | caught | FAIL | MISSED | ERROR | skip
-    segments: int = 0    # segments judged
-    failing: int = 0     # segments with at least one failing check
-    worst_ratio: float | None = None
+    status: str          # ok | caught | known | FAIL | MISSED | ERROR | skip
+    segments: int = 0    # segments measured
+    failing: int = 0     # segments with at least one failing check (the leak probe included)
+    worst_ratio: float | None = None   # worst tolerance ratio (None: non-finite, or none)
+    has_ratio: bool = False
+    unjudged: int = 0    # checks left unjudged (expected "either")
+    unprobed: int = 0    # leak records with a tensor that could not be probed
     note: str = ""
 
     @property
     def text(self) -> str:
-        if self.status in ("skip", "known"):
+        if self.status in ("skip", "known", "ERROR"):
             return self.status
-        if self.status == "ERROR":
-            return "ERROR"
-        ratio = "inf" if self.worst_ratio is None else f"{self.worst_ratio:.3g}"
+        ratio = judging.ratio_text(self.worst_ratio) if self.has_ratio else "—"
         return f"{self.status} {self.segments - self.failing}/{self.segments} r={ratio}"
 
+    @property
+    def heat(self) -> float | None:
+        """log10 of the worst ratio for the heatmap's colour; a cell with a failing check is
+        at least as red as a ratio of 10, whichever check failed (a leak has no ratio)."""
+        if self.status in ("skip", "ERROR", "known"):
+            return None
+        if not self.has_ratio:
+            value = -2.0
+        elif self.worst_ratio is None:
+            value = 4.0
+        else:
+            value = math.log10(max(self.worst_ratio, 1e-4))
+        return max(value, 1.0) if self.status in ("FAIL", "MISSED") else value
 
-def _worst(records: list[dict]) -> float | None:
-    # The leak probe has no tolerance, hence no ratio: its verdicts count, not its numbers.
-    ratios = [r["ratio"] for r in records if r["verdict"] in ("pass", "fail") and r["check"] != LEAK]
-    if any(r is None for r in ratios):
-        return None  # non-finite values: reported as inf
-    return max(ratios) if ratios else None
+
+_STATUS = (("error", "ERROR"), ("fail", "FAIL"), ("missed", "MISSED"), ("caught", "caught"),
+           ("known", "known"))
 
 
 def grid(records: list[dict]) -> tuple[list[str], list[str], dict[tuple[str, str], Cell]]:
@@ -45,53 +57,61 @@ def grid(records: list[dict]) -> tuple[list[str], list[str], dict[tuple[str, str
     layouts = sorted(dict.fromkeys(r["layout"] for r in records))
     cells = {}
     for key, rows in by_cell.items():
-        outcomes = Counter(r["outcome"] for r in rows)
-        judged = [r for r in rows if r["verdict"] in ("pass", "fail")]
+        outcomes = judging.counts(rows)
         seg_fail = defaultdict(bool)
-        for r in judged:
-            seg_fail[(r["case_id"], r["row"], r["segment"])] |= r["verdict"] == "fail"
-        if outcomes["error"]:
-            status = "ERROR"
-        elif outcomes["fail"]:
-            status = "FAIL"
-        elif outcomes["missed"]:
-            status = "MISSED"
-        elif outcomes["caught"]:
-            status = "caught"
-        elif outcomes["known"]:
-            status = "known"
-        elif judged:
-            status = "ok"
-        else:
-            status = "skip"
+        for r in rows:
+            if judging.measured(r):
+                seg_fail[(r["case_id"], r["row"], r["segment"])] |= r["verdict"] == "fail"
+        status = next((s for o, s in _STATUS if outcomes.get(o)), None)
+        if status is None:
+            status = "ok" if seg_fail else "skip"
         note = next((r.get("message", "") for r in rows if r["verdict"] in ("skip", "error")), "")
-        cells[key] = Cell(status, len(seg_fail), sum(seg_fail.values()), _worst(rows), note)
+        has_ratio, worst = judging.worst_ratio(rows)
+        cells[key] = Cell(status, len(seg_fail), sum(seg_fail.values()), worst, has_ratio,
+                          outcomes.get("unjudged", 0),
+                          sum(1 for r in rows if r["check"] == judging.LEAK.name
+                              and r.get("unprobed")), note)
     return kernels, layouts, cells
 
 
-def problems(records: list[dict]) -> list[dict]:
-    """Records a run must be red for: unexpected failures, missed catches and errors."""
-    return [r for r in records if r["outcome"] in BAD_OUTCOMES]
-
-
-def counts(records: list[dict]) -> dict[str, int]:
-    return dict(Counter(r["outcome"] for r in records))
-
-
 def describe_problem(r: dict) -> str:
-    if r["outcome"] == "error":
-        return f"{r['kernel']} on {r['case_id']}: ERROR {r.get('message', '')}"
-    if r["check"] == LEAK:
-        what = "MISSED (expected a leak, none seen)" if r["outcome"] == "missed" else "LEAK"
+    if r["outcome"] == "error" or r["check"] == judging.KERNEL_LEVEL:
+        return f"{r['kernel']} on {r['case_id']}: {r['outcome'].upper()} {r.get('message', '')}"
+    if r["check"] == judging.LEAK.name:
+        what = ("MISSED (expected a leak, none seen)" if r["outcome"] == "missed" else "LEAK")
+        change = "" if r.get("max_abs_err") is None else f", max change {r['max_abs_err']:.3g}"
         return (f"{r['kernel']} leak {r['segment_label']} of {r['case_id']}: {what}: "
-                f"{r.get('message', '')}; first changed token {r['worst_token']}, "
-                f"max change {r['max_abs_err']:.3g}")
+                f"{r.get('message', '')}; first changed token {r['worst_token']}{change}")
+    if r["expected"] == "either":
+        return (f"{r['kernel']} {r['check']} {r['segment_label']} of {r['case_id']}: MISSED: "
+                f"{r.get('message', '')}")
     ratio = "inf (non-finite output)" if r["ratio"] is None else f"{r['ratio']:.3g}"
     what = "MISSED (expected to fail, passed)" if r["outcome"] == "missed" else "FAIL"
     err = "nan/inf" if r["max_abs_err"] is None else f"{r['max_abs_err']:.3g}"
     return (f"{r['kernel']} {r['check']} {r['segment_label']} of {r['case_id']}: {what} "
             f"max|err|={err} tol={r['tolerance']:.3g} ratio={ratio} "
             f"worst token {r['worst_token']} (segment {r['start']}..{r['start'] + r['length'] - 1})")
+
+
+def not_judged_lines(records: list[dict]) -> list[str]:
+    """What was not judged, with the reason: every view shows these apart from ok."""
+    lines = []
+    for (kernel, check, reason, by), n in sorted(judging.unjudged(records).items()):
+        covered = f"; leak probe on the same segments: {by.split(':', 1)[1]}" if by else ""
+        lines.append(f"{kernel} {check}: {n} not judged ({reason}{covered})")
+    for (kernel, tensor), n in sorted(judging.unprobed(records).items()):
+        lines.append(f"{kernel} leak: {tensor} unprobed in {n} segments (not reproducible run "
+                     "to run)")
+    return lines
+
+
+def coverage_lines(records: list[dict]) -> list[str]:
+    out = []
+    for kernel, (full, total) in sorted(judging.probe_coverage(records).items()):
+        if full < total:
+            out.append(f"{kernel}: {full}/{total} segments ({100 * full / total:.1f}%) "
+                       "with out/dq/dk/dv all probed")
+    return out
 
 
 def print_console(records: list[dict], console=None) -> None:
@@ -101,9 +121,10 @@ def print_console(records: list[dict], console=None) -> None:
     # Wide enough for the grid in CI logs, where there is no terminal to measure.
     console = console or Console(width=None if sys.stdout.isatty() else 220)
     kernels, layouts, cells = grid(records)
-    styles = {"ok": "green", "caught": "cyan", "known": "yellow", "FAIL": "bold red", "MISSED": "bold red",
-              "ERROR": "bold red", "skip": "dim"}
-    table = Table(title="kernel x layout: segments passing every check / segments, worst error/tolerance ratio r")
+    styles = {"ok": "green", "caught": "cyan", "known": "yellow", "FAIL": "bold red",
+              "MISSED": "bold red", "ERROR": "bold red", "skip": "dim"}
+    table = Table(title="kernel x layout: segments passing every check / segments, "
+                        "worst error/tolerance ratio r")
     table.add_column("kernel", no_wrap=True)
     for layout in layouts:
         table.add_column(layout)
@@ -114,14 +135,16 @@ def print_console(records: list[dict], console=None) -> None:
             row.append("" if cell is None else f"[{styles[cell.status]}]{cell.text}[/]")
         table.add_row(*row)
     console.print(table)
-    bad = problems(records)
+    bad = judging.bad(records)
     for r in bad[:50]:
         console.print(f"[red]{describe_problem(r)}[/]", highlight=False)
     if len(bad) > 50:
-        console.print(f"[red]... and {len(bad) - 50} more problems[/]")
+        console.print(f"[red]... and {len(bad) - 50} more problems (summary.md lists them)[/]")
     caught = [r for r in records if r["outcome"] == "caught"]
     if caught:
         kernels_caught = sorted({r["kernel"] for r in caught})
         console.print(f"caught as expected: {len(caught)} failing checks of "
                       f"{', '.join(kernels_caught)}", highlight=False)
-    console.print(f"outcomes: {counts(records)}", highlight=False)
+    for line in not_judged_lines(records) + coverage_lines(records):
+        console.print(f"[yellow]{line}[/]", highlight=False)
+    console.print(f"outcomes: {judging.counts(records)}", highlight=False)

@@ -1,4 +1,7 @@
-"""Built-in kernels. Importing this package registers them; GPU-only libraries (cuDNN's jax
-module at call time, Transformer Engine) are imported inside the kernels, never here, so CPU CI
-needs none of them."""
-from harness.kernels import maxtext_adapter, pallas, reference, sut, te  # noqa: F401
+"""Built-in kernels, as `Kernel` declarations (harness.registry collects them). GPU-only
+libraries (cuDNN's jax module, Transformer Engine, MaxText) are imported inside the kernels,
+never here, so CPU CI needs none of them."""
+from harness.kernels import maxtext_adapter, pallas, reference, sut, te
+
+BUILTIN = [*reference.KERNELS, *pallas.KERNELS, *sut.KERNELS, *te.KERNELS,
+           *maxtext_adapter.KERNELS]

@@ -6,7 +6,9 @@ re-implementation. MaxText's conventions stay here:
 - the op applies no softmax scale: the caller pre-scales the query, as MaxText's attention
   layer does;
 - segment positions follow from the segment ids (position within each segment);
-- a one-device mesh over the first local device (each pytest-xdist worker pins its own GPU);
+- a one-device mesh over the first local device (each pytest-xdist worker pins its own GPU),
+  with every axis MaxText's base.yml names (`mesh_axes`), each of size 1: the TE path reads
+  `mesh.shape[config.context_sharding]`;
 - the op reads nine config attributes on this path; the adapter answers each from MaxText's own
   `configs/base.yml` defaults, with `attention` set to the kernel and dropout off, and refuses
   any attribute base.yml does not define (so a new read is an error, not a guess).
@@ -16,7 +18,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from harness.registry import register_kernel
+from harness.kernel import Kernel
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,7 +54,8 @@ def maxtext_attention(query, key, value, segment_ids, *, causal, scale, attentio
     del causal  # MaxText's decoder attention is causal; the kernel declares causal_only
     _, t, heads, _ = query.shape
     config = MaxTextConfig(attention=attention, enable_dropout=False, dropout_rate=0.0)
-    mesh = Mesh(np.array(jax.local_devices()[:1]), ("data",))
+    axes = tuple(_base_config()["mesh_axes"])
+    mesh = Mesh(np.array(jax.local_devices()[:1]).reshape((1,) * len(axes)), axes)
     op = AttentionOp(config=config, mesh=mesh, attention_kernel=attention, max_target_length=t,
                      num_query_heads=heads, num_kv_heads=key.shape[2], dtype=query.dtype)
     out = op(query * jax.numpy.asarray(scale, query.dtype), key, value, segment_ids,
@@ -69,16 +72,20 @@ def _python_312(case, platform):
 
 _COMMON = dict(requires=("maxtext",), causal_only=True, constraints=_python_312)
 
-register_kernel(
-    "maxtext:dot_product", functools.partial(maxtext_attention, attention="dot_product"),
-    **_COMMON, description="MaxText's AttentionOp, attention=dot_product (installed maxtext)")
-register_kernel(
-    "maxtext:cudnn_flash_jax", functools.partial(maxtext_attention, attention="cudnn_flash_jax"),
-    dtypes=("bfloat16", "float16"), devices=("gpu",), min_compute_capability=8.0,
-    hlo_markers=("__cudnn$fmha",), **_COMMON,
-    description="MaxText's AttentionOp, attention=cudnn_flash_jax (installed maxtext)")
-register_kernel(
-    "maxtext:cudnn_flash_te", functools.partial(maxtext_attention, attention="cudnn_flash_te"),
-    dtypes=("bfloat16", "float16"), devices=("gpu",), min_compute_capability=9.0,
-    **{**_COMMON, "requires": ("maxtext", "transformer_engine")},
-    description="MaxText's AttentionOp, attention=cudnn_flash_te (installed maxtext and TE)")
+KERNELS = [
+    # MaxText's dot_product masks by comparing segment ids: padding may sit anywhere.
+    Kernel("maxtext:dot_product", functools.partial(maxtext_attention, attention="dot_product"),
+           padding_anywhere=True, materializes_scores=True, **_COMMON,
+           description="MaxText's AttentionOp, attention=dot_product (installed maxtext)"),
+    Kernel("maxtext:cudnn_flash_jax",
+           functools.partial(maxtext_attention, attention="cudnn_flash_jax"),
+           dtypes=("bfloat16", "float16"), devices=("gpu",), min_compute_capability=8.0,
+           hlo_markers=("__cudnn$fmha",), **_COMMON,
+           description="MaxText's AttentionOp, attention=cudnn_flash_jax (installed maxtext)"),
+    Kernel("maxtext:cudnn_flash_te",
+           functools.partial(maxtext_attention, attention="cudnn_flash_te"),
+           dtypes=("bfloat16", "float16"), devices=("gpu",), min_compute_capability=9.0,
+           hlo_markers=("te_fused_attn_forward_ffi", "te_fused_attn_backward_ffi"),
+           **{**_COMMON, "requires": ("maxtext", "transformer_engine")},
+           description="MaxText's AttentionOp, attention=cudnn_flash_te (installed maxtext and TE)"),
+]

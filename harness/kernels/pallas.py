@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 
-from harness.registry import register_kernel
+from harness.kernel import Kernel
 
 
 def pallas_mha(query, key, value, segment_ids, *, causal, scale):
@@ -15,10 +15,12 @@ def pallas_mha(query, key, value, segment_ids, *, causal, scale):
                          interpret=interpret)
 
 
-register_kernel(
-    "pallas_mha", pallas_mha,
-    # The kernel tiles the sequence in blocks of min(128, T), with no ragged tail, and has no
-    # grouped kv heads.
-    gqa=False, seq_len_multiple=128,
-    requires=("jax.experimental.pallas",),
-    description="Pallas mha with segment_ids (Triton on GPU, interpreter on CPU)")
+KERNELS = [
+    Kernel(
+        "pallas_mha", pallas_mha,
+        # The kernel tiles the sequence in blocks of min(128, T), with no ragged tail, and has
+        # no grouped kv heads. Its mask compares segment ids, so padding may sit anywhere.
+        gqa=False, seq_len_multiple=128, padding_anywhere=True,
+        requires=("jax.experimental.pallas",),
+        description="Pallas mha with segment_ids (Triton on GPU, interpreter on CPU)"),
+]

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from harness.registry import LEAK, register_kernel
+from harness.judging import DQ, LEAK, OUT
+from harness.kernel import Kernel
 from harness.sut.dot_product import dot_product, segment_mask
-from harness.tolerance import RULES
 
 
 def xla_dot_product_attention(query, key, value, segment_ids, *, causal, scale):
@@ -24,46 +25,58 @@ def no_f16_on_cpu(case, platform):
     return []
 
 
-def causal_only(query, key, value, segment_ids, *, causal, scale):
-    """The reported bug: a causal mask only, segment ids ignored (MaxText's cudnn_flash_jax)."""
+def ignores_segments(query, key, value, segment_ids, *, causal, scale):
+    """The reported bug: segment ids ignored, the causal flag kept (MaxText's cudnn_flash_jax
+    called cuDNN with a causal mask only)."""
     del segment_ids
-    return jax.nn.dot_product_attention(query, key, value, scale=scale, is_causal=True,
+    return jax.nn.dot_product_attention(query, key, value, scale=scale, is_causal=causal,
                                         implementation="xla")
 
 
-def causal_only_expectation(case, check, segment):
-    """Where ignoring segment ids must be caught.
+def ignores_segments_expectation(case, check, segment):
+    """Where a kernel that ignores segment ids must be caught, and where it must pass.
 
-    The forward output and dq of a segment are wrong iff earlier segments precede it in its row:
-    exactly segments 2.. fail, segment 1 passes. One exception for dq: a single-token segment's
-    true dq is exactly 0, and the leaked dq of a query whose attention is spread over n earlier
-    keys is O(1/sqrt(n)) of the gradients' scale, inside bf16 noise for long rows (seen on the
-    H200: ratios 0.9-1.0 after ~2000 tokens); its forward output fails by orders of magnitude,
-    so its dq is not judged.
+    Its queries read every token before them (causal) or every token of the row
+    (bidirectional): other segments and padding alike. A segment that reads no other token and
+    is read by none is computed right: every check passes (unpacked rows, padding only after).
 
-    dk and dv of a packed row's segment 1 (length L1) are wrong because every later query reads
-    its keys. That must be caught when the later segments hold at least L1 tokens and L1 is
-    short enough for the leak to clear the tolerance floor (_visible_length); otherwise the
-    change can hide in rounding noise (H200, bf16: 933 later tokens after L1 = 1115 gave dv
-    ratio 0.67; L1 of 512 to 1970 gave 0.6-1.0) and is not judged. dk/dv of later segments are
-    wrong too, by an amount the layout decides, and not judged. Unpacked rows are right.
-
-    The leak probe has no tolerance, so it is judged everywhere: every segment of a packed row
-    changes when its neighbours are redrawn (later ones read earlier keys; segment 1's dk/dv
-    are read by later queries), and no segment of an unpacked row does."""
-    row_segments = [s for s in case.segments if s.row == segment.row]
-    if check == LEAK:  # exact: every segment of a packed row reads or is read across
-        return "fail" if len(row_segments) > 1 else "pass"
-    if check == "out" or (check == "dq" and segment.length > 1):
-        return "fail" if segment.number > 1 else "pass"
-    if check == "dq":
-        return "pass" if segment.number == 1 else "either"
-    if len(row_segments) == 1:
+    - leak probe (bitwise, no tolerance): fails on every segment that reads another token or
+      whose keys another valid token reads. Exact; judged everywhere.
+    - out: a causal segment that reads earlier tokens is wrong by O(1) at its first token,
+      which reads itself and them alone. A bidirectional one is visible when padding (poison)
+      is read, or when the foreign tokens are at least a sixteenth of its own: the shift is
+      about sqrt(foreign / own) of the output's scale, against a tolerance of a few eps.
+    - dq: as out for segments longer than one token. A single-token segment's true dq is
+      exactly 0, and its leaked dq after n keys is O(1/sqrt(n)) of the gradients' scale,
+      inside bf16 noise for long rows (seen on the H200: ratios 0.9-1.0 after ~2000 tokens):
+      not judged here (the probe judges it).
+    - dk/dv of a causal segment at the row's start (L tokens) are wrong because later queries
+      read its keys: visible when at least L later valid tokens read it and L is short enough
+      for the leak to clear the tolerance floor (_visible_length; H200, bf16: L of 512 to 1970
+      gave ratios 0.6-1.0). dk/dv of other segments are wrong by an amount the layout decides.
+      Those are not judged here (the probe judges them)."""
+    row = case.segment_ids[segment.row]
+    own = segment.length
+    if case.causal:
+        read = row[:segment.start]
+        read_by = int((row[segment.stop:] > 0).sum())
+    else:
+        read = np.concatenate([row[:segment.start], row[segment.stop:]])
+        read_by = int((read > 0).sum())
+    reads_padding = bool((read == 0).any())
+    if read.size == 0 and read_by == 0:
         return "pass"
-    if segment.number == 1:
-        later = sum(s.length for s in row_segments[1:])
-        return "fail" if later >= segment.length and segment.length <= _visible_length(
-            case, check) else "either"
+    if check == LEAK.name:
+        return "fail"
+    if check in (OUT.name, DQ.name):
+        if read.size == 0:
+            return "pass"
+        if check == DQ.name and own == 1:
+            return "either"
+        visible = case.causal or reads_padding or 16 * int((read > 0).sum()) >= own
+        return "fail" if visible else "either"
+    if case.causal and read.size == 0 and read_by >= own and own <= _visible_length(case, check):
+        return "fail"
     return "either"
 
 
@@ -74,17 +87,19 @@ def _visible_length(case, check) -> float:
     1/sqrt(L1) of the gradients' scale, while the floor is floor_eps * eps of it; with a factor
     2 margin, L1 <= (1 / (2 * floor_eps * eps))^2: 256 tokens in bf16, 16384 in fp16. (H200:
     bf16 rows with L1 of 512 to 1970 gave dk/dv ratios 0.6-1.0.)"""
-    fraction = RULES[check].floor_eps * float(jnp.finfo(case.dtype).eps)
+    from harness.judging import check as check_named
+    fraction = check_named(check).floor_eps * float(jnp.finfo(case.dtype).eps)
     return (1.0 / (2.0 * fraction)) ** 2
 
 
-register_kernel(
-    "dot_product", dot_product,
-    description="MaxText-style dot_product attention in the input dtype (dense mask)")
-register_kernel(
-    "xla", xla_dot_product_attention, constraints=no_f16_on_cpu,
-    description="jax.nn.dot_product_attention(implementation='xla') with the segment mask")
-register_kernel(
-    "canary_causal_only", causal_only, causal_only=True, constraints=no_f16_on_cpu,
-    expect=causal_only_expectation, tags=("canary",),
-    description="causal mask only, segment ids ignored: the reported bug; must be caught")
+KERNELS = [
+    Kernel("dot_product", dot_product, padding_anywhere=True, materializes_scores=True,
+           description="MaxText-style dot_product attention in the input dtype (dense mask)"),
+    Kernel("xla", xla_dot_product_attention, constraints=no_f16_on_cpu, padding_anywhere=True,
+           materializes_scores=True,
+           description="jax.nn.dot_product_attention(implementation='xla') with the segment mask"),
+    Kernel("canary_ignores_segments", ignores_segments, constraints=no_f16_on_cpu,
+           padding_anywhere=True, materializes_scores=True,
+           expect=ignores_segments_expectation, tags=("canary",),
+           description="segment ids ignored (the reported bug): must be caught"),
+]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 
-from harness.kernels.reference import causal_only_expectation
-from harness.registry import register_kernel
+from harness.kernel import Kernel
+from harness.kernels.reference import ignores_segments_expectation
 from harness.sut.attention_op import AttentionOp, cudnn_backend
 from harness.sut.config import AttentionConfig
 
@@ -48,38 +48,40 @@ def _op(**config):
     return functools.partial(op_kernel, **config)
 
 
-register_kernel(
-    "sut:dot_product", _op(attention="dot_product"), takes_max_segments=True,
-    description="the attention op, attention=dot_product")
-register_kernel(
-    "sut:cudnn_flash_jax", _op(attention="cudnn_flash_jax"), takes_max_segments=True,
-    dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=9.0,
-    hlo_markers=CUDNN_MARKER,
-    description="the fixed op: packed seqlens/offsets, PADDING_CAUSAL, real cuDNN (Hopper+)")
-register_kernel(
-    "sut:cudnn_flash_jax:fallback", _op(attention="cudnn_flash_jax", force_fallback=True),
-    takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",),
-    min_compute_capability=8.0, hlo_markers=CUDNN_MARKER,
-    constraints=lambda c, p: _even_seq(c, p) + _pre_hopper_head_dims(c, p),
-    description="the fixed op's pre-Hopper fallback (same-segment mask as cuDNN bias), forced")
-register_kernel(
-    "sut:cudnn_flash_jax:emulated", _op(attention="cudnn_flash_jax", cudnn_backend="emulator"),
-    takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS,
-    description="the fixed op's packed lowering through the cuDNN API emulator")
-register_kernel(
-    "sut:cudnn_flash_jax:emulated-sm80",
-    _op(attention="cudnn_flash_jax", cudnn_backend="emulator", compute_capability=8.0),
-    takes_max_segments=True, dtypes=CUDNN, head_dims=tuple(range(8, 129, 8)),
-    constraints=_even_seq, devices=("cpu",),  # a CPU stand-in: on GPUs the real fallback runs
-    description="the fixed op as on an sm80 GPU (mask fallback), through the emulator")
-register_kernel(
-    "maxtext_original:cudnn_flash_jax", original_cudnn_flash_jax, dtypes=CUDNN,
-    head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=8.0, causal_only=True,
-    hlo_markers=CUDNN_MARKER, expect=causal_only_expectation, tags=("canary",),
-    description="MaxText's cudnn_flash_jax before the fix (causal only, real cuDNN): caught")
-register_kernel(
-    "maxtext_original:cudnn_flash_jax:emulated",
-    functools.partial(original_cudnn_flash_jax, backend="emulator"), dtypes=CUDNN,
-    causal_only=True, expect=causal_only_expectation, tags=("canary",),
-    devices=("cpu",),  # a CPU stand-in: on GPUs the real original call runs
-    description="MaxText's cudnn_flash_jax before the fix, through the emulator: caught")
+# The op follows MaxText's convention: padding only after the last segment.
+KERNELS = [
+    Kernel("sut:dot_product", _op(attention="dot_product"), takes_max_segments=True,
+           materializes_scores=True, description="the attention op, attention=dot_product"),
+    Kernel("sut:cudnn_flash_jax", _op(attention="cudnn_flash_jax"), takes_max_segments=True,
+           dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=9.0,
+           hlo_markers=CUDNN_MARKER,
+           description="the fixed op: packed seqlens/offsets, PADDING_CAUSAL, real cuDNN (Hopper+)"),
+    Kernel("sut:cudnn_flash_jax:fallback", _op(attention="cudnn_flash_jax", force_fallback=True),
+           takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",),
+           min_compute_capability=8.0, hlo_markers=CUDNN_MARKER, materializes_scores=True,
+           constraints=lambda c, p: _even_seq(c, p) + _pre_hopper_head_dims(c, p),
+           description="the fixed op's pre-Hopper fallback (same-segment mask as cuDNN bias), "
+                       "forced"),
+    Kernel("sut:cudnn_flash_jax:emulated", _op(attention="cudnn_flash_jax",
+                                               cudnn_backend="emulator"),
+           takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS,
+           materializes_scores=True,
+           description="the fixed op's packed lowering through the cuDNN API emulator"),
+    Kernel("sut:cudnn_flash_jax:emulated-sm80",
+           _op(attention="cudnn_flash_jax", cudnn_backend="emulator", compute_capability=8.0),
+           takes_max_segments=True, dtypes=CUDNN, head_dims=tuple(range(8, 129, 8)),
+           constraints=_even_seq, devices=("cpu",),  # a CPU stand-in: on GPUs the real fallback
+           materializes_scores=True,
+           description="the fixed op as on an sm80 GPU (mask fallback), through the emulator"),
+    Kernel("maxtext_original:cudnn_flash_jax", original_cudnn_flash_jax, dtypes=CUDNN,
+           head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=8.0,
+           causal_only=True, hlo_markers=CUDNN_MARKER, expect=ignores_segments_expectation,
+           tags=("canary",),
+           description="MaxText's cudnn_flash_jax before the fix (causal only, real cuDNN): caught"),
+    Kernel("maxtext_original:cudnn_flash_jax:emulated",
+           functools.partial(original_cudnn_flash_jax, backend="emulator"), dtypes=CUDNN,
+           causal_only=True, expect=ignores_segments_expectation, tags=("canary",),
+           devices=("cpu",),  # a CPU stand-in: on GPUs the real original call runs
+           materializes_scores=True,
+           description="MaxText's cudnn_flash_jax before the fix, through the emulator: caught"),
+]

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import os
 
+from harness.kernel import Kernel
 from harness.kernels.sut import CUDNN, CUDNN_HEAD_DIMS, op_kernel
-from harness.registry import register_kernel
+from harness.sut.attention_op import te_fused_thd
 
 TE_MARKERS = ("te_fused_attn_forward_ffi", "te_fused_attn_backward_ffi")
 UNFUSED_CRASH = "sequence_descriptor must be None or ndarray"
@@ -13,6 +14,11 @@ UNFUSED_CRASH = "sequence_descriptor must be None or ndarray"
 def te_thd(query, key, value, segment_ids, *, causal, scale, max_segments):
     return op_kernel(query, key, value, segment_ids, causal=causal, scale=scale,
                      max_segments=max_segments, attention="cudnn_flash_te")
+
+
+def te_thd_raw(query, key, value, segment_ids, *, causal, scale, max_segments):
+    return te_fused_thd(query, key, value, segment_ids, scale=scale, causal=causal,
+                        max_segments=max_segments)
 
 
 def te_unfused_with_descriptor(query, key, value, segment_ids, *, causal, scale, max_segments):
@@ -44,12 +50,17 @@ def te_unfused_with_descriptor(query, key, value, segment_ids, *, causal, scale,
             os.environ["NVTE_FUSED_ATTN"] = previous
 
 
-register_kernel(
-    "sut:cudnn_flash_te", te_thd, takes_max_segments=True, dtypes=CUDNN,
-    head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=9.0,
-    requires=("transformer_engine",), hlo_markers=TE_MARKERS,
-    description="the op's cudnn_flash_te: TE THD fused attention with a SequenceDescriptor")
-register_kernel(
-    "te:unfused_fallback", te_unfused_with_descriptor, takes_max_segments=True, dtypes=CUDNN,
-    devices=("gpu",), requires=("transformer_engine",), expect_error=UNFUSED_CRASH,
-    description="TE's unfused fallback with a SequenceDescriptor: a known upstream crash")
+_TE = dict(takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",),
+           requires=("transformer_engine",))
+
+KERNELS = [
+    Kernel("sut:cudnn_flash_te", te_thd, min_compute_capability=9.0, hlo_markers=TE_MARKERS,
+           **_TE, description="the op's cudnn_flash_te: TE THD fused attention with a "
+                              "SequenceDescriptor"),
+    Kernel("te:thd", te_thd_raw, min_compute_capability=9.0, hlo_markers=TE_MARKERS,
+           padding_anywhere=True, **_TE,
+           description="TE THD fused attention, called directly: padding anywhere "
+                       "(pad_between_seqs)"),
+    Kernel("te:unfused_fallback", te_unfused_with_descriptor, expect_error=UNFUSED_CRASH, **_TE,
+           description="TE's unfused fallback with a SequenceDescriptor: a known upstream crash"),
+]

@@ -154,13 +154,21 @@ class AttentionOp:
                     qkv_layout="BTNH")
 
     def _te_thd(self, query, key, value, segment_ids, scale, causal):
-        from transformer_engine.jax import attention as te
+        return te_fused_thd(query, key, value, segment_ids, scale=scale, causal=causal,
+                            max_segments=self.max_segments, dropout_rate=self.config.dropout_rate)
 
-        pos = lowering.positions(segment_ids)
-        descriptor = te.SequenceDescriptor.from_segment_ids_and_pos(
-            (segment_ids, segment_ids), (pos, pos))
-        mask = te.AttnMaskType.PADDING_CAUSAL_MASK if causal else te.AttnMaskType.PADDING_MASK
-        return te.fused_attn(
-            (query, key, value), None, descriptor, None, te.AttnBiasType.NO_BIAS, mask,
-            te.QKVLayout.THD_THD_THD, te.AttnSoftmaxType.VANILLA_SOFTMAX, scale,
-            self.config.dropout_rate, True, max_segments_per_seq=self.max_segments)
+
+def te_fused_thd(query, key, value, segment_ids, *, scale, causal, max_segments,
+                 dropout_rate=0.0):
+    """Transformer Engine's THD fused attention with a SequenceDescriptor built from segment
+    ids and positions within segments (padding, id 0, may sit anywhere in a row)."""
+    from transformer_engine.jax import attention as te
+
+    pos = lowering.positions(segment_ids)
+    descriptor = te.SequenceDescriptor.from_segment_ids_and_pos(
+        (segment_ids, segment_ids), (pos, pos))
+    mask = te.AttnMaskType.PADDING_CAUSAL_MASK if causal else te.AttnMaskType.PADDING_MASK
+    return te.fused_attn(
+        (query, key, value), None, descriptor, None, te.AttnBiasType.NO_BIAS, mask,
+        te.QKVLayout.THD_THD_THD, te.AttnSoftmaxType.VANILLA_SOFTMAX, scale,
+        dropout_rate, True, max_segments_per_seq=max_segments)

@@ -1,0 +1,110 @@
+"""What a kernel is, and what it declares it supports.
+
+A kernel is `fn(query, key, value, segment_ids, *, causal, scale) -> output`, MaxText layout
+[batch, seq, heads, head_dim], output shaped like the query. Its capabilities decide which
+cases it runs: a combination it does not declare is skipped with the reason; a kernel that
+raises on a combination it declares is an error, never a skip.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Callable
+
+from harness import judging
+from harness.cases import Case
+from harness.layouts import Segment
+
+ALL_DTYPES = ("float32", "bfloat16", "float16")
+
+# expect(case, check name, segment) -> "pass" | "fail" | "either" | ("either", reason): what a
+# correct harness must conclude ("either": not judged by that check; the leak probe then must
+# judge the segment, see judging.cover_unjudged).
+Expectation = Callable[[Case, str, Segment], object]
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str                      # "cpu" or "gpu"
+    compute_capability: float | None = None
+    memory_bytes: int | None = None  # what one program may use on the device; None: unknown
+
+
+@dataclass(frozen=True, eq=False)
+class Kernel:
+    name: str
+    fn: Callable
+    dtypes: tuple[str, ...] = ALL_DTYPES
+    head_dims: tuple[int, ...] | None = None   # None: any head dim
+    gqa: bool = True
+    packed: bool = True
+    causal_only: bool = False
+    # Takes padding before or between segments (left padding; TE's pad_between_seqs). Kernels
+    # built on MaxText's convention (padding only after the last segment) leave this False.
+    padding_anywhere: bool = False
+    devices: tuple[str, ...] = ("cpu", "gpu")
+    min_compute_capability: float | None = None
+    backward: bool = True
+    requires: tuple[str, ...] = ()             # importable modules, checked lazily
+    seq_len_multiple: int | None = None
+    # Builds the [batch, heads, seq, seq] float32 scores in memory (dense kernels): cases whose
+    # scores (and their gradient) would not fit the device are skipped with the size.
+    materializes_scores: bool = False
+    # Pass max_segments (static): for kernels configured like MaxText's max_segments_per_seq.
+    takes_max_segments: bool = False
+    # Anything else a kernel cannot do: (case, platform) -> reasons (empty when it can).
+    constraints: Callable[[Case, Platform], list[str]] | None = None
+    expect: Expectation | None = None
+    # Known upstream failure: the kernel must raise an error containing this text. It is then
+    # recorded as "known" (not bad); if it stops raising, that is reported as "missed".
+    expect_error: str | None = None
+    # Custom-call names that must appear in the compiled program: proof that the fused kernel
+    # ran, so a silent fallback cannot pass as it.
+    hlo_markers: tuple[str, ...] = ()
+    description: str = ""
+    tags: tuple[str, ...] = field(default=())
+
+    def unsupported_reasons(self, case: Case, platform: Platform) -> list[str]:
+        reasons = []
+        if platform.name not in self.devices:
+            reasons.append(f"runs on {'/'.join(self.devices)}, not {platform.name}")
+        if (self.min_compute_capability is not None and platform.name == "gpu"
+                and (platform.compute_capability or 0) < self.min_compute_capability):
+            reasons.append(f"needs compute capability >= {self.min_compute_capability}, "
+                           f"device has {platform.compute_capability}")
+        if case.dtype not in self.dtypes:
+            reasons.append(f"dtype {case.dtype} not in {'/'.join(self.dtypes)}")
+        if self.head_dims is not None and case.head_dim not in self.head_dims:
+            reasons.append(f"head_dim {case.head_dim} not in {self.head_dims}")
+        if case.gqa and not self.gqa:
+            reasons.append(f"no GQA/MQA ({case.heads} heads over {case.kv_heads} kv heads)")
+        if case.packed and not self.packed:
+            reasons.append("no packed segments")
+        if not case.causal and self.causal_only:
+            reasons.append("causal only")
+        if case.padding_inside and not self.padding_anywhere:
+            reasons.append("padding before or between segments (kernel takes padding only "
+                           "after the last segment)")
+        if self.seq_len_multiple and case.seq_len % self.seq_len_multiple:
+            reasons.append(f"seq_len {case.seq_len} not a multiple of {self.seq_len_multiple}")
+        if self.materializes_scores and platform.memory_bytes:
+            need = scores_bytes(case)
+            if need > platform.memory_bytes:
+                reasons.append(f"dense scores need {need / 2**30:.0f} GiB, more than the "
+                               f"{platform.memory_bytes / 2**30:.0f} GiB this device allows")
+        if self.constraints is not None:
+            reasons += self.constraints(case, platform)
+        for module in self.requires:
+            if importlib.util.find_spec(module.split(".")[0]) is None:
+                reasons.append(f"optional dependency {module!r} is not installed")
+        return reasons
+
+    def expected(self, case: Case, check: str, segment: Segment) -> tuple[str, str]:
+        """(expected, reason): what this kernel must show on that check of that segment."""
+        return judging.expectation(self.expect(case, check, segment) if self.expect else "pass")
+
+
+def scores_bytes(case: Case) -> int:
+    """Peak memory of a dense kernel's fwd+bwd: scores, probabilities and their gradient in
+    float32, [batch, heads, seq, seq] each."""
+    return 4 * 4 * case.batch * case.heads * case.seq_len ** 2

@@ -1,0 +1,46 @@
+"""Per-token and per-segment error metrics: how far a kernel's tensor lands from the truth."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from harness.layouts import Segment
+
+
+@jax.jit
+def token_errors(x, ref):
+    """Per token ([B, T]): max abs error (inf where non-finite), summed abs error, and the
+    count of non-finite values, over heads and head dims."""
+    x = x.astype(jnp.float32)
+    finite = jnp.isfinite(x)
+    diff = jnp.abs(x - ref)
+    return (jnp.where(finite, diff, jnp.inf).max(axis=(2, 3)),
+            jnp.where(finite, diff, 0.0).sum(axis=(2, 3)),
+            (~finite).sum(axis=(2, 3)))
+
+
+@dataclass(frozen=True)
+class SegmentError:
+    max_abs_err: float        # inf where the kernel produced non-finite values
+    mean_abs_err: float
+    worst_token: int          # position in the row
+    nonfinite: int
+    peer_err: float           # the same-dtype peer's max abs error over the segment
+
+
+def segment_error(errors, peer_token_err: np.ndarray, seg: Segment,
+                  elements_per_token: int) -> SegmentError:
+    """One segment's metrics from a tensor's per-token errors (numpy, from token_errors)."""
+    tok_max, tok_sum, tok_bad = errors
+    sl = (seg.row, slice(seg.start, seg.stop))
+    seg_err = tok_max[sl]
+    worst = int(np.argmax(seg_err))
+    return SegmentError(
+        max_abs_err=float(seg_err[worst]),
+        mean_abs_err=float(tok_sum[sl].sum()) / (seg.length * elements_per_token),
+        worst_token=seg.start + worst,
+        nonfinite=int(tok_bad[sl].sum()),
+        peer_err=float(peer_token_err[sl].max()))
