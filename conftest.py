@@ -7,8 +7,7 @@ Each xdist worker appends its records to DIR/parts/<run>/<worker>.jsonl as it go
 controller merges the parts of its own run into DIR/report.jsonl (plus summary.md and
 report.html) at the end, so a worker that crashes loses only the test it was running, and a
 pytest started inside another (the harness's own tests do) never touches the outer run's parts.
-Tests of one shape go to one worker (xdist's loadgroup), which compiles that shape's programs
-ahead, in parallel. A user's mistake (an unknown kernel or suite, a glob that matches nothing,
+A user's mistake (an unknown kernel or suite, a glob that matches nothing,
 a missing module or baseline) is a one-line usage error before anything runs.
 """
 from __future__ import annotations
@@ -59,17 +58,9 @@ def _parts(config) -> Path:
     return _report_dir(config) / "parts" / run
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_cmdline_main(config):
-    # Tests of one shape share one worker, which compiles that shape's programs together.
-    if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
-        config.option.dist = "loadgroup"
-
-
 def pytest_configure(config):
     from harness.errors import UsageError
 
-    config.addinivalue_line("markers", "xdist_group: tests of one shape run on one worker")
     if _is_worker(config):
         count = int(config.workerinput.get("workercount", 1))
         if config.getoption("--gpu-per-worker"):
@@ -114,17 +105,10 @@ def _matrix(config):
     return [(k, c) for c in cases for k in kernels]
 
 
-def _group(case) -> str:
-    b, t, h, kv, d, dtype, causal = case.shape_key
-    return f"b{b}-t{t}-h{h}kv{kv}-d{d}-{dtype}{'' if causal else '-bidir'}"
-
-
 def pytest_generate_tests(metafunc):
     if "kernel_case" in metafunc.fixturenames:
         pairs = metafunc.config._harness_matrix
-        metafunc.parametrize("kernel_case", [
-            pytest.param((k, c), id=f"{k.name}:{c.id}",
-                         marks=pytest.mark.xdist_group(_group(c))) for k, c in pairs])
+        metafunc.parametrize("kernel_case", pairs, ids=[f"{k.name}:{c.id}" for k, c in pairs])
 
 
 @pytest.fixture(scope="session")
@@ -149,17 +133,15 @@ def programs(request):
 
 @pytest.fixture
 def run_case(request, platform, programs):
-    """Runs one kernel x case of the matrix, its shape's programs compiled ahead."""
+    """Runs one kernel x case of the matrix. Its default and probe builds compile side by side;
+    other tests' programs are left alone: a kernel that kills its process while being traced
+    must take only its own test with it."""
     from harness.runner import run_kernel_case
     config = request.config
-    seen = config.__dict__.setdefault("_harness_prefetched", set())
 
     def run(kernel, case):
-        if case.shape_key not in seen:
-            seen.add(case.shape_key)
-            programs.prefetch([(k, c) for k, c in config._harness_matrix
-                               if c.shape_key == case.shape_key
-                               and not k.unsupported_reasons(c, platform)])
+        if not kernel.unsupported_reasons(case, platform):
+            programs.prefetch([(kernel, case)])
         return run_kernel_case(kernel, case, platform, programs,
                                leak=not config.getoption("--no-leak-probe"))
     return run

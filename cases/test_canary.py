@@ -1,19 +1,21 @@
 """The harness catches the reported bug, exactly where it must, and subtler ones too."""
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from harness.cases import Case
+from harness.kernel import Kernel, Platform
 from harness.kernels.reference import dot_product
-from harness.registry import Kernel, Platform, select_kernels
+from harness.registry import select_kernels
+from harness.runner import run_kernel_case
 from harness.suites import suite_cases
 
 CPU = Platform("cpu")
-CANARY = select_kernels("canary_causal_only")[0]
+CANARY = select_kernels("canary_ignores_segments")[0]
 
 
 def _run(kernel, case):
-    from harness.runner import run_kernel_case
     records = run_kernel_case(kernel, case, CPU).records
     assert all(r["verdict"] in ("pass", "fail") for r in records), records[0].get("message")
     return records
@@ -23,30 +25,50 @@ def _failing(records, check):
     return {(r["row"], r["segment"]) for r in records if r["check"] == check and r["verdict"] == "fail"}
 
 
+def _reads_other_tokens(case, s):
+    row = case.segment_ids[s.row]
+    return s.start > 0 if case.causal else s.length < case.seq_len
+
+
 @pytest.mark.parametrize("case", [c for c in suite_cases("smoke") if c.dtype != "float16"],
                          ids=lambda c: c.id)
-def test_causal_only_is_caught_exactly_after_each_boundary(case):
+def test_canary_is_caught_exactly_where_it_reads_across(case):
     records = _run(CANARY, case)
-    after_boundary = {(s.row, s.number) for s in case.segments if s.number > 1}
-    # Forward output: every segment after a boundary fails, no segment 1 does. dq likewise,
-    # except that a single-token segment's dq is not judged (see causal_only_expectation).
-    assert _failing(records, "out") == after_boundary
-    dq = _failing(records, "dq")
-    assert {(s.row, s.number) for s in case.segments if s.number > 1 and s.length > 1} <= dq
-    assert dq <= after_boundary
-    for check in ("dk", "dv"):
-        failing = _failing(records, check)
-        for s in case.segments:
-            later = sum(t.length for t in case.segments if t.row == s.row and t.number > 1)
-            if case.segments_in_row(s.row) == 1:
-                assert (s.row, s.number) not in failing, f"{check} {s.label}: unpacked row"
-            elif s.number == 1 and later >= s.length and s.length <= 256:  # bf16/f32 limit
-                assert (s.row, s.number) in failing, f"{check} {s.label}: later queries read it"
+    assert not [r for r in records if r["outcome"] in ("fail", "missed", "error")]
+    reading = {(s.row, s.number) for s in case.segments if _reads_other_tokens(case, s)}
+    # Causal: the forward output fails on exactly the segments that read earlier tokens
+    # (segments after a boundary, or after left padding); dq too, single tokens aside.
+    if case.causal:
+        assert _failing(records, "out") == reading
+        dq = _failing(records, "dq")
+        assert {(s.row, s.number) for s in case.segments
+                if (s.row, s.number) in reading and s.length > 1} <= dq <= reading
+    else:
+        assert _failing(records, "out") <= reading
+    # The leak probe is exact: every segment of a row with more than itself in it.
+    crowded = {(s.row, s.number) for s in case.segments
+               if s.length < int((case.segment_ids[s.row] > 0).sum())
+               or (_reads_other_tokens(case, s))}
+    assert _failing(records, "leak") == crowded
+    # Nothing is left unjudged without the probe judging that segment.
+    for r in records:
+        if r["expected"] == "either":
+            assert r["outcome"] == "unjudged" and r["judged_by"].startswith("leak:")
 
 
 def test_canary_is_invisible_without_packing():
     case = Case("unpacked/pad-tail", 4, 256, 4, 2, 64, "bfloat16", 0)
-    assert not any(r["verdict"] == "fail" for r in _run(CANARY, case))
+    records = _run(CANARY, case)
+    assert not any(r["verdict"] == "fail" for r in records)
+    assert {r["outcome"] for r in records} == {"ok"}
+
+
+def test_causal_canary_with_left_padding_fails_on_segment_one():
+    """Left padding before segment 1: a kernel that ignores segment ids reads the poison."""
+    case = Case("padded/left", 4, 256, 4, 2, 64, "bfloat16", 0)
+    records = _run(CANARY, case)
+    first = {(s.row, s.number) for s in case.segments if s.number == 1}
+    assert first <= _failing(records, "out")
 
 
 def _off_by_one(query, key, value, segment_ids, *, causal, scale):
@@ -84,7 +106,7 @@ def test_a_correct_kernel_passes_everywhere():
 # ----- the leak probe: bitwise, no tolerance ----------------------------------------------------
 
 def _leaks(records):
-    return {(r["row"], r["segment"]) for r in records if r["check"] == "leak" and r["verdict"] == "fail"}
+    return _failing(records, "leak")
 
 
 @pytest.mark.parametrize("case", [Case("extremes/long", 3, 2048, 2, 1, 16, "bfloat16", 0),
@@ -109,16 +131,66 @@ def test_leak_probe_flags_a_one_token_leak_and_passes_correct_kernels():
     assert not _leaks(_run(Kernel("dp", dot_product), case))
 
 
-def test_leak_probe_leaves_out_what_is_not_deterministic():
-    import numpy as np
+def _reads_padding(query, key, value, segment_ids, *, causal, scale):
+    """Valid queries also read padding keys (the segment mask lets 0 match anything)."""
+    same = (segment_ids[:, :, None] == segment_ids[:, None, :]) | (segment_ids[:, None, :] == 0)
+    same = same & (segment_ids[:, :, None] > 0)
+    t = segment_ids.shape[1]
+    if causal:
+        same = same & jnp.tril(jnp.ones((t, t), bool))[None]
+    h = query.shape[2]
+    k = jnp.repeat(key, h // key.shape[2], axis=2)
+    v = jnp.repeat(value, h // value.shape[2], axis=2)
+    s = jnp.einsum("bqhd,bkhd->bhqk", query, k, preferred_element_type=jnp.float32) * scale
+    p = jax.nn.softmax(jnp.where(same[:, None], s, -1e30), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", p.astype(value.dtype), v)
 
-    def noisy(q, k, v, seg, *, causal, scale):
-        out = dot_product(q, k, v, seg, causal=causal, scale=scale)
-        noise = jax.pure_callback(lambda: np.random.default_rng().standard_normal(out.shape)
-                                  .astype(np.float32) * 1e-3, jax.ShapeDtypeStruct(out.shape, jnp.float32))
-        return out + jax.lax.stop_gradient(noise).astype(out.dtype)
 
+def test_padding_read_is_caught_by_the_probe_where_padding_comes_first():
+    case = Case("padded/between", 4, 256, 4, 2, 32, "bfloat16", 0)
+    records = _run(Kernel("reads_padding", _reads_padding, padding_anywhere=True), case)
+    after_padding = {(s.row, s.number) for s in case.segments
+                     if (case.segment_ids[s.row, :s.start] == 0).any()}
+    assert after_padding and after_padding <= _leaks(records)
+    assert all("padding" in r["message"] for r in records
+               if r["check"] == "leak" and r["verdict"] == "fail")
+
+
+def _noisy(q, k, v, seg, *, causal, scale):
+    out = dot_product(q, k, v, seg, causal=causal, scale=scale)
+    noise = jax.pure_callback(lambda: np.random.default_rng().standard_normal(out.shape)
+                              .astype(np.float32) * 1e-3, jax.ShapeDtypeStruct(out.shape, jnp.float32))
+    return out + jax.lax.stop_gradient(noise).astype(out.dtype)
+
+
+def test_leak_probe_lists_what_is_not_reproducible_as_unprobed():
     case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
-    leak = [r for r in _run(Kernel("noisy", noisy), case) if r["check"] == "leak"]
-    assert leak and all(r["verdict"] == "pass" for r in leak)
-    assert all("not probed (differ run to run): out" in r["message"] for r in leak)
+    leak = [r for r in _run(Kernel("noisy", _noisy), case) if r["check"] == "leak"]
+    assert leak and all(r["verdict"] == "pass" and r["outcome"] == "ok" for r in leak)
+    assert all(r["unprobed"] == ["out"] and r["probed"] == ["dq", "dk", "dv"] for r in leak)
+    assert all("not probed (differ run to run on valid tokens): out" in r["message"] for r in leak)
+
+
+def test_a_kernel_expected_to_leak_that_cannot_be_probed_is_not_ok():
+    case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
+
+    def noisy_everywhere(q, k, v, seg, *, causal, scale):
+        out = _noisy(q, k, v, seg, causal=causal, scale=scale)
+        return out + jax.lax.stop_gradient(out) * 0  # same noise, gradients through dot_product
+
+    def expect_leak(case, check, segment):
+        return "fail" if check == "leak" else "pass"
+
+    kernel = Kernel("noisy_leaker", _noisy, expect=expect_leak)
+    leak = [r for r in _run(kernel, case) if r["check"] == "leak"]
+    # out is unprobed and dq/dk/dv do not leak: an expected leak that was not seen is missed.
+    assert leak and {r["outcome"] for r in leak} == {"missed"}
+
+
+def test_unjudged_checks_without_a_probe_are_missed():
+    """An expectation that leaves a check unjudged needs the leak probe on that segment."""
+    case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
+    kernel = Kernel("dp_either", dot_product, expect=lambda c, check, s: "either")
+    records = run_kernel_case(kernel, case, CPU, leak=False).records
+    tolerance = [r for r in records if r["check"] != "leak"]
+    assert tolerance and {r["outcome"] for r in tolerance} == {"missed"}

@@ -8,7 +8,9 @@ from harness.layouts import LAYOUTS, SegmentIdError, check_segment_ids, segment_
 
 
 def segments_of(layout, batch=6, seq_len=256, seed=0):
-    return check_segment_ids(LAYOUTS[layout].segment_ids(batch, seq_len, seed))
+    lay = LAYOUTS[layout]
+    return check_segment_ids(lay.segment_ids(batch, max(seq_len, lay.min_seq_len), seed),
+                             padding=lay.padding)
 
 
 def boundaries(segs):
@@ -18,11 +20,15 @@ def boundaries(segs):
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("seed", [0, 1, 7])
 def test_every_layout_is_valid_and_reproducible(layout, seed):
-    a = LAYOUTS[layout].segment_ids(5, 256, seed)
-    b = LAYOUTS[layout].segment_ids(5, 256, seed)
-    assert a.dtype == np.int32 and a.shape == (5, 256)
+    lay = LAYOUTS[layout]
+    t = max(256, lay.min_seq_len)
+    a = lay.segment_ids(5, t, seed)
+    b = lay.segment_ids(5, t, seed)
+    assert a.dtype == np.int32 and a.shape == (5, t)
     np.testing.assert_array_equal(a, b)
-    segs = check_segment_ids(a)
+    segs = check_segment_ids(a, padding=lay.padding)
+    if lay.padding == "tail":
+        check_segment_ids(a)  # MaxText's convention holds
     assert {s.row for s in segs} == set(range(5)), "every row holds at least one segment"
 
 
@@ -61,6 +67,27 @@ def test_extremes():
     assert all(max(s.stop for s in heavy if s.row == r) <= 192 for r in range(3))
 
 
+def test_long_rows_cross_512_and_1024():
+    segs = segments_of("unaligned/long-edges", batch=4, seq_len=1152)
+    assert any(s.start == 0 and s.length == 1152 for s in segs), "one segment across both"
+    assert {511, 512, 513, 1023, 1024, 1025} <= boundaries(segs)
+
+
+def test_padding_before_and_between_segments():
+    left = LAYOUTS["padded/left"].segment_ids(6, 256, 0)
+    assert (left[:, 0] == 0).all(), "every row starts with padding"
+    between = segments_of("padded/between", batch=8)
+    ids = LAYOUTS["padded/between"].segment_ids(8, 256, 0)
+    gaps = [s.start - prev.stop for prev, s in zip(between, between[1:]) if s.row == prev.row]
+    assert gaps and min(gaps) == 1 and max(gaps) > 1, "single-token and longer gaps"
+    aligned = [s for s in between if s.row % 4 == 0]
+    assert all(s.start % 16 == 0 for s in aligned), "row 0: every segment starts 16-aligned"
+    with pytest.raises(SegmentIdError, match="padding must follow the last segment"):
+        check_segment_ids(ids)  # MaxText's convention refuses them, naming the position
+    assert sum(s.number for s in segments_of("packed/dozens", batch=2, seq_len=1024)
+               if s.number >= 16) > 0, "16 or more segments in a row"
+
+
 @pytest.mark.parametrize("ids, message", [
     ([[1, 1, 2, 2, 1, 0]], "not contiguous"),
     ([[1, 1, 0, 2, 2, 0]], "padding (0) at position 2"),
@@ -88,3 +115,25 @@ def test_rows_round_trip_through_segment_ids(rows, pad):
     seq_len = max(sum(r) for r in rows) + pad
     segs = check_segment_ids(segment_ids_from_rows(rows, seq_len))
     assert [[s.length for s in segs if s.row == r] for r in range(len(rows))] == rows
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(-5, 30).filter(bool), min_size=1, max_size=8)
+                .filter(lambda r: any(n > 0 for n in r)), min_size=1, max_size=4))
+def test_runs_with_padding_round_trip(rows):
+    from harness.layouts import rows_of
+    seq_len = max(sum(abs(n) for n in r) for r in rows)
+    ids = segment_ids_from_rows(rows, seq_len)
+    merged = []
+    for r in rows:  # adjacent padding runs merge; trailing padding is implicit
+        out = []
+        for n in r:
+            if out and n < 0 and out[-1] < 0:
+                out[-1] += n
+            else:
+                out.append(n)
+        while out and out[-1] < 0:
+            out.pop()
+        merged.append(tuple(out))
+    assert rows_of(ids) == tuple(merged)
+    check_segment_ids(ids, padding="anywhere")

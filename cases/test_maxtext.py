@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from harness.cases import Case
-from harness.registry import Platform, select_kernels
+from harness.kernel import Platform
+from harness.registry import select_kernels
 from harness.runner import run_kernel_case
 
 HAVE_MAXTEXT = importlib.util.find_spec("maxtext") is not None and sys.version_info >= (3, 12)

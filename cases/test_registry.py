@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from harness.cases import Case
-from harness.registry import Kernel, Platform, register_kernel, select_kernels
+from harness.errors import UsageError
+from harness.kernel import Kernel, Platform
+from harness.registry import register_kernel, select_kernels
 from harness.runner import run_kernel_case
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +59,7 @@ def test_a_kernel_that_returns_its_query_fails_everywhere():
 def test_duplicate_and_unknown_names_are_refused():
     with pytest.raises(ValueError, match="already registered"):
         register_kernel("dot_product", _noop)
-    with pytest.raises(KeyError, match="unknown kernels"):
+    with pytest.raises(UsageError, match="unknown kernel nope"):
         select_kernels("dot_product,nope")
     with pytest.raises(ValueError, match="unknown dtypes"):
         register_kernel("k_bad_dtype", _noop, dtypes=("float64",))
@@ -75,12 +77,13 @@ def test_kernel_module_is_picked_up_by_the_cli(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "report.jsonl").read_text().splitlines()]
     assert lines[0]["type"] == "run" and lines[0]["kernels"] == ["my_attention"]
     assert {x["verdict"] for x in lines[1:]} == {"pass"}
+    assert {x["check"] for x in lines[1:]} == {"out", "dq", "dk", "dv", "leak"}
     assert (tmp_path / "summary.md").exists() and (tmp_path / "report.html").exists()
 
 
 def test_kernel_module_is_picked_up_by_pytest(tmp_path):
     out = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "cases" / "test_matrix.py"),
-               "--kernel-module", str(EXAMPLE), "--kernels", "my_attention,canary_causal_only",
+               "--kernel-module", str(EXAMPLE), "--kernels", "my_attention,canary_ignores_segments",
                "--cases", "packed/random-*", "--report-dir", str(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "my_attention:packed/random" in _run("-m", "pytest", "--collect-only", "-q",
@@ -89,7 +92,7 @@ def test_kernel_module_is_picked_up_by_pytest(tmp_path):
                                                  "--kernel-module", str(EXAMPLE),
                                                  "--kernels", "my_attention").stdout
     kernels = {json.loads(x).get("kernel") for x in (tmp_path / "report.jsonl").read_text().splitlines()}
-    assert {"my_attention", "canary_causal_only"} <= kernels
+    assert {"my_attention", "canary_ignores_segments"} <= kernels
 
 
 def test_cli_exits_non_zero_when_a_kernel_fails(tmp_path):

@@ -10,7 +10,8 @@ from harness import records as rec
 from harness.baseline import compare
 from harness.cases import Case
 from harness.environment import describe
-from harness.registry import Platform, select_kernels
+from harness.kernel import Platform
+from harness.registry import select_kernels
 from harness.reporting import ReportWriter
 from harness.runner import run_matrix
 
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CASE = Case("packed/random", 2, 256, 4, 2, 32, "bfloat16", 0)
 
 
-def _report(tmp_path, kernels="dot_product,canary_causal_only"):
+def _report(tmp_path, kernels="dot_product,canary_ignores_segments"):
     writer = ReportWriter(tmp_path, describe(), suite="test", kernels=kernels.split(","), cases=1)
     run_matrix(select_kernels(kernels), [CASE], Platform("cpu"), on_result=lambda k, c, r: writer.add(r))
     return writer
@@ -32,17 +33,17 @@ def test_views_show_the_canary_down_to_segment_and_token(tmp_path):
     caught = [r for r in records if r["outcome"] == "caught" and r["check"] == "out"]
     first = min(caught, key=lambda r: (r["row"], r["segment"]))
     md = (tmp_path / "summary.md").read_text()
-    assert "canary_causal_only" in md and "🔵 caught" in md and first["segment_label"] in md
-    assert f"| canary_causal_only | out | {first['segment_label']} |" in md
-    assert f"| {first['worst_token']} | `{CASE.id}` |" in md
+    assert "canary_ignores_segments" in md and "🔵 caught" in md and first["segment_label"] in md
+    assert f"| canary_ignores_segments | {first['segment_label']} |" in md
+    assert "## Not judged" in md
     html = (tmp_path / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 2, "heatmap and at least one token plot"
-    assert f"canary_causal_only · out · row {first['row']}" in html
+    assert f"canary_ignores_segments · out · row {first['row']}" in html
 
 
 def test_a_failing_kernel_is_listed_by_segment_in_markdown(tmp_path):
-    from harness.registry import Kernel
-    from harness.kernels.reference import causal_only
+    from harness.kernel import Kernel
+    from harness.kernels.reference import ignores_segments as causal_only
 
     writer = ReportWriter(tmp_path, describe(), suite="test")
     run_matrix([Kernel("leaky", causal_only)], [CASE], Platform("cpu"), on_result=lambda k, c, r: writer.add(r))
@@ -75,9 +76,9 @@ def test_compare_passes_an_unchanged_run_and_flags_planted_regressions(tmp_path)
     result = compare(grown, base, growth=2.0)
     assert result.regressed and len(result.grown) == 1 and not result.flips
 
-    fewer = [r for r in base if r["kernel"] != "canary_causal_only"]
+    fewer = [r for r in base if r["kernel"] != "canary_ignores_segments"]
     result = compare(fewer, base)
-    assert result.missing_cases == [("canary_causal_only", CASE.id)] and not result.regressed
+    assert result.missing_cases == [("canary_ignores_segments", CASE.id)] and not result.regressed
 
 
 def test_compare_cli_reads_gzip_baselines(tmp_path):
@@ -147,7 +148,7 @@ def test_pytest_baseline_flags_grown_errors(tmp_path):
 def test_merge_keeps_one_copy_of_a_kernel_case_run_in_two_shards(tmp_path):
     from harness.reporting import merge_reports
     for shard in ("a", "b"):
-        _report(tmp_path / shard, kernels="canary_causal_only").finish()
+        _report(tmp_path / shard, kernels="canary_ignores_segments").finish()
     merge_reports(tmp_path / "m", [tmp_path / "a", tmp_path / "b"])
     one = rec.read_traces(tmp_path / "a" / "traces.jsonl")
     assert one and len(rec.read_traces(tmp_path / "m" / "traces.jsonl")) == len(one)

@@ -66,7 +66,10 @@ def test_valid_configs_pass():
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_lengths_offsets_and_positions_match_the_segments(layout):
-    seg = LAYOUTS[layout].segment_ids(6, 256, 0)
+    if LAYOUTS[layout].padding != "tail":
+        pytest.skip("padding before a segment: the MaxText-convention lowering refuses it "
+                    "(test_the_op_refuses_padding_before_a_segment)")
+    seg = LAYOUTS[layout].segment_ids(6, max(256, LAYOUTS[layout].min_seq_len), 0)
     segments = check_segment_ids(seg)
     m = max(s.number for s in segments) + 1
     seqlen, offsets = map(np.asarray, lowering.lengths_and_offsets(jnp.asarray(seg), m))
@@ -234,3 +237,15 @@ def test_original_call_through_the_emulator_leaks_and_the_fix_does_not():
     for s in case.segments:
         rows = (s.row, slice(s.start, s.stop))
         assert np.array_equal(a[rows], b[rows]) == (s.number == 1), s.label
+
+
+@pytest.mark.parametrize("layout", ["padded/left", "padded/between"])
+@pytest.mark.parametrize("attention", ["dot_product", "cudnn_flash_jax"])
+def test_the_op_refuses_padding_before_a_segment(layout, attention):
+    """MaxText's convention (padding only after the last segment) is what the packed lowering
+    can represent: left padding or padding between segments is refused by name, not lowered."""
+    case = Case(layout, 4, 256, 4, 2, 32, "bfloat16", 0)
+    x = make_inputs(case)
+    op = AttentionOp(cfg(attention=attention, cudnn_backend="emulator", hardware="cpu"))
+    with pytest.raises(SegmentIdError, match=r"padding \(0\) at position \d+ comes before segment"):
+        op(x.query, x.key, x.value, x.segment_ids, scale=case.scale)

@@ -20,7 +20,8 @@ Tolerance (tolerance checks), for each check and segment:
 - floor: the peer's error can be exactly zero (a single-token segment's output is its value row;
   its dq is zero in exact arithmetic), which would demand bitwise equality. The floor allows a
   couple of roundings of the largest value of that check: 2 eps for the output; 4 eps for the
-  gradients, whose kernels recompute softmax statistics from a rounded output. It uses the
+  gradients, whose kernels recompute softmax statistics from a rounded output (four times
+  that in float32, see FLOAT32_FLOOR_FACTOR). It uses the
   largest |truth| over the whole check tensor, not the segment, because a tiny segment-local
   scale (dq of a single token is 0) says nothing about the kernel's rounding.
 
@@ -81,11 +82,19 @@ def check(name: str) -> Check:
         raise KeyError(f"unknown check {name!r}; known: {', '.join(CHECKS)}") from None
 
 
+# In float32 the peer computes in the truth's own precision, so its error shows almost none of
+# the reordering noise of a blocked kernel (online softmax, split accumulations): a few eps of
+# the largest value, where Pallas's flash kernel lands on bidirectional rows (1e-6 at |out| 3).
+# The floor is four times wider there; a leak still moves values by O(1).
+FLOAT32_FLOOR_FACTOR = 4.0
+
+
 def tolerance(chk: Check, dtype: str, peer_err: float, truth_scale: float) -> float:
     import jax.numpy as jnp
     eps = float(jnp.finfo(dtype).eps)
+    floor = chk.floor_eps * (FLOAT32_FLOOR_FACTOR if dtype == "float32" else 1.0)
     # The last term only keeps the tolerance positive for an all-zero check.
-    return chk.peer_factor * peer_err + chk.floor_eps * eps * truth_scale + 1e-30
+    return chk.peer_factor * peer_err + floor * eps * truth_scale + 1e-30
 
 
 def ratio(kernel_err: float, tol: float, nonfinite: int = 0) -> float | None:

@@ -134,8 +134,16 @@ def with_gradients(fn):
 
 @functools.lru_cache(maxsize=None)
 def _reference_program(scale: float, causal: bool, truth: bool):
-    return jax.jit(with_gradients(functools.partial(
-        dense_attention, scale=scale, causal=causal, truth=truth)))
+    program = with_gradients(functools.partial(
+        dense_attention, scale=scale, causal=causal, truth=truth))
+    if not truth:
+        return jax.jit(program)
+
+    def in_float32(q, k, v, seg, ct):
+        # Gradients with respect to float32 copies: a bf16 query would round its dq to bf16.
+        f32 = jnp.float32
+        return program(q.astype(f32), k.astype(f32), v.astype(f32), seg, ct.astype(f32))
+    return jax.jit(in_float32)
 
 
 @dataclass

@@ -53,7 +53,8 @@ def ignores_segments_expectation(case, check, segment):
     - dk/dv of a causal segment at the row's start (L tokens) are wrong because later queries
       read its keys: visible when at least L later valid tokens read it and L is short enough
       for the leak to clear the tolerance floor (_visible_length; H200, bf16: L of 512 to 1970
-      gave ratios 0.6-1.0). dk/dv of other segments are wrong by an amount the layout decides.
+      gave ratios 0.6-1.0), and no padding lies before the readers (its poison keys draw their
+      attention away). dk/dv of other segments are wrong by an amount the layout decides.
       Those are not judged here (the probe judges them)."""
     row = case.segment_ids[segment.row]
     own = segment.length
@@ -75,7 +76,11 @@ def ignores_segments_expectation(case, check, segment):
             return "either"
         visible = case.causal or reads_padding or 16 * int((read > 0).sum()) >= own
         return "fail" if visible else "either"
-    if case.causal and read.size == 0 and read_by >= own and own <= _visible_length(case, check):
+    # Padding (poison) between the segment and its later readers draws their attention away.
+    valid = np.flatnonzero(row > 0)
+    clean = not (row[:valid[-1]] == 0).any()
+    if (case.causal and clean and read.size == 0 and read_by >= own
+            and own <= _visible_length(case, check)):
         return "fail"
     return "either"
 
