@@ -61,6 +61,10 @@ class Kernel:
     # Custom-call names that must appear in the compiled program: proof that the fused kernel
     # ran, so a silent fallback cannot pass as it.
     hlo_markers: tuple[str, ...] = ()
+    # Python source that defines `kernel(query, key, value, segment_ids, *, causal, scale,
+    # max_segments=None)` with nothing but jax, numpy and the kernel's own library: what
+    # `python -m harness repro` writes into a standalone script. None: the script imports `fn`.
+    standalone: str | None = None
     description: str = ""
     tags: tuple[str, ...] = field(default=())
 
