@@ -153,3 +153,107 @@ def test_merge_keeps_one_copy_of_a_kernel_case_run_in_two_shards(tmp_path):
     one = rec.read_traces(tmp_path / "a" / "traces.jsonl")
     assert one and len(rec.read_traces(tmp_path / "m" / "traces.jsonl")) == len(one)
     assert len(rec.read(tmp_path / "m" / "report.jsonl")[1]) == len(rec.read(tmp_path / "a" / "report.jsonl")[1])
+
+
+# ----- bugs found reading the H200 report (each test failed before its fix) ---------------------
+
+LEAKY = """
+import harness, jax
+def leaky(q, k, v, seg, *, causal, scale):
+    return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True)
+harness.register_kernel("leaky", leaky, dtypes=("float32",))
+"""
+
+
+def test_junit_worst_ratio_is_finite_for_a_failing_kernel(tmp_path):
+    module = tmp_path / "leaky.py"
+    module.write_text(LEAKY)
+    junit = tmp_path / "junit.xml"
+    out = _pytest("--kernel-module", str(module), "--kernels", "leaky",
+                  "--cases", "packed/random-*-f32-s0", "--report-dir", str(tmp_path / "r"),
+                  f"--junitxml={junit}")
+    assert out.returncode == 1, out.stdout[-2000:]
+    assert "PytestWarning" not in out.stdout, "record_property works with the junit family"
+    props = {p.get("name"): p.get("value") for p in ET.parse(junit).iter("property")}
+    ratio = float(props["worst_ratio"])
+    assert 1.0 < ratio < float("inf"), props
+    assert "leak:r0s2" in props["failing_segments"] and "out:r0s2" in props["failing_segments"]
+    assert props["unjudged"] == "0" and props["unprobed"] == "0"
+
+
+def _record(check, verdict, outcome, ratio=None, expected="pass", segment=1, **extra):
+    return {"kernel": "k", "case_id": CASE.id, "layout": CASE.layout, "check": check,
+            "row": 0, "segment": segment, "segment_label": f"r0s{segment}", "start": 0,
+            "length": 4, "max_abs_err": 0.5, "worst_token": 0, "tolerance": 0.0 if check == "leak"
+            else 1.0, "ratio": ratio, "verdict": verdict, "expected": expected,
+            "outcome": outcome, **extra}
+
+
+def test_a_cell_failing_only_the_leak_check_is_red():
+    from harness.summary import grid
+    records = [_record(c, "pass", "ok", ratio=0.05) for c in ("out", "dq", "dk", "dv")]
+    records.append(_record("leak", "fail", "fail"))
+    cell = grid(records)[2][("k", CASE.layout)]
+    assert cell.status == "FAIL" and cell.heat >= 1.0, "as red as a ratio of 10"
+    passing = grid(records[:-1] + [_record("leak", "pass", "ok")])[2][("k", CASE.layout)]
+    assert passing.status == "ok" and passing.heat < 0
+
+
+def test_largest_caught_line_names_a_tolerance_check_with_its_ratio():
+    from harness.markdown_report import render
+    records = [_record("leak", "fail", "caught", expected="fail"),
+               _record("out", "fail", "caught", ratio=31.5, expected="fail"),
+               _record("dq", "fail", "caught", ratio=2.5, expected="fail")]
+    md = render({"suite": "t", "environment": {}}, records)
+    largest = next(line for line in md.splitlines() if line.startswith("- largest"))
+    assert "out r0s1" in largest and "ratio 31.5" in largest and "nan" not in largest
+    only_leak = render({"suite": "t", "environment": {}}, records[:1])
+    largest = next(line for line in only_leak.splitlines() if line.startswith("- largest"))
+    assert "leak r0s1" in largest and "max change 0.5" in largest and "ratio" not in largest
+
+
+def test_summary_lists_every_caught_segment_it_says_it_lists():
+    from harness.markdown_report import render
+    records = [_record(c, "fail", "caught", ratio=5.0, expected="fail", segment=n)
+               for n in range(1, 401) for c in ("out", "leak")]
+    md = render({"suite": "t", "environment": {}}, records)
+    assert "every caught segment (400)" in md
+    rows = [line for line in md.splitlines() if line.startswith("| k | r0s")]
+    assert len(rows) == 400 and "| out, leak | 5 |" in rows[-1]
+
+
+def test_gpu_nightly_script_fails_when_the_nightly_fails(tmp_path):
+    module = tmp_path / "leaky.py"
+    module.write_text(LEAKY)
+    env = {**__import__("os").environ, "BENCH": "0"}
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_nightly.sh"), str(tmp_path / "out"),
+                          "--suite", "smoke", "--cases", "packed/random-*-f32-s0",
+                          "--kernel-module", str(module), "--kernels", "leaky"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert (tmp_path / "out" / "nightly" / "summary.md").exists()
+
+
+def test_header_names_the_commit_on_a_copy_without_git(tmp_path):
+    import shutil
+    copy = tmp_path / "tree"
+    shutil.copytree(ROOT / "harness", copy / "harness")
+    env = {**__import__("os").environ, "PYTHONPATH": str(copy), "HARNESS_GIT_COMMIT": "abc123",
+           "HARNESS_GIT_DIRTY": "0"}
+    out = subprocess.run([sys.executable, "-c", "from harness.environment import git_state; "
+                          "print(git_state())"], cwd=tmp_path, capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.stdout.strip() == "('abc123', False)", out.stderr
+
+
+def test_merged_header_keeps_versions_each_source_knew(tmp_path):
+    from harness.reporting import merge_reports
+    for name, maxtext in (("a", None), ("b", "0.2.5")):
+        env = {**describe(), "maxtext": maxtext}
+        writer = ReportWriter(tmp_path / name, env, suite="nightly")
+        run_matrix(select_kernels("dot_product"), [CASE], Platform("cpu"),
+                   on_result=lambda k, c, r: writer.add(r))
+    merge_reports(tmp_path / "m", [tmp_path / "a", tmp_path / "b"])
+    header, _ = rec.read(tmp_path / "m")
+    assert header["environment"]["maxtext"] == "0.2.5"
+    assert header["suite"] == "nightly"

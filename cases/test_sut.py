@@ -249,3 +249,12 @@ def test_the_op_refuses_padding_before_a_segment(layout, attention):
     op = AttentionOp(cfg(attention=attention, cudnn_backend="emulator", hardware="cpu"))
     with pytest.raises(SegmentIdError, match=r"padding \(0\) at position \d+ comes before segment"):
         op(x.query, x.key, x.value, x.segment_ids, scale=case.scale)
+
+
+def test_the_op_refuses_mixed_dtypes():
+    case = Case("packed/random", 2, 64, 2, 2, 16, "bfloat16", 0)
+    x = make_inputs(case)
+    op = AttentionOp(cfg(cudnn_backend="emulator", hardware="cpu"))
+    with pytest.raises(ValueError, match="must share a dtype; got bfloat16, float32, float32"):
+        op(x.query, x.key.astype(np.float32), x.value.astype(np.float32), x.segment_ids,
+           scale=case.scale)

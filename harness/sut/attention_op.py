@@ -68,6 +68,9 @@ class AttentionOp:
         b, t, heads, d = query.shape
         if key.shape != value.shape:
             raise ValueError(f"key {key.shape} and value {value.shape} differ")
+        if not query.dtype == key.dtype == value.dtype:
+            raise ValueError(f"query, key and value must share a dtype; got {query.dtype}, "
+                             f"{key.dtype}, {value.dtype}")
         if key.shape[0] != b or key.shape[1] != t or key.shape[3] != d:
             raise ValueError(f"key {key.shape} does not match query {query.shape} in batch, "
                              "sequence or head_dim (self-attention)")

@@ -1,0 +1,166 @@
+"""What a new user hits: every mistake is one line naming the problem, found before any work;
+outside kernels work whatever flags library they use; the views and parts are where they say."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MATRIX = str(ROOT / "cases" / "test_matrix.py")
+ONE_CASE = "packed/random-b4-t256-h4kv2-d64-bf16-s0"
+
+
+def _run(*args, cwd=ROOT, env=None, timeout=600):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def _one_line_error(out, *needles):
+    text = out.stdout + out.stderr
+    assert "Traceback" not in text and "INTERNALERROR" not in text, text[-3000:]
+    errors = [line for line in text.splitlines() if "error" in line.lower()]
+    assert errors, text[-2000:]
+    assert all(n in text for n in needles), text[-2000:]
+
+
+BROKEN = "import harness\ndef k(q, k, v, seg, *, causal, scale)\n    return q\n"
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--kernel-module", "/no/such/kernels.py"], ["/no/such/kernels.py", "no such file"]),
+    (["--kernels", "dot_product,nope"], ["unknown kernel nope", "harness list"]),
+    (["--cases", "packed/nothing-*"], ["matches 'packed/nothing-*'", "list --suite smoke -v"]),
+    (["--suite", "weekly"], ["unknown suite 'weekly'"]),
+    (["--baseline", "/no/such/baseline.jsonl"], ["baseline /no/such/baseline.jsonl"]),
+    (["--shard", "3/2"], ["--shard '3/2'"]),
+])
+def test_cli_mistakes_are_one_line_before_any_work(tmp_path, args, needles):
+    out = _run("-m", "harness", "run", *args, "--report-dir", str(tmp_path / "r"))
+    assert out.returncode == 2
+    _one_line_error(out, *needles)
+    assert not (tmp_path / "r").exists(), "no work started"
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--kernel-module", "/no/such/kernels.py"], ["/no/such/kernels.py", "no such file"]),
+    (["--kernels", "dot_product,nope"], ["unknown kernel nope"]),
+    (["--cases", "packed/nothing-*"], ["matches 'packed/nothing-*'"]),
+    (["--baseline", "/no/such/baseline.jsonl"], ["baseline /no/such/baseline.jsonl"]),
+])
+def test_pytest_mistakes_are_one_line_and_not_green(tmp_path, args, needles):
+    out = _run("-m", "pytest", "-p", "no:cacheprovider", MATRIX, *args,
+               "--report-dir", str(tmp_path / "r"))
+    assert out.returncode not in (0, 5), out.stdout[-2000:]
+    _one_line_error(out, *needles)
+
+
+def test_a_broken_kernel_module_is_one_line_in_cli_and_pytest(tmp_path):
+    module = tmp_path / "broken.py"
+    module.write_text(BROKEN)
+    cli = _run("-m", "harness", "list", "--kernel-module", str(module))
+    assert cli.returncode == 2
+    _one_line_error(cli, "broken.py:2: SyntaxError")
+    raising = tmp_path / "raising.py"
+    raising.write_text("import harness\nraise RuntimeError('no GPU here')\n")
+    cli = _run("-m", "harness", "list", "--kernel-module", str(raising))
+    assert cli.returncode == 2
+    _one_line_error(cli, "raising.py:2: RuntimeError: no GPU here")
+    pyt = _run("-m", "pytest", "-p", "no:cacheprovider", MATRIX, "--kernel-module", str(module),
+               "--report-dir", str(tmp_path / "r"))
+    assert pyt.returncode not in (0, 5)
+    _one_line_error(pyt, "broken.py:2: SyntaxError")
+
+
+ABSL_KERNEL = """
+import sys
+import harness
+from absl import flags
+from harness.kernels.reference import dot_product
+
+flags.DEFINE_integer("block_q", 64, "a tuning flag the library reads")
+FLAGS = flags.FLAGS
+
+def reads_flag(q, k, v, seg, *, causal, scale):
+    assert FLAGS.block_q == 64          # UnparsedFlagAccessError without parsed flags
+    return dot_product(q, k, v, seg, causal=causal, scale=scale)
+
+def parses_argv(q, k, v, seg, *, causal, scale):
+    if not FLAGS.is_parsed():
+        FLAGS(sys.argv)                 # the harness's own options are not its flags
+    return dot_product(q, k, v, seg, causal=causal, scale=scale)
+
+harness.register_kernel("absl_reads", reads_flag)
+harness.register_kernel("absl_parses", parses_argv)
+"""
+
+
+def test_a_kernel_reading_absl_flags_runs_under_cli_and_pytest(tmp_path):
+    pytest.importorskip("absl")
+    module = tmp_path / "absl_kernel.py"
+    module.write_text(ABSL_KERNEL)
+    cli = _run("-m", "harness", "run", "--kernel-module", str(module),
+               "--kernels", "absl_reads,absl_parses", "--cases", ONE_CASE,
+               "--report-dir", str(tmp_path / "cli"))
+    assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
+    pyt = _run("-m", "pytest", "-p", "no:cacheprovider", MATRIX, "--kernel-module", str(module),
+               "--kernels", "absl_reads,absl_parses", "--cases", ONE_CASE,
+               "--report-dir", str(tmp_path / "pyt"))
+    assert pyt.returncode == 0, pyt.stdout[-2000:]
+    assert "2 passed" in pyt.stdout
+
+
+def test_a_nested_pytest_leaves_the_outer_runs_parts_alone(tmp_path):
+    """The README's test command runs a nested pytest (test_registry); it used to delete the
+    outer run's part files, so the outer run wrote no report."""
+    outer = tmp_path / "reports" / "parts" / "outer-run"
+    outer.mkdir(parents=True)
+    (outer / "gw0.jsonl").write_text('{"type": "record"}\n')
+    out = _run("-m", "pytest", "-p", "no:cacheprovider", MATRIX, "--kernels", "dot_product",
+               "--cases", ONE_CASE, "--report-dir", str(tmp_path / "reports"))
+    assert out.returncode == 0, out.stdout[-2000:]
+    assert (outer / "gw0.jsonl").read_text() == '{"type": "record"}\n'
+    assert (tmp_path / "reports" / "report.jsonl").exists()
+
+
+def test_compare_takes_folders_and_warns_when_not_like_for_like(tmp_path):
+    from harness import records as rec
+    a = _run("-m", "harness", "run", "--kernels", "dot_product", "--cases", ONE_CASE,
+             "--report-dir", str(tmp_path / "a"))
+    assert a.returncode == 0, a.stderr[-2000:]
+    same = _run("-m", "harness", "compare", str(tmp_path / "a"), str(tmp_path / "a"))
+    assert same.returncode == 0 and "no regression" in same.stdout
+    assert "warning" not in same.stdout
+    header, records = rec.read(tmp_path / "a")
+    other = tmp_path / "other.jsonl"
+    rec.write_header(other, {**header["environment"], "device_kind": "NVIDIA H200",
+                             "platform": "gpu"}, suite="nightly")
+    rec.append(other, [{k: v for k, v in r.items() if k != "type"} for r in records])
+    warned = _run("-m", "harness", "compare", str(tmp_path / "a"), str(other))
+    assert warned.returncode == 0
+    assert "warning: not like for like (suite 'smoke' vs the baseline's 'nightly'" in warned.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    missing = _run("-m", "harness", "compare", str(tmp_path / "a"), str(empty))
+    assert missing.returncode == 2
+    _one_line_error(missing, "a folder without report.jsonl")
+
+
+def test_list_into_a_closed_pipe_is_quiet():
+    out = subprocess.run(f"{sys.executable} -m harness list --suite nightly -v | head -n 1",
+                         shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.stdout.count("\n") == 1 and "BrokenPipe" not in out.stderr, out.stderr
+
+
+def test_help_lists_every_command():
+    out = _run("-m", "harness", "--help")
+    for command in ("run", "list", "report", "merge", "compare", "bench", "selftest", "repro"):
+        assert command in out.stdout
+
+
+def test_a_run_says_when_it_replaces_a_report(tmp_path):
+    args = ("-m", "harness", "run", "--kernels", "dot_product", "--cases", ONE_CASE,
+            "--report-dir", str(tmp_path / "r"))
+    assert "replacing" not in _run(*args).stderr
+    assert "replacing the report in" in _run(*args).stderr
