@@ -153,6 +153,12 @@ class Inputs:
         """A kernel program's arguments, in order."""
         return self.query, self.key, self.value, self.segment_ids, self.cotangent
 
+    @functools.cached_property
+    def device_args(self) -> tuple:
+        """The arguments on the device, moved there once for every kernel and run of a case."""
+        import jax
+        return tuple(jax.device_put(a) for a in self.args)
+
 
 @functools.lru_cache(maxsize=4)
 def make_inputs(case: Case) -> Inputs:

@@ -156,7 +156,7 @@ class Reference:
 
 @functools.lru_cache(maxsize=2)
 def reference_for(case: Case) -> Reference:
-    args = make_inputs(case).args
+    args = make_inputs(case).device_args
     truth = _reference_program(case.scale, case.causal, True)(*args)
     peer = _reference_program(case.scale, case.causal, False)(*args)
     valid = jnp.asarray(case.segment_ids > 0)[:, :, None, None]

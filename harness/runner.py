@@ -102,7 +102,7 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
     try:
         ref = timed_reference(case, programs)
         program = programs.get(kernel, case, DEFAULT)
-        results = program(*inputs.args)
+        results = program(*inputs.device_args)
         errs = [token_errors(r, t) for r, t in zip(results, ref.truth)]
         missing = program.missing_markers()
         if missing:
