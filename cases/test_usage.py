@@ -164,3 +164,22 @@ def test_a_run_says_when_it_replaces_a_report(tmp_path):
             "--report-dir", str(tmp_path / "r"))
     assert "replacing" not in _run(*args).stderr
     assert "replacing the report in" in _run(*args).stderr
+
+
+def test_a_run_stopped_by_sigterm_keeps_its_report(tmp_path):
+    import signal
+    import time
+    from harness import records as rec
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--kernels", "dot_product",
+                             "--report-dir", str(tmp_path / "r")], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    report = tmp_path / "r" / "report.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (not report.exists() or report.read_text().count("\n") < 3):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-2000:]
+    header, records = rec.read(tmp_path / "r")
+    assert header["interrupted"] and records and "wall_s" in header
+    assert "interrupted" in (tmp_path / "r" / "summary.md").read_text()

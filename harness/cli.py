@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -63,6 +64,8 @@ def cmd_run(args) -> int:
         cases=len(cases), seeds=args.seeds, shard=args.shard, probe_mode=programs.probe_mode,
         leak_probe=not args.no_leak_probe)
     from harness.progress import progress
+    interrupted = False
+    signal.signal(signal.SIGTERM, _interrupt)  # `timeout` and CI cancellations: keep the report
     try:
         with progress(len(cases) * len(kernels)) as step:
             def on_result(kernel, case, result):
@@ -70,9 +73,18 @@ def cmd_run(args) -> int:
                 step(f"{kernel.name} {case.id}")
             run_matrix(kernels, cases, current_platform(), on_result=on_result,
                        programs=programs, leak=not args.no_leak_probe)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("interrupted: the report holds what finished", file=sys.stderr)
     finally:
         programs.close()
-    return writer.finish(baseline=args.baseline, growth=args.growth, timing=programs.report())
+    status = writer.finish(baseline=args.baseline, growth=args.growth, timing=programs.report(),
+                           interrupted=interrupted)
+    return 130 if interrupted else status
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def cmd_list(args) -> int:

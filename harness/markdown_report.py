@@ -42,6 +42,8 @@ def run_line(header: dict) -> str:
         parts.append(f"leak probe: {header['probe_mode']} build")
     if header.get("shard"):
         parts.append(f"shard {header['shard']}")
+    if header.get("interrupted"):
+        parts.append("**interrupted: only what finished is here**")
     return " · ".join(parts)
 
 

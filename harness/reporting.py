@@ -37,11 +37,13 @@ class ReportWriter:
         rec.append(self.dir / rec.TRACES_FILE, result.traces, kind="trace")
 
     def finish(self, baseline: str | None = None, growth: float = 2.0,
-               timing: dict | None = None) -> int:
+               timing: dict | None = None, interrupted: bool = False) -> int:
         """Records the wall time (and per-kernel timing) in the header, prints the summary,
         writes the views; 1 if anything is bad or regressed."""
+        extra = {"interrupted": True} if interrupted else {}
         rec.update_header(self.dir / rec.RECORDS_FILE,
-                          wall_s=round(time.monotonic() - self.start, 1), timing=timing or {})
+                          wall_s=round(time.monotonic() - self.start, 1), timing=timing or {},
+                          **extra)
         header, records = write_views(self.dir)
         print_console(records)
         print(f"wall time {header['wall_s']:.0f} s; report: {self.dir}/ (report.jsonl, "
