@@ -50,6 +50,10 @@ class Kernel:
     # Builds the [batch, heads, seq, seq] float32 scores in memory (dense kernels): cases whose
     # scores (and their gradient) would not fit the device are skipped with the size.
     materializes_scores: bool = False
+    # Environment under which the kernel's library picks deterministic algorithms while it is
+    # traced (Transformer Engine: NVTE_ALLOW_NONDETERMINISTIC_ALGO=0): its deterministic build
+    # for the leak probe is traced afresh under it (harness.programs).
+    deterministic_env: dict[str, str] | None = None
     # Pass max_segments (static): for kernels configured like MaxText's max_segments_per_seq.
     takes_max_segments: bool = False
     # Anything else a kernel cannot do: (case, platform) -> reasons (empty when it can).

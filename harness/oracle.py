@@ -132,18 +132,19 @@ def with_gradients(fn):
     return run
 
 
-@functools.lru_cache(maxsize=None)
-def _reference_program(scale: float, causal: bool, truth: bool):
+def reference_fn(case: Case, truth: bool):
+    """(q, k, v, seg, cotangent) -> (out, dq, dk, dv) of the truth (float32) or of the
+    same-dtype peer."""
     program = with_gradients(functools.partial(
-        dense_attention, scale=scale, causal=causal, truth=truth))
+        dense_attention, scale=case.scale, causal=case.causal, truth=truth))
     if not truth:
-        return jax.jit(program)
+        return program
 
     def in_float32(q, k, v, seg, ct):
         # Gradients with respect to float32 copies: a bf16 query would round its dq to bf16.
         f32 = jnp.float32
         return program(q.astype(f32), k.astype(f32), v.astype(f32), seg, ct.astype(f32))
-    return jax.jit(in_float32)
+    return in_float32
 
 
 @dataclass
@@ -155,10 +156,16 @@ class Reference:
 
 
 @functools.lru_cache(maxsize=2)
-def reference_for(case: Case) -> Reference:
+def reference_for(case: Case, programs=None) -> Reference:
+    """The case's reference, from `programs` (harness.programs.Programs: compiled ahead, timed)
+    or from plain jit."""
     args = make_inputs(case).device_args
-    truth = _reference_program(case.scale, case.causal, True)(*args)
-    peer = _reference_program(case.scale, case.causal, False)(*args)
+    if programs is not None:
+        truth = programs.oracle(case, True)(*args)
+        peer = programs.oracle(case, False)(*args)
+    else:
+        truth = jax.jit(reference_fn(case, True))(*args)
+        peer = jax.jit(reference_fn(case, False))(*args)
     valid = jnp.asarray(case.segment_ids > 0)[:, :, None, None]
     peer_err, scale = {}, {}
     for chk, t, p in zip(TENSORS, truth, peer):

@@ -1,18 +1,23 @@
 """A kernel's program: its forward output and gradients, `(q, k, v, seg, cotangent) -> (out, dq,
-dk, dv)`, compiled once per kernel, shape and mode, and timed.
+dk, dv)`, compiled once per kernel, shape and mode, and timed; and the oracle's programs.
 
 Two modes:
 - `default`: the kernel as users train with it (cuDNN's, TE's and XLA's default algorithms).
   The tolerance checks run this program.
 - `deterministic`: for the leak probe on GPUs, whose bitwise comparisons need reproducible
-  results. Compiled with XLA's `xla_gpu_deterministic_ops` (per program: nothing else in the
-  process changes) and traced, fresh, with Transformer Engine's deterministic algorithms
-  (`NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`, which TE reads while tracing). On CPUs every program is
-  deterministic already, and the probe runs the default one.
+  results. The same lowering compiled with XLA's `xla_gpu_deterministic_ops` (per program:
+  nothing else in the process changes). A kernel whose library chooses its algorithms from the
+  environment while it is traced declares `deterministic_env` (Transformer Engine:
+  NVTE_ALLOW_NONDETERMINISTIC_ALGO=0) and is traced afresh under it. jax caches abstract
+  evaluations across traces, and TE sizes its backward workspace there: the cache is cleared
+  around that trace, or the deterministic kernel would run in the default algorithm's smaller
+  workspace and write past it. On CPUs every program is deterministic already, and the probe
+  runs the default one.
 
-Programs are lowered in the calling thread and compiled in a pool of threads (XLA compiles
-without holding the GIL): `prefetch` announces what a run will need so that compiles overlap
-with each other and with execution. Compile and execute seconds are kept per kernel.
+A background thread traces the programs a run announces (`prefetch`), in the order it will run
+them, and a pool of threads compiles them (XLA compiles without holding the GIL), so tracing,
+compiling and executing overlap. Lower, compile and execute seconds are kept per kernel, the
+oracle's under "oracle".
 """
 from __future__ import annotations
 
@@ -30,12 +35,12 @@ import jax.numpy as jnp
 
 from harness.cases import Case
 from harness.kernel import Kernel
-from harness.oracle import with_gradients
+from harness.oracle import reference_fn, with_gradients
 
 DEFAULT = "default"
 DETERMINISTIC = "deterministic"
 DETERMINISTIC_COMPILER_OPTIONS = {"xla_gpu_deterministic_ops": True}
-DETERMINISTIC_ENV = {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
+ORACLE = "oracle"
 
 
 @contextlib.contextmanager
@@ -52,7 +57,28 @@ def _environment(values: dict):
                 os.environ[k] = v
 
 
-def _kernel_fn(kernel: Kernel, case: Case):
+def _clear_abstract_eval_cache() -> None:
+    from jax._src.interpreters import partial_eval as pe
+    pe._cached_abstract_eval.cache_clear()
+
+
+@contextlib.contextmanager
+def traced_under(env: dict | None):
+    """Traces inside run with `env` set and with jax's abstract-evaluation cache cleared before
+    and after, so that what the library read from the environment stays with that trace."""
+    if not env:
+        yield
+        return
+    _clear_abstract_eval_cache()
+    try:
+        with _environment(env):
+            yield
+    finally:
+        _clear_abstract_eval_cache()
+
+
+def kernel_fn(kernel: Kernel, case: Case):
+    """The kernel's program as a function of (q, k, v, seg, cotangent)."""
     extra = {"max_segments": case.max_segments} if kernel.takes_max_segments else {}
 
     def fn(q, k, v, seg):
@@ -92,22 +118,24 @@ class Timing:
 
 @dataclass
 class Program:
-    """One compiled kernel program. Errors of lowering or compiling surface when it is run."""
-    kernel: Kernel
-    mode: str
+    """One compiled program. Errors of tracing or compiling surface when it is run."""
+    name: str
+    markers: tuple[str, ...]
+    timing: Timing
+    mode: str = DEFAULT
     text: str = ""                     # the lowered module: proof of which custom calls ran
     compiled: Future = field(default_factory=Future)
-    timing: Timing | None = None
 
     def missing_markers(self) -> list[str]:
         """Fused-kernel custom calls absent from the program handed to XLA. XLA never drops a
         custom call, and a cuDNN call it cannot plan fails compilation rather than falling
         back: a marker in the lowered text proves the fused kernel ran; its absence means
         something above it chose another path."""
+        compiled = self.compiled.result()
         text = self.text
-        if any(m not in text for m in self.kernel.hlo_markers):
-            text += self.compiled.result().as_text() or ""  # some backends name it only there
-        return [m for m in self.kernel.hlo_markers if m not in text]
+        if any(m not in text for m in self.markers):
+            text += compiled.as_text() or ""  # some backends name the call only there
+        return [m for m in self.markers if m not in text]
 
     def __call__(self, *args):
         compiled = self.compiled.result()
@@ -120,7 +148,7 @@ class Program:
 
 
 class Programs:
-    """Compiled kernel programs of one run, and their times per kernel."""
+    """The compiled programs of one run, and their times per kernel."""
 
     def __init__(self, deterministic_probe: bool = True, platform: str | None = None,
                  workers: int | None = None):
@@ -128,53 +156,101 @@ class Programs:
         # Only GPUs need a separate deterministic build; elsewhere the probe's mode is default.
         self.probe_mode = DETERMINISTIC if deterministic_probe and self.platform == "gpu" \
             else DEFAULT
-        self._pool = ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 2),
+        self._pool = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 2,
                                         thread_name_prefix="compile")
+        self._tracer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trace")
         self._programs: dict[tuple, Program] = {}
-        self._lock = threading.Lock()
+        self._lowered: dict[tuple, object] = {}
+        self._lock = threading.Lock()          # the dicts
+        self._trace_lock = threading.Lock()    # one trace at a time (environment, jax caches)
         self.timing: dict[str, Timing] = defaultdict(Timing)
 
-    def key(self, kernel: Kernel, case: Case, mode: str) -> tuple:
-        return (kernel, case.shape_key,
-                case.max_segments if kernel.takes_max_segments else None, mode)
+    # ----- kernels ----------------------------------------------------------------------------
 
     def get(self, kernel: Kernel, case: Case, mode: str = DEFAULT) -> Program:
-        key = self.key(kernel, case, mode)
-        with self._lock:
-            program = self._programs.get(key)
-        if program is None:
-            program = self._build(kernel, case, mode)
-            with self._lock:
-                program = self._programs.setdefault(key, program)
+        program, fresh = self._entry(("kernel", kernel, _shape(kernel, case), mode),
+                                     kernel.name, kernel.hlo_markers, mode)
+        if fresh:
+            self._build_kernel(program, kernel, case)
         return program
 
     def prefetch(self, pairs) -> None:
-        """Lowers the programs (kernel, case) pairs will need and starts compiling them."""
+        """Starts tracing and compiling, in order, what (kernel, case) pairs will run: each
+        case's oracle, each kernel's default build and, where the probe needs one, its
+        deterministic build."""
+        modes = [DEFAULT] + ([self.probe_mode] if self.probe_mode != DEFAULT else [])
         for kernel, case in pairs:
-            self.get(kernel, case, DEFAULT)
-            if self.probe_mode != DEFAULT:
-                self.get(kernel, case, self.probe_mode)
+            for truth in (True, False):
+                program, fresh = self._oracle_entry(case, truth)
+                if fresh:
+                    self._tracer.submit(self._build_oracle, program, case, truth)
+            for mode in modes:
+                program, fresh = self._entry(("kernel", kernel, _shape(kernel, case), mode),
+                                             kernel.name, kernel.hlo_markers, mode)
+                if fresh:
+                    self._tracer.submit(self._build_kernel, program, kernel, case)
 
-    def _build(self, kernel: Kernel, case: Case, mode: str) -> Program:
-        timing = self.timing[kernel.name]
-        program = Program(kernel, mode, timing=timing)
-        deterministic = mode == DETERMINISTIC
-        start = time.perf_counter()
+    def _entry(self, key, name, markers, mode) -> tuple[Program, bool]:
+        with self._lock:
+            program = self._programs.get(key)
+            if program is not None:
+                return program, False
+            program = self._programs[key] = Program(name, markers, self.timing[name], mode)
+            return program, True
+
+    def _lower(self, key, fn, shapes, env, timing):
+        """The lowering of `fn` at `shapes` under `env`, traced once."""
+        with self._trace_lock:
+            if key in self._lowered:
+                return self._lowered[key]
+            start = time.perf_counter()
+            try:
+                with traced_under(env):
+                    self._lowered[key] = jax.jit(fn).lower(*shapes)
+            finally:
+                timing.lower_s += time.perf_counter() - start
+            return self._lowered[key]
+
+    def _build_kernel(self, program: Program, kernel: Kernel, case: Case) -> None:
+        deterministic = program.mode == DETERMINISTIC
+        # A fresh trace where the kernel's library reads its algorithm from the environment;
+        # otherwise the default lowering, compiled with other options.
+        env = kernel.deterministic_env if deterministic else None
+        key = (kernel, _shape(kernel, case), tuple(sorted((env or {}).items())))
         try:
-            # A fresh jit each time: TE reads its setting while tracing, and a traced program
-            # keeps the algorithm it was traced with.
-            with _environment(DETERMINISTIC_ENV) if deterministic else contextlib.nullcontext():
-                lowered = jax.jit(_kernel_fn(kernel, case)).lower(*argument_shapes(case))
+            lowered = self._lower(key, kernel_fn(kernel, case), argument_shapes(case), env,
+                                  program.timing)
             program.text = lowered.as_text() if kernel.hlo_markers else ""
         except Exception as exc:  # the kernel fails while tracing: its error, when run
             program.compiled.set_exception(exc)
-            return program
-        finally:
-            timing.lower_s += time.perf_counter() - start
-        timing.programs += 1
-        options = DETERMINISTIC_COMPILER_OPTIONS if deterministic else None
-        self._pool.submit(self._compile, program, lowered, options)
+            return
+        self._submit(program, lowered, DETERMINISTIC_COMPILER_OPTIONS if deterministic else None)
+
+    # ----- the oracle -------------------------------------------------------------------------
+
+    def oracle(self, case: Case, truth: bool) -> Program:
+        program, fresh = self._oracle_entry(case, truth)
+        if fresh:
+            self._build_oracle(program, case, truth)
         return program
+
+    def _oracle_entry(self, case: Case, truth: bool):
+        return self._entry(("oracle", case.shape_key, truth), ORACLE, (), DEFAULT)
+
+    def _build_oracle(self, program: Program, case: Case, truth: bool) -> None:
+        try:
+            lowered = self._lower(("oracle", case.shape_key, truth), reference_fn(case, truth),
+                                  argument_shapes(case), None, program.timing)
+        except Exception as exc:
+            program.compiled.set_exception(exc)
+            return
+        self._submit(program, lowered, None)
+
+    # ----- compiling --------------------------------------------------------------------------
+
+    def _submit(self, program: Program, lowered, options) -> None:
+        program.timing.programs += 1
+        self._pool.submit(self._compile, program, lowered, options)
 
     @staticmethod
     def _compile(program: Program, lowered, options) -> None:
@@ -192,7 +268,12 @@ class Programs:
         return {name: t.as_dict() for name, t in sorted(self.timing.items())}
 
     def close(self) -> None:
+        self._tracer.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _shape(kernel: Kernel, case: Case) -> tuple:
+    return (case.shape_key, case.max_segments if kernel.takes_max_segments else None)
 
 
 def enable_compilation_cache(path: str | None) -> str | None:

@@ -11,12 +11,10 @@ compiled programs, so a kernel compiles once per shape, not per layout or seed.
 """
 from __future__ import annotations
 
-import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-import jax
 import numpy as np
 
 from harness import judging, leak_probe
@@ -100,7 +98,7 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
     programs = programs or _default_programs()
     inputs = make_inputs(case)
     try:
-        ref = timed_reference(case, programs)
+        ref = reference_for(case, programs)
         program = programs.get(kernel, case, DEFAULT)
         results = program(*inputs.device_args)
         errs = [token_errors(r, t) for r, t in zip(results, ref.truth)]
@@ -202,7 +200,6 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
     programs.prefetch(supported)
     total = KernelCaseResult()
     for case in cases:
-        timed_reference(case, programs)
         for kernel in kernels:
             result = run_kernel_case(kernel, case, platform, programs, leak)
             total.records += result.records
@@ -211,15 +208,3 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
                 on_result(kernel, case, result)
     return total
 
-
-def timed_reference(case: Case, programs: Programs) -> Reference:
-    """reference_for(case), its time (compile and execute) counted under "oracle"."""
-    misses = reference_for.cache_info().misses
-    start = time.perf_counter()
-    ref = reference_for(case)
-    jax.block_until_ready(ref.truth)
-    if reference_for.cache_info().misses > misses:
-        timing = programs.timing["oracle"]
-        timing.execute_s += time.perf_counter() - start
-        timing.runs += 1
-    return ref

@@ -86,6 +86,7 @@ KERNELS = [
            functools.partial(maxtext_attention, attention="cudnn_flash_te"),
            dtypes=("bfloat16", "float16"), devices=("gpu",), min_compute_capability=9.0,
            hlo_markers=("te_fused_attn_forward_ffi", "te_fused_attn_backward_ffi"),
+           deterministic_env={"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"},
            **{**_COMMON, "requires": ("maxtext", "transformer_engine")},
            description="MaxText's AttentionOp, attention=cudnn_flash_te (installed maxtext and TE)"),
 ]

@@ -50,8 +50,10 @@ def te_unfused_with_descriptor(query, key, value, segment_ids, *, causal, scale,
             os.environ["NVTE_FUSED_ATTN"] = previous
 
 
+# TE reads NVTE_ALLOW_NONDETERMINISTIC_ALGO while tracing to pick its backward algorithm.
+TE_DETERMINISTIC = {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
 _TE = dict(takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",),
-           requires=("transformer_engine",))
+           requires=("transformer_engine",), deterministic_env=TE_DETERMINISTIC)
 
 KERNELS = [
     Kernel("sut:cudnn_flash_te", te_thd, min_compute_capability=9.0, hlo_markers=TE_MARKERS,

@@ -1,0 +1,100 @@
+"""Programs: compiled once per kernel and shape, ahead of use, timed; the probe's deterministic
+build traced afresh where a kernel's library reads its algorithm from the environment."""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from harness.cases import Case, make_inputs
+from harness.kernel import Kernel
+from harness.kernels.reference import dot_product
+from harness.programs import DEFAULT, DETERMINISTIC, Programs, _environment, traced_under
+
+WIDTH = "HARNESS_TEST_WIDTH"
+
+
+def _env_primitive():
+    """A primitive whose abstract evaluation reads the environment, as TE's backward sizes its
+    workspace from NVTE_ALLOW_NONDETERMINISTIC_ALGO."""
+    from jax.extend.core import Primitive
+    from jax.interpreters import mlir
+
+    prim = Primitive("harness_test_env_width")
+    prim.def_abstract_eval(lambda x: jax.core.ShapedArray((int(os.environ.get(WIDTH, "2")),),
+                                                          x.dtype))
+    prim.def_impl(lambda x: jnp.zeros((int(os.environ.get(WIDTH, "2")),), x.dtype))
+    mlir.register_lowering(prim, mlir.lower_fun(
+        lambda x: jnp.zeros((int(os.environ.get(WIDTH, "2")),), x.dtype), multiple_results=False))
+    return prim
+
+
+def test_a_trace_under_an_environment_does_not_reuse_cached_abstract_evaluations():
+    prim = _env_primitive()
+    x = jnp.ones(3)
+
+    def width():
+        return jax.jit(lambda x: prim.bind(x)).lower(x).out_info.shape[0]
+
+    assert width() == 2
+    with _environment({WIDTH: "4"}), pytest.raises(ValueError, match="doesn't match"):
+        # The trap: jax's abstract-eval cache answers from the first trace while the lowering
+        # reads the environment anew (TE's workspace: no verifier catches it, memory does).
+        width()
+    with traced_under({WIDTH: "4"}):
+        fresh = width()
+    assert fresh == 4 and width() == 2 and WIDTH not in os.environ
+
+
+def test_programs_compile_once_per_shape_and_are_timed():
+    programs = Programs()
+    kernel = Kernel("dp", dot_product)
+    a = Case("packed/random", 2, 64, 2, 1, 16, "bfloat16", 0)
+    b = Case("packed/many", 2, 64, 2, 1, 16, "bfloat16", 5)   # same shape, other layout and seed
+    programs.prefetch([(kernel, a), (kernel, b)])
+    pa, pb = programs.get(kernel, a), programs.get(kernel, b)
+    assert pa is pb, "one program per kernel and shape"
+    out = pa(*make_inputs(b).device_args)
+    assert len(out) == 4 and out[0].shape == (2, 64, 2, 16)
+    timing = programs.report()
+    assert timing["dp"]["programs"] == 1 and timing["dp"]["runs"] == 1
+    assert timing["dp"]["compile_s"] > 0 and timing["oracle"]["programs"] == 2
+    assert programs.probe_mode == DEFAULT, "a CPU needs no separate deterministic build"
+    programs.close()
+
+
+def test_the_deterministic_build_reuses_the_lowering_unless_the_kernel_reads_the_environment():
+    programs = Programs(platform="gpu")   # pretend: builds both modes (compiled for the CPU)
+    assert programs.probe_mode == DETERMINISTIC
+    case = Case("packed/random", 2, 64, 2, 1, 16, "float32", 0)
+    seen = []
+
+    def records_env(q, k, v, seg, *, causal, scale):
+        seen.append(os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO"))
+        return dot_product(q, k, v, seg, causal=causal, scale=scale)
+
+    plain = Kernel("plain", records_env)
+    te_like = Kernel("te_like", records_env,
+                     deterministic_env={"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"})
+    for kernel in (plain, te_like):
+        seen.clear()
+        default = programs.get(kernel, case, DEFAULT)
+        det = programs.get(kernel, case, DETERMINISTIC)
+        assert default is not det and det.mode == DETERMINISTIC
+        det.compiled.result()
+        args = make_inputs(case).device_args
+        np.testing.assert_array_equal(np.asarray(default(*args)[0]), np.asarray(det(*args)[0]))
+        assert seen == ([None] if kernel is plain else [None, "0"]), seen
+    programs.close()
+
+
+def test_a_kernel_that_fails_to_trace_errors_when_run():
+    def broken(q, k, v, seg, *, causal, scale):
+        raise RuntimeError("no such fused kernel")
+    programs = Programs()
+    program = programs.get(Kernel("broken", broken),
+                           Case("packed/random", 1, 32, 1, 1, 8, "float32", 0))
+    with pytest.raises(RuntimeError, match="no such fused kernel"):
+        program.missing_markers()
+    programs.close()
