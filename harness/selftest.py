@@ -149,6 +149,7 @@ def run(entries: list[Entry], cases=SELFTEST_CASES, programs=None,
 
 # ----- output -----------------------------------------------------------------------------------
 
+WIDTH = 180
 _STYLE = {"CAUGHT": "green", "ok": "green", "MISSED": "bold red", "FLAGGED": "bold red",
           "ERROR": "bold red"}
 
@@ -166,9 +167,11 @@ def _ratio_text(res: Result) -> str:
 
 
 def table(results: list[Result], cases):
+    from rich import box
     from rich.table import Table
 
-    t = Table(title="bug zoo", show_lines=False)
+    # Markdown's box: the table pastes into the README as it is.
+    t = Table(box=box.MARKDOWN, show_edge=True)
     for name, kw in (("kernel", {"no_wrap": True}), ("bug class / math", {}),
                      ("verdict", {"no_wrap": True}), ("check", {}), ("case", {"no_wrap": True}),
                      ("segment", {}), ("token", {"justify": "right"}),
@@ -192,8 +195,8 @@ def report(results: list[Result], cases, wall_s: float, console=None) -> None:
     from rich.console import Console
 
     console = console or Console()
-    if console.width < 150 and not console.is_terminal:
-        console = Console(width=150, file=console.file)
+    if console.width < WIDTH:  # one line per entry, also in CI logs (80 columns by default)
+        console = Console(width=WIDTH, file=console.file, force_terminal=console.is_terminal)
     console.print(table(results, cases))
     console.print("cases:")
     for i, case in enumerate(cases):
