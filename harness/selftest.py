@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from harness import judging
 from harness.cases import Case
@@ -220,6 +220,8 @@ def main(args, zoo: list[Entry] | None = None, cases=None) -> int:
     start = time.perf_counter()
     chosen = select(getattr(args, "bugs", None), zoo_entries() if zoo is None else zoo)
     cases = tuple(SELFTEST_CASES if cases is None else cases)
-    results = run(chosen, cases)
+    from harness.progress import progress
+    with progress(len(cases), "selftest case") as step:
+        results = run(chosen, cases, on_case=lambda index, case: step(case.id))
     report(results, cases, time.perf_counter() - start)
     return 0 if all(r.good for r in results) else 1
