@@ -31,9 +31,12 @@ path; on a GPU they run real cuDNN. The TE entries need a GPU of compute capabil
 Transformer Engine. Entries a device cannot run are listed as skipped, with the reason.
 
 Timing: jax.vjp of each entry (output and dq, dk, dv), compiled ahead (compilation excluded),
-every argument on the device before the clock starts, one warm-up call, then --repeats rounds in
-which every entry is called once in turn (interleaved, so clock or thermal drift hits all alike).
-Reported: median, min and spread ((max - min) / median) per entry; ratios against
+every argument on the device before the clock starts, two warm-up calls, then --repeats rounds
+in which every entry takes one sample in turn (interleaved, so clock or thermal drift hits all
+alike). A sample is one call on CPUs; on GPUs it is K back-to-back calls (K sized from the
+warm-up so a sample lasts about 20 ms, at most 20 calls) divided by K, so that the per-call
+sync and launch cost, the same for every entry, does not pull the ratios towards 1. Reported:
+median, min and spread ((max - min) / median) of the samples per entry; ratios against
 raw:cudnn_packed where it ran (else the first entry that ran), and the op against causal-only.
 
 Useful TFLOP/s count same-segment causal work only: a segment of L tokens costs a forward of
@@ -83,6 +86,8 @@ CUDNN_MARKERS = ("__cudnn$fmha",)
 TE_MARKERS = ("te_fused_attn_forward_ffi", "te_fused_attn_backward_ffi")
 
 # Goals (reported, never asserted).
+SAMPLE_S = 0.02                     # a GPU sample's length: back-to-back calls (see time_shape)
+MAX_CALLS_PER_SAMPLE = 20
 GOAL_OP_OVER_RAW = 0.03             # the op within 3% of the raw packed call
 GOAL_OP_OVER_CAUSAL = 0.67          # the op at most 0.67x the causal-only call, at the seed shape
 GOAL_OP_OVER_FASTEST = 0.05         # the op's best path within 5% of the fastest correct entry
@@ -466,7 +471,8 @@ class Run:
     plan: Plan
     args: tuple = ()
     compiled: object = None
-    times: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)   # seconds per call, one per sample
+    calls: int = 1                                      # back-to-back calls per sample
     error: str | None = None
     diff: float | None = None
 
@@ -483,8 +489,17 @@ def _error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
 
 
+def _calls_per_sample(seconds: float, platform: str) -> int:
+    """On GPUs a sample is several back-to-back calls (dispatch pipelines behind the device),
+    about SAMPLE_S long, so that a per-call sync and launch cost, the same for every entry,
+    does not pull the ratios towards 1. CPUs execute synchronously: one call."""
+    if platform == "cpu" or seconds <= 0:
+        return 1
+    return max(1, min(MAX_CALLS_PER_SAMPLE, int(SAMPLE_S / seconds)))
+
+
 def time_shape(shape: Shape, plans: list[Plan], repeats: int) -> list[Run]:
-    """Compiles the shape's runnable entries, warms each up once, then times `repeats` rounds,
+    """Compiles the shape's runnable entries, warms each up, then times `repeats` rounds,
     each entry once per round."""
     case = shape.case
     x = make_inputs(case)
@@ -523,12 +538,16 @@ def time_shape(shape: Shape, plans: list[Plan], repeats: int) -> list[Run]:
                                     "kernel")
     valid = on_device["segment_ids"][:, :, None, None] > 0
     reference = None
-    for r in runs:  # warm-up; outputs compared with the op's on valid tokens
+    platform = jax.devices()[0].platform
+    for r in runs:  # warm-up (twice; the second sizes a sample); outputs compared with the op's
         if r.compiled is None:
             continue
         try:
+            jax.block_until_ready(r.compiled(*r.args))
+            start = time.perf_counter()
             out = r.compiled(*r.args)
             jax.block_until_ready(out)
+            r.calls = _calls_per_sample(time.perf_counter() - start, platform)
         except Exception as exc:
             r.error, r.compiled = _error(exc), None
             continue
@@ -544,8 +563,11 @@ def time_shape(shape: Shape, plans: list[Plan], repeats: int) -> list[Run]:
                 continue
             try:
                 start = time.perf_counter()
-                jax.block_until_ready(r.compiled(*r.args))
-                r.times.append(time.perf_counter() - start)
+                for _ in range(r.calls):
+                    out = r.compiled(*r.args)  # the last one done: all done (one stream)
+                jax.block_until_ready(out)
+                r.times.append((time.perf_counter() - start) / r.calls)
+                del out
             except Exception as exc:
                 r.error, r.compiled = _error(exc), None
     return runs
@@ -566,10 +588,12 @@ def shape_result(shape: Shape, plans: list[Plan], runs: list[Run]) -> dict:
                "skipped": "; ".join(p.reasons) or None, "error": None, "median_ms": None,
                "min_ms": None, "max_ms": None, "spread": None, "times_ms": [],
                "ratio": None, "ratio_base": None, "ratio_to_raw_packed": None,
-               "useful_tflops": None, "max_abs_diff_vs_op": None, "notes": p.notes}
+               "useful_tflops": None, "calls_per_sample": None, "max_abs_diff_vs_op": None,
+               "notes": p.notes}
         if r is not None:
             row["error"] = r.error
             row["max_abs_diff_vs_op"] = r.diff
+            row["calls_per_sample"] = r.calls
             if r.times and r.error is None:
                 med = statistics.median(r.times)
                 row.update(median_ms=med * 1e3, min_ms=min(r.times) * 1e3,
@@ -670,9 +694,10 @@ def _fmt(value, spec: str, width: int) -> str:
     return f"{value:{width}{spec}}" if value is not None else " " * (width - 1) + "-"
 
 
-def print_shape(res: dict, repeats: int, out=sys.stdout) -> None:
+def print_shape(res: dict, repeats: int, out=None) -> None:
+    out = out or sys.stdout
     print(res["label"], file=out)
-    print(f"  forward+backward, median of {repeats}; useful work {_si(res['useful_flops'])}FLOP "
+    print(f"  forward+backward, median of {repeats} samples; useful work {_si(res['useful_flops'])}FLOP "
           "per call; "
           f"ratios against {res['ratio_base'] or '-'}", file=out)
     print(f"  {'entry':34s} {'via':8s} {'median ms':>10s} {'min ms':>10s} {'spread':>7s} "
@@ -686,7 +711,9 @@ def print_shape(res: dict, repeats: int, out=sys.stdout) -> None:
         elif e["median_ms"] is None:
             print(f"{head} not timed", file=out)
         else:
-            notes = f"  ({'; '.join(e['notes'])})" if e["notes"] else ""
+            notes = e["notes"] + ([f"{e['calls_per_sample']} calls/sample"]
+                                  if (e["calls_per_sample"] or 1) > 1 else [])
+            notes = f"  ({'; '.join(notes)})" if notes else ""
             print(f"{head} {e['median_ms']:10.3f} {e['min_ms']:10.3f} {e['spread']:7.1%} "
                   f"{e['ratio']:6.2f}x {_fmt(e['useful_tflops'], '.3g', 8)} "
                   f"{_fmt(e['max_abs_diff_vs_op'], '.3g', 16)}{notes}", file=out)
@@ -726,8 +753,10 @@ def main(args) -> int:
         with open(args.output, "w") as f:
             json.dump({"environment": describe(), "shapes": args.shapes, "repeats": args.repeats,
                        "method": {"timing": "jax.vjp forward+backward, compiled ahead, arguments "
-                                            "on device, one warm-up, repeats interleaved across "
-                                            "entries; spread = (max - min) / median",
+                                            "on device, two warm-ups, repeats interleaved across "
+                                            "entries, a sample = calls_per_sample back-to-back "
+                                            "calls / calls_per_sample (1 on CPUs); spread = "
+                                            "(max - min) / median",
                                   "useful_flops": "same-segment causal only: forward "
                                                   "4*L(L+1)/2*head_dim*heads per segment, "
                                                   "backward 2.5x forward"},
