@@ -194,13 +194,22 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--growth", type=float, default=2.0)
     cmp_.set_defaults(func=cmd_compare)
 
-    bench = sub.add_parser("bench", help="time kernels forward+backward (medians, ratios)")
+    bench = sub.add_parser("bench", help="time the op's packed path beside raw cuDNN, TE, the "
+                                         "causal-only call, the fallback and XLA (fwd+bwd)")
     bench.add_argument("--shapes", default="small",
-                       help="small (any device) or hopper (GPU shapes; refused where they do "
-                            "not fit)")
-    bench.add_argument("--repeats", type=int, default=10)
-    bench.add_argument("--output", help="write the results as JSON here")
-    _add_selection(bench)
+                       help="small (a few hundred tokens: any device, CPU included) or hopper "
+                            "(8x2048, 1x8192, 1x32768, short segments; 32/8 heads, head_dim "
+                            "128: GPUs; refused with one line where nothing fits)")
+    bench.add_argument("--repeats", type=int, default=10,
+                       help="timed calls per entry (median, min, spread; default %(default)s)")
+    bench.add_argument("--output", help="write the results and goal checks as JSON here")
+    bench.add_argument("--kernels",
+                       help="comma-separated bench entries (default: all of sut:cudnn_flash_jax, "
+                            "raw:cudnn_packed, te:thd, raw:te_thd_offsets, sut:cudnn_flash_te, "
+                            "maxtext_original:cudnn_flash_jax, sut:cudnn_flash_jax:fallback, "
+                            "xla), or any registered kernel")
+    bench.add_argument("--kernel-module", action="append", default=[], metavar="PATH",
+                       help="a Python file that calls harness.register_kernel (repeatable)")
     bench.set_defaults(func=cmd_bench)
 
     st = sub.add_parser("selftest", help="the harness's bug zoo: every bug caught, no correct "
