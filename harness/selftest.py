@@ -92,7 +92,8 @@ def run(entries: list[Entry], cases=SELFTEST_CASES, programs=None,
         platform: Platform = CPU, on_case=None) -> list[Result]:
     """Runs the zoo over the cases (cases outermost: one reference per case)."""
     from harness.programs import Programs
-    from harness.runner import run_kernel_case, timed_reference
+    from harness.oracle import reference_for
+    from harness.runner import run_kernel_case
 
     own = programs is None
     programs = programs or Programs()
@@ -104,7 +105,7 @@ def run(entries: list[Entry], cases=SELFTEST_CASES, programs=None,
                 break
             programs.prefetch([(e.kernel, case) for e in pending
                                if not e.kernel.unsupported_reasons(case, platform)])
-            timed_reference(case, programs)
+            reference_for(case, programs)
             for e in pending:
                 res = results[e.name]
                 if e.correct:
