@@ -3,12 +3,15 @@
 1. Runs the kernel on the case (any case id, not only a suite's) and picks the check to keep
    failing: `--check`, else the first failing tolerance check in the order out, dq, dk, dv, else
    the leak probe. A kernel that passes everything is a usage error.
-2. Shrinks the case greedily, as a `custom/rows` case: one row, then fewer rows; fewer segments,
-   less padding, shorter segments (to one token, halved, one less); a shorter row (trailing
-   padding trimmed, to a length the kernel takes); fewer heads (MHA with one head first, GQA kept
-   only where needed); a smaller head_dim (among the kernel's). A candidate is kept when the same
-   check still fails (verdict fail) on some segment; candidates the kernel does not declare are
-   never run. dtype, causal flag and seed stay. At most MAX_RUNS kernel runs.
+2. Shrinks the case greedily, as a `custom/rows` case: one row, then fewer rows; fewer segments
+   (half of them, a quarter, ..., one), less padding, shorter segments (to one token, halved, one
+   less); then the smallest shape at once (one head, the smallest head_dim, no trailing padding:
+   each new shape compiles anew, which costs seconds), else step by step: a shorter row (trailing
+   padding trimmed, to a length the kernel takes), fewer heads (MHA with one head first, GQA kept
+   only where needed), a smaller head_dim (among the kernel's). A candidate is kept when the same
+   check still fails (verdict fail) on some segment, against a tensor that is not zero everywhere;
+   candidates the kernel does not declare are never run. dtype, causal flag and seed stay. At
+   most MAX_RUNS kernel runs.
 3. Writes a standalone script: the kernel (its `standalone` source, or an import of its
    function), the shrunk segment ids as a literal, the inputs redrawn with numpy from the case's
    seed (the harness's own draw, so the tolerances below apply), a float32 dense reference, and
@@ -20,9 +23,7 @@
 from __future__ import annotations
 
 import ast
-import dataclasses
 import functools
-import importlib.util
 import os
 import platform as _platform
 import subprocess
@@ -83,10 +84,9 @@ class Budget(Exception):
 class Runner:
     """Runs one kernel on cases for one check, each case once, at most `max_runs` times."""
 
-    def __init__(self, kernel: Kernel, platform: Platform, programs, max_runs: int = MAX_RUNS,
-                 log: Callable[[str], None] | None = None):
+    def __init__(self, kernel: Kernel, platform: Platform, programs, max_runs: int = MAX_RUNS):
         self.kernel, self.platform, self.programs = kernel, platform, programs
-        self.max_runs, self.runs, self.log = max_runs, 0, log or (lambda _: None)
+        self.max_runs, self.runs = max_runs, 0
         self.check: str | None = None  # the check to keep failing (target_check decides)
         self._seen: dict[tuple, Run | None] = {}
 
@@ -133,7 +133,7 @@ def target_check(runner: Runner, case: Case, check: str | None) -> Run:
             runner.check = LEAK.name
             return run
         raise UsageError(f"{kernel.name} passes every check on {case.id}: nothing to reproduce")
-    raise UsageError(f"{kernel.name} passes every check named {check} on {case.id}: nothing to "
+    raise UsageError(f"{kernel.name} passes the {check} check on {case.id}: nothing to "
                      "reproduce (leave --check out to take the first failing one)")
 
 
@@ -178,6 +178,7 @@ def _row_moves(case: Case, run: Run, check: str) -> Iterator[Case | None]:
 
 
 def _replace_run(rows, r, i, new):
+    """rows with run i of row r replaced by `new` (removed if None)."""
     row = list(rows[r])
     row[i:i + 1] = [] if new is None else [new]
     return rows[:r] + (tuple(row),) + rows[r + 1:]
@@ -185,11 +186,15 @@ def _replace_run(rows, r, i, new):
 
 def _segment_moves(case: Case, run: Run, check: str) -> Iterator[Case | None]:
     rows = rows_of(case.segment_ids)
-    for r, row in enumerate(rows):                            # a segment less
-        if sum(n > 0 for n in row) > 1:
-            for i, n in enumerate(row):
-                if n > 0:
-                    yield as_custom(case, rows=_replace_run(rows, r, i, None))
+    for r, row in enumerate(rows):                            # fewer segments
+        segments = [i for i, n in enumerate(row) if n > 0]
+        size = len(segments) // 2
+        while size >= 1:                                      # half of them, a quarter, ... one
+            for first in range(0, len(segments), size):
+                drop = set(segments[first:first + size])
+                yield as_custom(case, rows=rows[:r] + (tuple(
+                    n for i, n in enumerate(row) if i not in drop),) + rows[r + 1:])
+            size //= 2
     for r, row in enumerate(rows):                            # less padding inside the row
         for i, n in enumerate(row):
             if n < 0:
@@ -203,11 +208,11 @@ def _segment_moves(case: Case, run: Run, check: str) -> Iterator[Case | None]:
                     yield as_custom(case, rows=_replace_run(rows, r, i, new))
 
 
-def _shortest(case: Case, runner: Runner, **dims) -> int:
-    """The shortest row, at least as long as the longest row's runs, that the kernel takes with
-    `dims`; the case's own length if none is shorter."""
+def _shortest(case: Case, runner: Runner, min_len: int = 0, **dims) -> int:
+    """The shortest row, at least as long as the longest row's runs (and min_len), that the
+    kernel takes with `dims`; the case's own length if none is shorter."""
     used = max(sum(abs(n) for n in row) for row in rows_of(case.segment_ids))
-    for s in range(used, case.seq_len):
+    for s in range(max(used, min_len), case.seq_len):
         c = as_custom(case, seq_len=s, **dims)
         if c is not None and runner.supported(c):
             return s
@@ -220,15 +225,21 @@ def _smallest_shape_moves(case: Case, runner: Runner) -> Iterator[Case | None]:
     kernels that do not declare their head dims usually take)."""
     kernel = runner.kernel
     smallest = min(kernel.head_dims) if kernel.head_dims is not None else 1
+    used = max(sum(abs(n) for n in row) for row in rows_of(case.segment_ids))
     for d in dict.fromkeys([smallest] + ([8] if kernel.head_dims is None else [])):
-        d = min(d, case.head_dim)
-        dims = dict(heads=1, kv_heads=1, head_dim=d)
-        yield as_custom(case, seq_len=_shortest(case, runner, **dims), **dims)
+        dims = dict(heads=1, kv_heads=1, head_dim=min(d, case.head_dim))
+        # No trailing padding, then one token of it (bidirectional kernels that read padding).
+        for min_len in (0, used + 1):
+            yield as_custom(case, seq_len=_shortest(case, runner, min_len, **dims), **dims)
 
 
 def _seq_len_moves(case: Case, runner: Runner) -> Iterator[Case | None]:
+    """Trailing padding trimmed: all of it, all but a token (a bug that needs padding to
+    read), then to round lengths (block sizes the kernel needs and does not declare)."""
     used = max(sum(abs(n) for n in row) for row in rows_of(case.segment_ids))
     candidates = [_shortest(case, runner)]
+    if used + 1 < case.seq_len:
+        candidates.append(_shortest(case, runner, min_len=used + 1))
     # Kernels with block sizes of their own that they do not declare: round numbers too.
     for multiple in (8, 16, 64, 128):
         candidates.append(-(-used // multiple) * multiple)
@@ -817,7 +828,7 @@ def main(args) -> int:
     start = time.perf_counter()
     programs = Programs()
     try:
-        runner = Runner(kernel, current_platform(), programs, log=log)
+        runner = Runner(kernel, current_platform(), programs)
         first = target_check(runner, original, check)
         check = runner.check
         log(f"{kernel.name} fails {check} on {original.id}; shrinking")
