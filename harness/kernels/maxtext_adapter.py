@@ -72,15 +72,89 @@ def _python_312(case, platform):
 
 _COMMON = dict(requires=("maxtext",), causal_only=True, constraints=_python_312)
 
+# What `python -m harness repro` pastes into a standalone script for a maxtext:<kernel> (with
+# @ATTENTION@ replaced by the kernel): maxtext_attention above with nothing but jax, numpy, yaml
+# and maxtext. Keep the two in step (cases/test_repro.py runs both on a stand-in AttentionOp).
+MAXTEXT_STANDALONE = '''\
+import functools
+import importlib.resources
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import yaml
+from jax.sharding import Mesh
+from maxtext.layers.attention_op import AttentionOp
+
+ATTENTION = "@ATTENTION@"  # MaxText's `attention` setting: the kernel under test
+
+try:  # MaxText's libraries read absl flags: mark them parsed (their defaults), as the harness does
+    from absl import flags as _absl_flags
+    if not _absl_flags.FLAGS.is_parsed():
+        _absl_flags.FLAGS.mark_as_parsed()
+except ImportError:
+    pass
+
+
+@functools.lru_cache(maxsize=1)
+def _base_config() -> dict:
+    """The defaults of the installed MaxText: its configs/base.yml."""
+    return yaml.safe_load((importlib.resources.files("maxtext") / "configs" / "base.yml").read_text())
+
+
+class MaxTextConfig:
+    """The config attributes AttentionOp reads: overrides first, then base.yml defaults."""
+
+    def __init__(self, **overrides):
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name):
+        base = _base_config()
+        if name.startswith("__") or name not in base:
+            raise AttributeError(f"AttentionOp read config.{name}, which MaxText's base.yml "
+                                 "does not define")
+        return base[name]
+
+
+def _positions(segment_ids):
+    """Position of each token inside its segment (0 at each segment's start and at padding)."""
+    t = segment_ids.shape[1]
+    idx = jnp.arange(t, dtype=jnp.int32)[None]
+    new = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                           segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    start = jax.lax.cummax(jnp.where(new, idx, 0), axis=1)
+    return jnp.where(segment_ids > 0, idx - start, 0).astype(jnp.int32)
+
+
+def kernel(query, key, value, segment_ids, *, causal, scale, max_segments=None):
+    """MaxText's AttentionOp in train mode with attention=ATTENTION and dropout off, on a
+    one-device mesh with every axis of base.yml's mesh_axes (size 1). The op applies no softmax
+    scale: the query is pre-scaled, as MaxText's attention layer does. Segment positions are
+    each token's position inside its segment. MaxText's decoder attention is causal."""
+    del causal, max_segments
+    _, t, heads, _ = query.shape
+    config = MaxTextConfig(attention=ATTENTION, enable_dropout=False, dropout_rate=0.0)
+    axes = tuple(_base_config()["mesh_axes"])
+    mesh = Mesh(np.array(jax.local_devices()[:1]).reshape((1,) * len(axes)), axes)
+    op = AttentionOp(config=config, mesh=mesh, attention_kernel=ATTENTION, max_target_length=t,
+                     num_query_heads=heads, num_kv_heads=key.shape[2], dtype=query.dtype)
+    out = op(query * jnp.asarray(scale, query.dtype), key, value, segment_ids,
+             _positions(segment_ids), "train")
+    return out[0] if isinstance(out, tuple) else out
+'''
+
+
 KERNELS = [
     # MaxText's dot_product masks by comparing segment ids: padding may sit anywhere.
     Kernel("maxtext:dot_product", functools.partial(maxtext_attention, attention="dot_product"),
            padding_anywhere=True, materializes_scores=True, **_COMMON,
+           standalone=MAXTEXT_STANDALONE.replace("@ATTENTION@", "dot_product"),
            description="MaxText's AttentionOp, attention=dot_product (installed maxtext)"),
     Kernel("maxtext:cudnn_flash_jax",
            functools.partial(maxtext_attention, attention="cudnn_flash_jax"),
            dtypes=("bfloat16", "float16"), devices=("gpu",), min_compute_capability=8.0,
            hlo_markers=("__cudnn$fmha",), **_COMMON,
+           standalone=MAXTEXT_STANDALONE.replace("@ATTENTION@", "cudnn_flash_jax"),
            description="MaxText's AttentionOp, attention=cudnn_flash_jax (installed maxtext)"),
     Kernel("maxtext:cudnn_flash_te",
            functools.partial(maxtext_attention, attention="cudnn_flash_te"),
@@ -88,5 +162,6 @@ KERNELS = [
            hlo_markers=("te_fused_attn_forward_ffi", "te_fused_attn_backward_ffi"),
            deterministic_env={"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"},
            **{**_COMMON, "requires": ("maxtext", "transformer_engine")},
+           standalone=MAXTEXT_STANDALONE.replace("@ATTENTION@", "cudnn_flash_te"),
            description="MaxText's AttentionOp, attention=cudnn_flash_te (installed maxtext and TE)"),
 ]

@@ -97,6 +97,22 @@ def _visible_length(case, check) -> float:
     return (1.0 / (2.0 * fraction)) ** 2
 
 
+# What `python -m harness repro` pastes into a standalone script for the canary: the same call
+# as ignores_segments, with nothing but jax.
+CANARY_STANDALONE = '''\
+import jax
+
+
+def kernel(query, key, value, segment_ids, *, causal, scale, max_segments=None):
+    """jax.nn.dot_product_attention (XLA) with the causal flag and no mask: the segment ids are
+    ignored, so tokens attend across document boundaries and into padding (the reported bug:
+    MaxText's cudnn_flash_jax called cuDNN with a causal mask only)."""
+    del segment_ids, max_segments
+    return jax.nn.dot_product_attention(query, key, value, scale=scale, is_causal=causal,
+                                        implementation="xla")
+'''
+
+
 KERNELS = [
     Kernel("dot_product", dot_product, padding_anywhere=True, materializes_scores=True,
            description="MaxText-style dot_product attention in the input dtype (dense mask)"),
@@ -106,5 +122,6 @@ KERNELS = [
     Kernel("canary_ignores_segments", ignores_segments, constraints=no_f16_on_cpu,
            padding_anywhere=True, materializes_scores=True,
            expect=ignores_segments_expectation, tags=("canary",),
+           standalone=CANARY_STANDALONE,
            description="segment ids ignored (the reported bug): must be caught"),
 ]

@@ -1,0 +1,280 @@
+"""python -m harness repro: a failing case shrunk to a small one, and a standalone script that
+shows the failure with plain python (no harness)."""
+import ast
+import contextlib
+import io
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from harness.cases import Case
+from harness.cli import main as cli_main
+from harness.kernel import Platform
+from harness.registry import select_kernels
+from harness.runner import run_kernel_case
+
+ORIGINAL = "packed/random-b4-t256-h4kv2-d64-bf16-s0"
+CPU = Platform("cpu")
+MAXTEXT = ("maxtext:dot_product", "maxtext:cudnn_flash_jax", "maxtext:cudnn_flash_te")
+
+
+def _repro(*argv):
+    """(exit status, stdout, stderr) of `python -m harness repro ...`, in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli_main(["repro", *argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def _field(output: str, name: str) -> str:
+    line = next(line for line in output.splitlines() if line.startswith(name + ":"))
+    return line.split(":", 1)[1].split()[0]
+
+
+def _plain_python(script, cwd, pythonpath=None):
+    """The script run by plain python from `cwd`, with no PYTHONPATH but `pythonpath`."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath:
+        env["PYTHONPATH"] = str(pythonpath)
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _imported_modules(source: str) -> set[str]:
+    tree = ast.parse(source)
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+             for a in n.names}
+    return names | {n.module.split(".")[0] for n in ast.walk(tree)
+                    if isinstance(n, ast.ImportFrom) and n.module}
+
+
+def test_canary_repro_shrinks_and_its_script_fails_with_plain_python(tmp_path):
+    script = tmp_path / "out" / "repro_canary.py"
+    code, out, err = _repro("canary_ignores_segments", ORIGINAL, "--output", str(script))
+    assert code == 0, err
+    assert "checked:" in out and "exits 1" in out
+
+    # Shrunk: no bigger than the original anywhere, at most 2 rows, the same dtype and mask,
+    # and the same check still fails on it.
+    original, shrunk = Case.from_id(ORIGINAL), Case.from_id(_field(out, "shrunk case"))
+    for dim in ("batch", "seq_len", "heads", "kv_heads", "head_dim"):
+        assert getattr(shrunk, dim) <= getattr(original, dim), dim
+    assert shrunk.batch <= 2 and len(shrunk.segments) < len(original.segments)
+    assert (shrunk.dtype, shrunk.causal) == (original.dtype, original.causal)
+    assert _field(out, "failing") == "check"
+    assert " out, segment " in out
+    canary = select_kernels("canary_ignores_segments")[0]
+    records = run_kernel_case(canary, shrunk, CPU, leak=False).records
+    assert any(r["check"] == "out" and r["verdict"] == "fail" for r in records)
+
+    # The script: jax and numpy only; the shrunk ids as a literal; run from an empty folder with
+    # a `harness` on the path that refuses to import (it shadows any installed one).
+    text = script.read_text()
+    assert _imported_modules(text) <= {"sys", "jax", "numpy"}
+    assert shrunk.id in text and ORIGINAL in text and "SEGMENT_IDS = np.array([" in text
+    poison = tmp_path / "poison" / "harness"
+    poison.mkdir(parents=True)
+    (poison / "__init__.py").write_text("raise ImportError('a repro script must not need the "
+                                        "harness')\n")
+    done = _plain_python(script, tmp_path / "elsewhere", pythonpath=poison.parent)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAILED: out of canary_ignores_segments" in done.stdout
+    assert any("FAIL (worst token" in line for line in done.stdout.splitlines())
+
+    # With the kernel fixed (the segment mask passed), the same script exits 0.
+    broken = ("    del segment_ids, max_segments\n"
+              "    return jax.nn.dot_product_attention(query, key, value, scale=scale,")
+    assert broken in text
+    fixed = script.with_name("fixed.py")
+    fixed.write_text(text.replace(broken, (
+        "    mask = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]\n"
+        "    return jax.nn.dot_product_attention(query, key, value, mask=mask, scale=scale,")))
+    done = _plain_python(fixed, tmp_path / "elsewhere", pythonpath=poison.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASSED" in done.stdout
+
+
+def test_a_correct_kernel_is_refused_in_one_line(tmp_path):
+    script = tmp_path / "x.py"
+    code, out, err = _repro("dot_product", "packed/random-b1-t16-h1kv1-d8-bf16-s0",
+                            "--output", str(script))
+    assert code == 2 and not script.exists()
+    assert err.count("\n") == 1 and "passes every check" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["no_such_kernel", ORIGINAL], "unknown kernel no_such_kernel"),
+    (["canary_ignores_segments", "packed/random-b4"], "not a case id"),
+    (["canary_ignores_segments", "packed/dozens-b1-t64-h1kv1-d8-bf16-s0"], "needs seq_len"),
+    (["canary_ignores_segments", ORIGINAL, "--check", "nope"], "unknown check"),
+])
+def test_usage_errors_are_one_line(argv, message):
+    code, out, err = _repro(*argv)
+    assert code == 2 and err.count("\n") == 1 and message in err
+
+
+USER_KERNEL = '''
+import jax
+
+import harness
+
+
+def leaky(query, key, value, segment_ids, *, causal, scale):
+    """Segment ids ignored: the bug, in a user's own file."""
+    return jax.nn.dot_product_attention(query, key, value, scale=scale, is_causal=causal,
+                                        implementation="xla")
+
+
+harness.register_kernel("repro_test_leaky", leaky, dtypes=("float32", "bfloat16"))
+'''
+
+
+def test_a_user_kernel_script_loads_its_file_by_path(tmp_path):
+    module = tmp_path / "repro_user_kernel.py"
+    module.write_text(USER_KERNEL)
+    script = tmp_path / "repro_user.py"
+    code, out, err = _repro("repro_test_leaky", "packed/random-b2-t32-h2kv1-d8-f32-s0",
+                            "--kernel-module", str(module), "--output", str(script))
+    assert code == 0, err
+    text = script.read_text()
+    assert f"_KERNEL_FILE = {str(module.resolve())!r}" in text
+    assert "spec_from_file_location" in text and "_kernel_module.leaky" in text
+    assert "harness" not in _imported_modules(text)
+    done = _plain_python(script, tmp_path / "elsewhere")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAILED: out of repro_test_leaky" in done.stdout
+
+
+def test_the_canary_standalone_source_computes_what_the_kernel_does():
+    canary = select_kernels("canary_ignores_segments")[0]
+    scope = {}
+    exec(compile(canary.standalone, "standalone", "exec"), scope)
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 16, h, 8), dtype=np.float32))
+               for h in (4, 2, 2))
+    seg = jnp.asarray(np.repeat([[1, 2, 3, 0]], 4, axis=1).repeat(2, axis=0).astype(np.int32))
+    for causal in (True, False):
+        want = canary.fn(q, k, v, seg, causal=causal, scale=0.3)
+        got = scope["kernel"](q, k, v, seg, causal=causal, scale=0.3, max_segments=4)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+# ----- maxtext: its standalone source mirrors the adapter (checked on a stand-in AttentionOp) ----
+
+FAKE_ATTENTION_OP = '''
+import numpy as np
+
+CALLS = []
+
+
+class AttentionOp:
+    """Records what it is given; "computes" something that depends on all of it."""
+
+    def __init__(self, *, config, mesh, attention_kernel, max_target_length, num_query_heads,
+                 num_kv_heads, dtype):
+        try:
+            config.not_in_base_yml
+            refused = False
+        except AttributeError:
+            refused = True
+        CALLS.append({
+            "config": (config.attention, config.enable_dropout, config.dropout_rate,
+                       config.context_sharding, config.ici_context_autoregressive_parallelism),
+            "refuses_unknown_settings": refused,
+            "mesh": (tuple(mesh.axis_names), dict(mesh.shape), mesh.devices.size),
+            "op": (attention_kernel, max_target_length, num_query_heads, num_kv_heads,
+                   np.dtype(dtype).name),
+        })
+
+    def __call__(self, query, key, value, segment_ids, positions, mode):
+        CALLS[-1].update(query=np.asarray(query), key=np.asarray(key), value=np.asarray(value),
+                         segment_ids=np.asarray(segment_ids), positions=np.asarray(positions),
+                         mode=mode)
+        return query * 2 + positions[:, :, None, None].astype(query.dtype), None
+'''
+
+BASE_YML = ('{"mesh_axes": ["data", "stage", "fsdp", "sequence", "context", "tensor"], '
+            '"context_sharding": "context", "ici_context_autoregressive_parallelism": 1, '
+            '"attention": "autoselected", "enable_dropout": true, "dropout_rate": 0.1}')
+
+
+@pytest.fixture
+def fake_maxtext(tmp_path, monkeypatch):
+    """A stand-in `maxtext` package (AttentionOp recording its arguments, a base.yml) and a
+    `yaml` that reads it (base.yml is written as JSON, which is YAML), first on the path."""
+    root = tmp_path / "fake"
+    (root / "maxtext" / "layers").mkdir(parents=True)
+    (root / "maxtext" / "configs").mkdir()
+    (root / "maxtext" / "__init__.py").write_text("")
+    (root / "maxtext" / "layers" / "__init__.py").write_text("")
+    (root / "maxtext" / "layers" / "attention_op.py").write_text(FAKE_ATTENTION_OP)
+    (root / "maxtext" / "configs" / "base.yml").write_text(BASE_YML)
+    (root / "yaml.py").write_text("import json\n\n\ndef safe_load(text):\n"
+                                  "    return json.loads(text)\n")
+    for name in [m for m in sys.modules if m in ("yaml", "maxtext") or m.startswith("maxtext.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(root))
+    from harness.kernels import maxtext_adapter
+    maxtext_adapter._base_config.cache_clear()
+    yield sys.modules
+    maxtext_adapter._base_config.cache_clear()
+    for name in [m for m in sys.modules
+                 if m in ("yaml", "maxtext") or m.startswith("maxtext.")]:
+        if str(root) in (getattr(sys.modules[name], "__file__", None) or ""):
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("name", MAXTEXT)
+def test_maxtext_standalone_source_mirrors_the_adapter(name, fake_maxtext):
+    kernel = select_kernels(name)[0]
+    attention = name.split(":", 1)[1]
+    assert f'ATTENTION = "{attention}"' in kernel.standalone
+    assert _imported_modules(kernel.standalone) <= {"functools", "importlib", "jax", "numpy",
+                                                    "yaml", "maxtext", "absl"}
+    scope = {}
+    exec(compile(kernel.standalone, name, "exec"), scope)
+    calls = fake_maxtext["maxtext.layers.attention_op"].CALLS
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 8, h, 16), dtype=np.float32), jnp.bfloat16)
+               for h in (4, 2, 2))
+    seg = jnp.asarray([[1, 1, 1, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]], jnp.int32)
+    adapter_out = kernel.fn(q, k, v, seg, causal=True, scale=0.25)
+    adapter_call = calls.pop()
+    script_out = scope["kernel"](q, k, v, seg, causal=True, scale=0.25, max_segments=4)
+    script_call = calls.pop()
+    assert adapter_call.keys() == script_call.keys()
+    for key, value in adapter_call.items():
+        if isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(script_call[key], value, err_msg=key)
+        else:
+            assert script_call[key] == value, key
+    assert adapter_call["config"] == (attention, False, 0.0, "context", 1)
+    assert adapter_call["refuses_unknown_settings"]
+    assert adapter_call["op"] == (attention, 8, 4, 2, "bfloat16")
+    assert adapter_call["mode"] == "train"
+    np.testing.assert_array_equal(adapter_call["positions"][0], [0, 1, 2, 0, 1, 0, 0, 0])
+    np.testing.assert_array_equal(  # the query arrives pre-scaled
+        adapter_call["query"], np.asarray(q * jnp.asarray(0.25, jnp.bfloat16)))
+    np.testing.assert_array_equal(np.asarray(script_out), np.asarray(adapter_out))
+
+
+def test_repro_scripts_are_named_after_the_kernel():
+    from harness.repro import default_output
+    assert default_output("maxtext:cudnn_flash_jax") == "repro_maxtext_cudnn_flash_jax.py"
+    assert default_output("a/b:c") == "repro_a_b_c.py"
+
+
+def test_a_lambda_kernel_is_refused_before_any_work():
+    from harness.errors import UsageError
+    from harness.kernel import Kernel
+    from harness.repro import kernel_source
+    with pytest.raises(UsageError, match="standalone="):
+        kernel_source(Kernel("lam", lambda q, k, v, s, *, causal, scale: q))
+    source, needs_harness = kernel_source(select_kernels("maxtext_original:cudnn_flash_jax:"
+                                                         "emulated")[0])
+    assert "functools.partial(_kernel_fn, backend='emulator')" in source and needs_harness
