@@ -40,3 +40,15 @@ def test_adapter_config_refuses_attributes_base_yml_lacks():
     assert config.attention == "dot_product" and config.ici_context_autoregressive_parallelism == 1
     with pytest.raises(AttributeError, match="does not define"):
         config.not_a_maxtext_setting
+
+
+def test_maxtext_releases_with_the_bug_are_expected_to_be_caught(monkeypatch):
+    from harness.kernels import maxtext_adapter
+    case = Case("packed/random", 2, 256, 4, 2, 32, "bfloat16", 0)
+    second = next(s for s in case.segments if s.number == 2)
+    kernel = select_kernels("maxtext:cudnn_flash_jax")[0]
+    monkeypatch.setattr(maxtext_adapter, "installed_version", lambda: (0, 2, 5))
+    assert kernel.expected(case, "out", second)[0] == "fail"
+    assert kernel.expected(case, "leak", second)[0] == "fail"
+    monkeypatch.setattr(maxtext_adapter, "installed_version", lambda: (0, 3, 0))
+    assert kernel.expected(case, "out", second)[0] == "pass", "a fixed release must pass"

@@ -30,15 +30,13 @@ RERUNS = 2
 
 
 @jax.jit
-def _changed_tokens(a, b):
-    """[B, T] bool: any value of the token differs (NaN equal to NaN, -0 equal to +0)."""
-    differs = (a != b) & ~(jnp.isnan(a) & jnp.isnan(b))
-    return differs.any(axis=(2, 3))
-
-
-@jax.jit
-def _max_change(a, b):
-    return jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)).max(axis=(2, 3))
+def _changes(base, other):
+    """For each tensor: [B, T] bool, any value of the token differs (NaN equal to NaN, -0 equal
+    to +0); and [B, T] the largest change."""
+    def one(a, b):
+        differs = ((a != b) & ~(jnp.isnan(a) & jnp.isnan(b))).any(axis=(2, 3))
+        return differs, jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)).max(axis=(2, 3))
+    return tuple(one(a, b) for a, b in zip(base, other))
 
 
 def groups(case: Case) -> list[tuple[str, np.ndarray]]:
@@ -94,17 +92,13 @@ def probe(program, inputs: Inputs, case: Case, first=None) -> ProbeResult:
     valid = np.asarray(case.segment_ids > 0)
     unstable = set()
     for _ in range(RERUNS):
-        again = program(*args)
-        for name, a, b in zip(names, base, again):
-            if (np.asarray(_changed_tokens(a, b)) & valid).any():
-                unstable.add(name)
+        changes = jax.device_get(_changes(base, program(*args)))
+        unstable |= {name for name, (changed, _) in zip(names, changes) if (changed & valid).any()}
     probed = [i for i, n in enumerate(names) if n not in unstable]
     runs = []
     for index, (group, redraw) in enumerate(groups(case)):
-        other = program(*perturbed(case, index))
-        runs.append((group, redraw, {i: (np.asarray(_changed_tokens(base[i], other[i])),
-                                         np.asarray(_max_change(base[i], other[i])))
-                                     for i in probed}))
+        changes = jax.device_get(_changes(base, program(*perturbed(case, index))))
+        runs.append((group, redraw, {i: changes[i] for i in probed}))
     leaks = []
     for seg in case.segments:
         sl = (seg.row, slice(seg.start, seg.stop))

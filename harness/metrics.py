@@ -10,16 +10,28 @@ import numpy as np
 from harness.layouts import Segment
 
 
-@jax.jit
-def token_errors(x, ref):
-    """Per token ([B, T]): max abs error (inf where non-finite), summed abs error, and the
-    count of non-finite values, over heads and head dims."""
+def _token_errors(x, ref):
     x = x.astype(jnp.float32)
     finite = jnp.isfinite(x)
     diff = jnp.abs(x - ref)
     return (jnp.where(finite, diff, jnp.inf).max(axis=(2, 3)),
             jnp.where(finite, diff, 0.0).sum(axis=(2, 3)),
             (~finite).sum(axis=(2, 3)))
+
+
+@jax.jit
+def token_errors(results, truth):
+    """For each tensor of `results` against `truth` (tuples, one program for all), per token
+    ([B, T]): max abs error (inf where non-finite), summed abs error, and the count of
+    non-finite values, over heads and head dims."""
+    return tuple(_token_errors(x, ref) for x, ref in zip(results, truth))
+
+
+@jax.jit
+def scales(truth, segment_ids):
+    """Max |truth| over valid tokens, for each tensor."""
+    valid = (segment_ids > 0)[:, :, None, None]
+    return tuple(jnp.where(valid, jnp.abs(t), 0).max() for t in truth)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import numpy as np
 from harness.cases import Case, make_inputs
 from harness.judging import TENSORS
 from harness.layouts import check_segment_ids
-from harness.metrics import token_errors
+from harness.metrics import scales, token_errors
 
 # A finite "minus infinity": rows that attend to nothing (padding queries) stay NaN-free.
 _MASKED = -1e30
@@ -166,9 +166,7 @@ def reference_for(case: Case, programs=None) -> Reference:
     else:
         truth = jax.jit(reference_fn(case, True))(*args)
         peer = jax.jit(reference_fn(case, False))(*args)
-    valid = jnp.asarray(case.segment_ids > 0)[:, :, None, None]
-    peer_err, scale = {}, {}
-    for chk, t, p in zip(TENSORS, truth, peer):
-        peer_err[chk.name] = np.asarray(token_errors(p, t)[0])
-        scale[chk.name] = float(jnp.where(valid, jnp.abs(t), 0).max())
-    return Reference(truth=truth, peer_token_err=peer_err, scale=scale)
+    errors, biggest = jax.device_get((token_errors(peer, truth), scales(truth, args[3])))
+    return Reference(truth=truth,
+                     peer_token_err={c.name: e[0] for c, e in zip(TENSORS, errors)},
+                     scale={c.name: float(b) for c, b in zip(TENSORS, biggest)})
