@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from harness import judging
-from harness.summary import coverage_lines, grid, not_judged_lines
+from harness.summary import coverage_lines, grid, margin_rows, not_judged_lines
 
 _MARK = {"ok": "🟢", "caught": "🔵", "known": "🟠", "FAIL": "🔴", "MISSED": "🔴", "ERROR": "❌",
          "skip": "⚪"}
@@ -159,6 +159,13 @@ def render(header: dict, records: list[dict]) -> str:
     if skips:
         out += ["", "## Skipped", ""]
         out += [f"- `{k}` ({n}): {why}" for (k, why), n in sorted(skips.items())]
+    if header.get("seeds", 1) > 1:
+        out += ["", f"## Margin over {header['seeds']} seeds", "",
+                "The worst error/tolerance ratio of each case (every seed, every check and "
+                "segment) of each kernel expected to pass: its distribution.", "",
+                "| kernel | cases | min | median | p95 | max | over 1 |", "|---|---|---|---|---|---|---|"]
+        out += [f"| {k} | {n} | {lo} | {med} | {p95} | {hi} | {over} |"
+                for k, n, lo, med, p95, hi, over in margin_rows(records)]
     timing = timing_lines(header)
     if timing:
         out += ["", "## Where the time went", ""] + timing

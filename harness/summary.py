@@ -105,6 +105,32 @@ def not_judged_lines(records: list[dict]) -> list[str]:
     return lines
 
 
+def margins(records: list[dict]) -> dict[str, list[float | None]]:
+    """kernel -> the worst tolerance ratio of each case it passed or failed (None: non-finite):
+    over many seeds, the distribution of how close a kernel comes to its tolerance."""
+    by_case: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in records:
+        by_case[(r["kernel"], r["case_id"])].append(r)
+    out: dict[str, list[float | None]] = defaultdict(list)
+    for (kernel, _), rows in by_case.items():
+        has_ratio, worst = judging.worst_ratio(rows)
+        if has_ratio and all(r["expected"] != "fail" for r in rows):
+            out[kernel].append(worst)
+    return dict(out)
+
+
+def margin_rows(records: list[dict]) -> list[tuple[str, int, str, str, str, str, int]]:
+    """(kernel, cases, min, median, p95, max, over 1) of the worst ratios per case."""
+    import numpy as np
+    rows = []
+    for kernel, worst in sorted(margins(records).items()):
+        finite = np.array([np.inf if w is None else w for w in worst])
+        q = np.quantile(finite, [0.0, 0.5, 0.95, 1.0])
+        rows.append((kernel, len(worst), *(judging.ratio_text(None if np.isinf(x) else float(x))
+                                           for x in q), int((finite > 1).sum())))
+    return rows
+
+
 def coverage_lines(records: list[dict]) -> list[str]:
     out = []
     for kernel, (full, total) in sorted(judging.probe_coverage(records).items()):
