@@ -184,7 +184,8 @@ class AttentionOp:
             refused = True
         CALLS.append({
             "config": (config.attention, config.enable_dropout, config.dropout_rate,
-                       config.context_sharding, config.ici_context_autoregressive_parallelism),
+                       config.context_sharding, config.ici_context_autoregressive_parallelism,
+                       config.max_segments_per_seq),
             "refuses_unknown_settings": refused,
             "mesh": (tuple(mesh.axis_names), dict(mesh.shape), mesh.devices.size),
             "op": (attention_kernel, max_target_length, num_query_heads, num_kv_heads,
@@ -200,7 +201,8 @@ class AttentionOp:
 
 BASE_YML = ('{"mesh_axes": ["data", "stage", "fsdp", "sequence", "context", "tensor"], '
             '"context_sharding": "context", "ici_context_autoregressive_parallelism": 1, '
-            '"attention": "autoselected", "enable_dropout": true, "dropout_rate": 0.1}')
+            '"attention": "autoselected", "enable_dropout": true, "dropout_rate": 0.1, '
+            '"max_segments_per_seq": -1}')
 
 
 @pytest.fixture
@@ -243,7 +245,7 @@ def test_maxtext_standalone_source_mirrors_the_adapter(name, fake_maxtext):
     q, k, v = (jnp.asarray(rng.standard_normal((2, 8, h, 16), dtype=np.float32), jnp.bfloat16)
                for h in (4, 2, 2))
     seg = jnp.asarray([[1, 1, 1, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]], jnp.int32)
-    adapter_out = kernel.fn(q, k, v, seg, causal=True, scale=0.25)
+    adapter_out = kernel.fn(q, k, v, seg, causal=True, scale=0.25, max_segments=4)
     adapter_call = calls.pop()
     script_out = scope["kernel"](q, k, v, seg, causal=True, scale=0.25, max_segments=4)
     script_call = calls.pop()
@@ -253,7 +255,7 @@ def test_maxtext_standalone_source_mirrors_the_adapter(name, fake_maxtext):
             np.testing.assert_array_equal(script_call[key], value, err_msg=key)
         else:
             assert script_call[key] == value, key
-    assert adapter_call["config"] == (attention, False, 0.0, "context", 1)
+    assert adapter_call["config"] == (attention, False, 0.0, "context", 1, 4)
     assert adapter_call["refuses_unknown_settings"]
     assert adapter_call["op"] == (attention, 8, 4, 2, "bfloat16")
     assert adapter_call["mode"] == "train"

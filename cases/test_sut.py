@@ -124,12 +124,34 @@ def test_concrete_bad_segment_ids_raise(bad, message):
 
 
 @pytest.mark.parametrize("bad", [TOO_MANY, SPLIT])
-def test_jitted_bad_rows_come_out_nan(bad):
+def test_jitted_bad_rows_make_the_loss_nan(bad):
     q, k, v = _qkv()
-    out = jax.jit(lambda q, k, v, s: _op()(q, k, v, s, scale=0.35))(
-        q, k, v, jnp.array([GOOD, bad], jnp.int32))
-    out = np.asarray(out, np.float32)
-    assert np.isfinite(out[0]).all() and np.isnan(out[1]).all()
+    step = jax.jit(lambda q, k, v, s: _op()(q, k, v, s, scale=0.35))
+    out = np.asarray(step(q, k, v, jnp.array([GOOD, bad], jnp.int32)), np.float32)
+    assert np.isfinite(out[0]).all() and np.isnan(out[1]).any(), "the bad row carries a NaN"
+    assert np.isnan(out.sum()), "so the loss is NaN"
+    good = np.asarray(step(q, k, v, jnp.array([GOOD, GOOD], jnp.int32)), np.float32)
+    assert np.isfinite(good).all()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_packed_lowering_computes_padding_as_a_segment(causal):
+    """Padding gets finite outputs and exactly zero gradients where its cotangent is zero, with
+    no pass over the output: the lowering gives it a segment slot of its own."""
+    seg = jnp.array([[1, 1, 2, 2, 2, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]], jnp.int32)
+    seqlen, offsets = map(np.asarray, lowering.lengths_and_offsets(seg, 3, padding_segment=True))
+    assert seqlen.tolist() == [[2, 3, 3, -1], [8, -1, -1, -1]]
+    assert offsets.tolist() == [[0, 2, 5, -1, -1], [0, -1, -1, -1, -1]]
+    assert np.asarray(lowering.padding_as_segment(seg)).tolist()[0] == [1, 1, 2, 2, 2, 3, 3, 3]
+    q, k, v = _qkv()
+    ct = jnp.broadcast_to(jnp.where((seg > 0)[:, :, None, None], 1.0, 0.0), q.shape).astype(q.dtype)
+    fn = lambda q, k, v: _op()(q, k, v, seg, scale=0.35, causal=causal)
+    out, vjp = jax.vjp(fn, q, k, v)
+    grads = vjp(ct)
+    assert np.isfinite(np.asarray(out, np.float32)).all()
+    pad = ~np.asarray(seg > 0)
+    for g in grads:
+        assert (np.asarray(g, np.float32)[pad] == 0).all()
 
 
 @pytest.mark.parametrize("bad", [TOO_MANY, SPLIT])

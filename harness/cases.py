@@ -160,7 +160,7 @@ class Inputs:
         return tuple(jax.device_put(a) for a in self.args)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)
 def make_inputs(case: Case) -> Inputs:
     """Fresh standard-normal inputs drawn from the case's seed, rounded to its dtype (made once
     per case: the kernels and the oracle read the same arrays).
@@ -173,11 +173,15 @@ def make_inputs(case: Case) -> Inputs:
     b, t = case.batch, case.seq_len
     valid = (case.segment_ids > 0)[:, :, None, None]
 
+    pad = ~valid[:, :, 0, 0]
+
     def draw(heads):
         x = rng.standard_normal((b, t, heads, case.head_dim), dtype=np.float32)
-        poison = PADDING_POISON_SCALE * rng.standard_normal(x.shape, dtype=np.float32)
-        return np.where(valid, x, poison).astype(dtype)
+        poison = rng.standard_normal(x.shape, dtype=np.float32)
+        x[pad] = PADDING_POISON_SCALE * poison[pad]   # in place: padding is a small part
+        return x.astype(dtype)
 
     q, k, v = draw(case.heads), draw(case.kv_heads), draw(case.kv_heads)
-    ct = rng.standard_normal(q.shape, dtype=np.float32) * valid
+    ct = rng.standard_normal(q.shape, dtype=np.float32)
+    ct[pad] = 0.0
     return Inputs(q, k, v, ct.astype(dtype), case.segment_ids)

@@ -12,6 +12,7 @@ compiled programs, so a kernel compiles once per shape, not per layout or seed.
 from __future__ import annotations
 
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -29,6 +30,8 @@ from harness.programs import DEFAULT, Programs
 # A row's per-token errors are kept for plotting when a segment in it gets this close to failing,
 # for the checks the HTML report plots, to 3 significant digits.
 TRACE_RATIO = 0.5
+# Cases whose inputs are drawn ahead of the one running (make_inputs keeps 8).
+INPUTS_AHEAD = 4
 
 
 @dataclass
@@ -199,12 +202,21 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
     supported = [(k, c) for c in cases for k in kernels if not k.unsupported_reasons(c, platform)]
     programs.prefetch(supported)
     total = KernelCaseResult()
-    for case in cases:
+    # The next cases' inputs are drawn while this one runs (numpy draws without the GIL).
+    drawing = ThreadPoolExecutor(max_workers=INPUTS_AHEAD, thread_name_prefix="inputs")
+    ahead = {c: drawing.submit(make_inputs, c) for c in cases[:INPUTS_AHEAD]}
+    for i, case in enumerate(cases):
+        drawn = ahead.pop(case, None)
+        if drawn is not None and drawn.exception() is not None:
+            pass  # run_kernel_case draws again and records the error per kernel
+        following = cases[i + INPUTS_AHEAD:i + INPUTS_AHEAD + 1]
+        ahead.update({c: drawing.submit(make_inputs, c) for c in following if c not in ahead})
         for kernel in kernels:
             result = run_kernel_case(kernel, case, platform, programs, leak)
             total.records += result.records
             total.traces += result.traces
             if on_result:
                 on_result(kernel, case, result)
+    drawing.shutdown(wait=False, cancel_futures=True)
     return total
 

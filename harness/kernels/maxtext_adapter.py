@@ -10,8 +10,10 @@ re-implementation. MaxText's conventions stay here:
   with every axis MaxText's base.yml names (`mesh_axes`), each of size 1: the TE path reads
   `mesh.shape[config.context_sharding]`;
 - the op reads nine config attributes on this path; the adapter answers each from MaxText's own
-  `configs/base.yml` defaults, with `attention` set to the kernel and dropout off, and refuses
-  any attribute base.yml does not define (so a new read is an error, not a guess).
+  `configs/base.yml` defaults, with `attention` set to the kernel, dropout off and
+  `max_segments_per_seq` set to the case's M (base.yml's -1 asks GPU users of TE to set it; left
+  at -1, TE's THD path computes only each row's first segment), and refuses any attribute
+  base.yml does not define (so a new read is an error, not a guess).
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ class MaxTextConfig:
         return base[name]
 
 
-def maxtext_attention(query, key, value, segment_ids, *, causal, scale, attention):
+def maxtext_attention(query, key, value, segment_ids, *, causal, scale, max_segments, attention):
     import jax
     import numpy as np
     from jax.sharding import Mesh
@@ -53,7 +55,8 @@ def maxtext_attention(query, key, value, segment_ids, *, causal, scale, attentio
 
     del causal  # MaxText's decoder attention is causal; the kernel declares causal_only
     _, t, heads, _ = query.shape
-    config = MaxTextConfig(attention=attention, enable_dropout=False, dropout_rate=0.0)
+    config = MaxTextConfig(attention=attention, enable_dropout=False, dropout_rate=0.0,
+                           max_segments_per_seq=max_segments)
     axes = tuple(_base_config()["mesh_axes"])
     mesh = Mesh(np.array(jax.local_devices()[:1]).reshape((1,) * len(axes)), axes)
     op = AttentionOp(config=config, mesh=mesh, attention_kernel=attention, max_target_length=t,
@@ -70,7 +73,10 @@ def _python_312(case, platform):
     return []
 
 
-_COMMON = dict(requires=("maxtext",), causal_only=True, constraints=_python_312)
+# max_segments_per_seq as a GPU user with TE must set it (base.yml's default, -1, leaves TE's
+# THD path computing only each row's first segment: seen on the H200, reports/h200/).
+_COMMON = dict(requires=("maxtext",), causal_only=True, constraints=_python_312,
+               takes_max_segments=True)
 
 # MaxText releases whose cudnn_flash_jax ignores decoder_segment_ids in training (the seed
 # report; still in 0.2.5 on the H200): there the harness expects the bug and catches it, as it
@@ -150,14 +156,17 @@ def _positions(segment_ids):
     return jnp.where(segment_ids > 0, idx - start, 0).astype(jnp.int32)
 
 
-def kernel(query, key, value, segment_ids, *, causal, scale, max_segments=None):
-    """MaxText's AttentionOp in train mode with attention=ATTENTION and dropout off, on a
+def kernel(query, key, value, segment_ids, *, causal, scale, max_segments=-1):
+    """MaxText's AttentionOp in train mode with attention=ATTENTION, dropout off and
+    max_segments_per_seq=max_segments (base.yml's -1 makes TE's THD path compute only each
+    row's first segment: set it, as MaxText's base.yml asks on GPUs with TE), on a
     one-device mesh with every axis of base.yml's mesh_axes (size 1). The op applies no softmax
     scale: the query is pre-scaled, as MaxText's attention layer does. Segment positions are
     each token's position inside its segment. MaxText's decoder attention is causal."""
-    del causal, max_segments
+    del causal
     _, t, heads, _ = query.shape
-    config = MaxTextConfig(attention=ATTENTION, enable_dropout=False, dropout_rate=0.0)
+    config = MaxTextConfig(attention=ATTENTION, enable_dropout=False, dropout_rate=0.0,
+                           max_segments_per_seq=max_segments)
     axes = tuple(_base_config()["mesh_axes"])
     mesh = Mesh(np.array(jax.local_devices()[:1]).reshape((1,) * len(axes)), axes)
     op = AttentionOp(config=config, mesh=mesh, attention_kernel=ATTENTION, max_target_length=t,

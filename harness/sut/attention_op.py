@@ -10,11 +10,15 @@ across their boundaries. Here the segment ids always reach the kernel:
 - xla_fallback (no cuDNN fused attention below sm80): dense dot_product with the same mask.
 - te_thd: Transformer Engine's THD fused attention with a SequenceDescriptor.
 
+Padding tokens (after the last segment of a row) are lowered as one more segment, so cuDNN and
+TE compute them as attention among themselves: defined outputs, gradients exactly zero where the
+output cotangent is, and no extra pass over the output to clean undefined values up.
+
 Segment ids the packed lowering cannot represent (an id above max_segments_per_seq, one id in
 two runs, padding before a segment) raise SegmentIdError when they are concrete. Inside jit
-they cannot raise: with segment_check="nan" the rows that cannot be lowered come out as NaN
-(the loss goes NaN on that step: loud, never silently wrong); with "checkify" a
-jax.experimental.checkify error names the problem when the step is wrapped in
+they cannot raise: with segment_check="nan" each row that cannot be lowered gets a NaN (its
+first output element), so the step's loss goes NaN (loud, never silently wrong); with
+"checkify" a jax.experimental.checkify error names the problem when the step is wrapped in
 checkify.checkify.
 """
 from __future__ import annotations
@@ -109,12 +113,15 @@ class AttentionOp:
             out = self._cudnn_packed(query, key, value, segment_ids, scale, causal)
         else:
             out = self._te_thd(query, key, value, segment_ids, scale, causal)
-        # Packed kernels leave padding outputs undefined; zero them so that no NaN there can
-        # reach a masked loss (0 * NaN is NaN).
-        out = jnp.where((segment_ids > 0)[:, :, None, None], out, 0).astype(query.dtype)
+        if path == "cudnn_packed" and not self.config.packing:
+            # Per-row lengths leave padding outputs undefined; zero them so that no NaN there
+            # can reach a masked loss (0 * NaN is NaN). The packed paths compute padding as a
+            # segment of its own (defined, no extra pass); the mask path attends padding to
+            # padding.
+            out = jnp.where((segment_ids > 0)[:, :, None, None], out, 0)
         if not lowering.is_concrete(segment_ids):
             out = self._guard(out, segment_ids)
-        return out
+        return out.astype(query.dtype)
 
     def _guard(self, out, segment_ids):
         ok = lowering.representable_rows(segment_ids, self.max_segments)
@@ -124,7 +131,9 @@ class AttentionOp:
                            f"has an id above max_segments_per_seq={self.max_segments}, an id in "
                            "two separate runs, or padding before a segment (rows ok: {ok})", ok=ok)
             return out
-        return jnp.where(ok[:, None, None, None], out, jnp.nan)
+        # One NaN per bad row (its first element) makes the step's loss NaN, loudly, without a
+        # pass over the whole output.
+        return out.at[:, 0, 0, 0].add(jnp.where(ok, 0, jnp.nan).astype(out.dtype))
 
     def _sdpa(self):
         return cudnn_backend(self.config.cudnn_backend, self.config.compute_capability)
@@ -143,7 +152,8 @@ class AttentionOp:
             lengths = (segment_ids > 0).sum(axis=1).astype(jnp.int32)
             return sdpa(query, key, value, q_seqlen=lengths, kv_seqlen=lengths, scale=scale,
                         dropout_rate=self.config.dropout_rate, mask_type=mask, qkv_layout="BTNH")
-        seqlen, offsets = lowering.lengths_and_offsets(segment_ids, self.max_segments)
+        seqlen, offsets = lowering.lengths_and_offsets(segment_ids, self.max_segments,
+                                                       padding_segment=True)
         return sdpa(query, key, value, q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets,
                     kv_offsets=offsets, scale=scale, dropout_rate=self.config.dropout_rate,
                     mask_type=mask, qkv_layout="BTNH")
@@ -157,8 +167,10 @@ class AttentionOp:
                     qkv_layout="BTNH")
 
     def _te_thd(self, query, key, value, segment_ids, scale, causal):
-        return te_fused_thd(query, key, value, segment_ids, scale=scale, causal=causal,
-                            max_segments=self.max_segments, dropout_rate=self.config.dropout_rate)
+        # Trailing padding as a segment of its own: computed, not left to TE (one more slot).
+        return te_fused_thd(query, key, value, lowering.padding_as_segment(segment_ids),
+                            scale=scale, causal=causal, max_segments=self.max_segments + 1,
+                            dropout_rate=self.config.dropout_rate)
 
 
 def te_fused_thd(query, key, value, segment_ids, *, scale, causal, max_segments,

@@ -36,8 +36,13 @@ def representable_rows(segment_ids, max_segments: int):
             & (seg <= max_segments).all(axis=1))
 
 
-def lengths_and_offsets(segment_ids, max_segments: int):
-    """(seqlen [B, M], offsets [B, M+1]) int32, -1 where a row has fewer segments."""
+def lengths_and_offsets(segment_ids, max_segments: int, padding_segment: bool = False):
+    """(seqlen [B, M], offsets [B, M+1]) int32, -1 where a row has fewer segments.
+
+    With `padding_segment`, a row's trailing padding is one more segment right after its last
+    one (seqlen [B, M+1], offsets [B, M+2]): cuDNN then computes padding tokens as attention
+    among themselves (finite, and with gradients exactly zero where the output cotangent is)
+    instead of leaving them undefined, so the op needs no full pass to clean them up."""
     ids = jnp.arange(1, max_segments + 1, dtype=segment_ids.dtype)
     lengths = (segment_ids[:, :, None] == ids).sum(axis=1).astype(jnp.int32)     # [B, M]
     # Segments are contiguous and in order, so segment m starts after all tokens of 1..m-1.
@@ -45,8 +50,24 @@ def lengths_and_offsets(segment_ids, max_segments: int):
     present = lengths > 0
     seqlen = jnp.where(present, lengths, -1)
     offsets = jnp.where(present, starts, -1)
+    if padding_segment:
+        used = lengths.sum(axis=1)
+        pad = segment_ids.shape[1] - used
+        slot = (jnp.arange(max_segments + 1)[None] == present.sum(axis=1)[:, None]) \
+            & (pad > 0)[:, None]                                                 # [B, M+1]
+        seqlen = jnp.where(slot, pad[:, None], jnp.pad(seqlen, ((0, 0), (0, 1)),
+                                                      constant_values=-1))
+        offsets = jnp.where(slot, used[:, None], jnp.pad(offsets, ((0, 0), (0, 1)),
+                                                        constant_values=-1))
     offsets = jnp.pad(offsets, ((0, 0), (0, 1)), constant_values=-1)
     return seqlen, offsets
+
+
+def padding_as_segment(segment_ids):
+    """Segment ids with each row's trailing padding numbered as one more segment (n + 1 after
+    the row's n segments): Transformer Engine then computes it like one."""
+    last = segment_ids.max(axis=1, keepdims=True)
+    return jnp.where(segment_ids > 0, segment_ids, last + 1).astype(segment_ids.dtype)
 
 
 def positions(segment_ids):
