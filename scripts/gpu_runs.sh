@@ -11,28 +11,27 @@ source .gpu/te/activate.sh && source .gpu/maxtext/activate.sh
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
   HARNESS_GIT_DIRTY=0 HARNESS_COMPILATION_CACHE=/tmp/jaxcache
 r=/tmp/h200; mkdir -p "$r"
-pin() { local gpu=$1 cores=$2; shift 2
-  if command -v taskset > /dev/null; then CUDA_VISIBLE_DEVICES=$gpu taskset -c "$cores" "$@"
-  else CUDA_VISIBLE_DEVICES=$gpu "$@"; fi; }
+ts() { command -v taskset > /dev/null && echo "taskset -c $1"; }
+G0="env CUDA_VISIBLE_DEVICES=0 $(ts 0-15)"; G1="env CUDA_VISIBLE_DEVICES=1 $(ts 16-31)"
 step() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
   timeout "$limit" "$@" > "$r/$name.log" 2>&1; local rc=$?
   echo "$name rc=$rc wall=$(( $(date +%s) - t0 ))s" | tee -a "$r/steps.txt"; }
 PASSING=dot_product,xla,pallas_mha,sut:dot_product,sut:cudnn_flash_jax,sut:cudnn_flash_jax:fallback,sut:cudnn_flash_jax:emulated,sut:cudnn_flash_te,te:thd,maxtext:dot_product,maxtext:cudnn_flash_te
 if [ "$phase" = a ]; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$r/nvidia-smi.txt" 2>&1
-  ( step nightly-cold 320 pin 0 0-15 python3 -m harness run --suite nightly \
+  ( step nightly-cold 320 $G0 python3 -m harness run --suite nightly \
       --report-dir "$r/nightly-cold" ) &
-  ( step bench 150 pin 1 16-31 python3 -m harness bench --shapes hopper --repeats 20 \
+  ( step bench 150 $G1 python3 -m harness bench --shapes hopper --repeats 20 \
       --output "$r/bench.json"
-    step repro 110 pin 1 16-31 python3 -m harness repro maxtext:cudnn_flash_jax \
+    step repro 110 $G1 python3 -m harness repro maxtext:cudnn_flash_jax \
       'packed/random-b2-t256-h4kv2-d64-bf16-s0' --output "$r/repro_maxtext_cudnn_flash_jax.py"
-    step flake 240 pin 1 16-31 python3 -m harness run --suite nightly --seeds 50 --no-leak-probe \
+    step flake 240 $G1 python3 -m harness run --suite nightly --seeds 50 --no-leak-probe \
       --cases '*-b4-t2048-h8kv2-d128-bf16-s0' --kernels "$PASSING" --report-dir "$r/flake" ) &
   wait
 else
-  ( step nightly-warm 200 pin 0 0-15 python3 -m harness run --suite nightly \
+  ( step nightly-warm 200 $G0 python3 -m harness run --suite nightly \
       --report-dir "$r/nightly-warm" ) &
-  ( step pytest-1gpu 290 pin 1 16-31 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
+  ( step pytest-1gpu 290 $G1 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
       --suite nightly -n 2 --report-dir "$r/pytest-1gpu" --junitxml "$r/pytest-1gpu/junit.xml" ) &
   wait
   step pytest-2gpu 200 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py --suite nightly \
