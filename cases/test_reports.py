@@ -234,6 +234,13 @@ def test_gpu_nightly_script_fails_when_the_nightly_fails(tmp_path):
     assert (tmp_path / "out" / "nightly" / "summary.md").exists()
 
 
+def test_the_commit_a_runner_is_told_wins_over_a_stale_git(monkeypatch):
+    from harness.environment import git_state
+    monkeypatch.setenv("HARNESS_GIT_COMMIT", "feedbeef")
+    monkeypatch.setenv("HARNESS_GIT_DIRTY", "0")
+    assert git_state() == ("feedbeef", False), "this checkout's .git must not override it"
+
+
 def test_header_names_the_commit_on_a_copy_without_git(tmp_path):
     import shutil
     copy = tmp_path / "tree"

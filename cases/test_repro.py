@@ -185,7 +185,7 @@ class AttentionOp:
         CALLS.append({
             "config": (config.attention, config.enable_dropout, config.dropout_rate,
                        config.context_sharding, config.ici_context_autoregressive_parallelism,
-                       config.max_segments_per_seq),
+                       config.max_segments_per_seq, config.dataset_type),
             "refuses_unknown_settings": refused,
             "mesh": (tuple(mesh.axis_names), dict(mesh.shape), mesh.devices.size),
             "op": (attention_kernel, max_target_length, num_query_heads, num_kv_heads,
@@ -202,7 +202,7 @@ class AttentionOp:
 BASE_YML = ('{"mesh_axes": ["data", "stage", "fsdp", "sequence", "context", "tensor"], '
             '"context_sharding": "context", "ici_context_autoregressive_parallelism": 1, '
             '"attention": "autoselected", "enable_dropout": true, "dropout_rate": 0.1, '
-            '"max_segments_per_seq": -1}')
+            '"max_segments_per_seq": -1, "dataset_type": "synthetic"}')
 
 
 @pytest.fixture
@@ -255,7 +255,7 @@ def test_maxtext_standalone_source_mirrors_the_adapter(name, fake_maxtext):
             np.testing.assert_array_equal(script_call[key], value, err_msg=key)
         else:
             assert script_call[key] == value, key
-    assert adapter_call["config"] == (attention, False, 0.0, "context", 1, 4)
+    assert adapter_call["config"] == (attention, False, 0.0, "context", 1, 4, "tfds")
     assert adapter_call["refuses_unknown_settings"]
     assert adapter_call["op"] == (attention, 8, 4, 2, "bfloat16")
     assert adapter_call["mode"] == "train"

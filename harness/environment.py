@@ -74,15 +74,18 @@ def _git(*args) -> str | None:
 
 
 def git_state() -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the code that runs. A copy without .git (a GPU runner that got the
-    working tree) is told its commit through HARNESS_GIT_COMMIT (and HARNESS_GIT_DIRTY)."""
+    """(commit, dirty) of the code that runs. HARNESS_GIT_COMMIT (and HARNESS_GIT_DIRTY), where
+    set, say it: a GPU runner gets a copy of the working tree, whose .git, if any, can be stale
+    (seen on the H200 runner: a .git of an older commit beside the newer tree). Otherwise git."""
+    commit = os.environ.get("HARNESS_GIT_COMMIT") or None
+    if commit:
+        dirty = os.environ.get("HARNESS_GIT_DIRTY")
+        return commit, None if dirty is None else dirty not in ("", "0", "false")
     commit = _git("rev-parse", "HEAD")
     if commit:
         status = _git("status", "--porcelain", "--untracked-files=no")
         return commit, bool(status) if status is not None else None
-    commit = os.environ.get("HARNESS_GIT_COMMIT") or None
-    dirty = os.environ.get("HARNESS_GIT_DIRTY")
-    return commit, None if dirty is None else dirty not in ("", "0", "false")
+    return None, None
 
 
 def describe() -> dict:

@@ -27,6 +27,8 @@ from harness.judging import TENSORS
 from harness.layouts import Segment
 
 RERUNS = 2
+# Where only a kernel's default (not deterministic by construction) build can be probed.
+RERUNS_UNCERTAIN = 6
 
 
 @jax.jit
@@ -83,21 +85,31 @@ class ProbeResult:
     unprobed: list[str]        # tensors that differ run to run on valid tokens: not probed
 
 
-def probe(program, inputs: Inputs, case: Case, first=None) -> ProbeResult:
+def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
+          confirm: bool = False) -> ProbeResult:
     """Runs `program` (the kernel's build for the probe) on the case and its perturbations.
-    `first`: this program's results on the unchanged inputs, if already computed."""
+    `first`: this program's results on the unchanged inputs, if already computed.
+
+    A build that is not deterministic by construction (the default build of a GPU kernel whose
+    deterministic build could not run) may reproduce a tensor in a few reruns by chance and
+    differ in the next run: there `reruns` is raised and `confirm` runs each perturbation twice,
+    a token counting as changed only where both runs changed it (noise that slipped past the
+    reruns does not land on the same token twice; a leak does)."""
     args = inputs.device_args
     base = first if first is not None else program(*args)
     names = [c.name for c in TENSORS[:len(base)]]
     valid = np.asarray(case.segment_ids > 0)
     unstable = set()
-    for _ in range(RERUNS):
+    for _ in range(reruns):
         changes = jax.device_get(_changes(base, program(*args)))
         unstable |= {name for name, (changed, _) in zip(names, changes) if (changed & valid).any()}
     probed = [i for i, n in enumerate(names) if n not in unstable]
     runs = []
     for index, (group, redraw) in enumerate(groups(case)):
         changes = jax.device_get(_changes(base, program(*perturbed(case, index))))
+        if confirm:
+            again = jax.device_get(_changes(base, program(*perturbed(case, index))))
+            changes = [(c1 & c2, np.maximum(m1, m2)) for (c1, m1), (c2, m2) in zip(changes, again)]
         runs.append((group, redraw, {i: changes[i] for i in probed}))
     leaks = []
     for seg in case.segments:

@@ -142,13 +142,15 @@ def _leak_records(kernel, case, programs: Programs, inputs, results) -> list[dic
         else:
             try:
                 found = leak_probe.probe(programs.get(kernel, case, mode), inputs, case)
-            except Exception as exc:  # e.g. TE's deterministic workspace does not fit
+            except Exception as exc:  # e.g. a deterministic workspace that does not fit
                 note = (f"deterministic build failed ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0][:300] if str(exc) else ''}); probed the "
-                        "default build")
+                        f"default build ({leak_probe.RERUNS_UNCERTAIN} reruns, each leak "
+                        "confirmed by a second run)")
                 mode = DEFAULT
                 found = leak_probe.probe(programs.get(kernel, case, DEFAULT), inputs, case,
-                                         results)
+                                         results, reruns=leak_probe.RERUNS_UNCERTAIN,
+                                         confirm=True)
     except Exception as exc:  # the kernel ran once already: a failure here is the kernel's
         return [_status_record(kernel, case, "error", f"leak probe: {type(exc).__name__}: {exc}",
                                check=LEAK.name)]

@@ -10,10 +10,11 @@ re-implementation. MaxText's conventions stay here:
   with every axis MaxText's base.yml names (`mesh_axes`), each of size 1: the TE path reads
   `mesh.shape[config.context_sharding]`;
 - the op reads nine config attributes on this path; the adapter answers each from MaxText's own
-  `configs/base.yml` defaults, with `attention` set to the kernel, dropout off and
-  `max_segments_per_seq` set to the case's M (base.yml's -1 asks GPU users of TE to set it; left
-  at -1, TE's THD path computes only each row's first segment), and refuses any attribute
-  base.yml does not define (so a new read is an error, not a guess).
+  `configs/base.yml` defaults, with `attention` set to the kernel, dropout off,
+  `max_segments_per_seq` set to the case's M (base.yml's -1 asks GPU users of TE to set it) and
+  `dataset_type` a real dataset's (base.yml's "synthetic" keeps TE off its packed THD layout), as
+  a GPU user training on packed data sets them, and refuses any attribute base.yml does not
+  define (so a new read is an error, not a guess).
 """
 from __future__ import annotations
 
@@ -45,6 +46,13 @@ class MaxTextConfig:
         return base[name]
 
 
+# A real (packed) dataset, as in the seed report's run (`dataset_type=tfds packing=true`).
+# base.yml's default, "synthetic", keeps cudnn_flash_te on its dense BSHD layout, where TE turns
+# the segment mask into one length per row: on the H200 every segment after a row's first came
+# out wrong (zeros at its first token; reports/h200/README.md).
+DATASET_TYPE = "tfds"
+
+
 def maxtext_attention(query, key, value, segment_ids, *, causal, scale, max_segments, attention):
     import jax
     import numpy as np
@@ -56,7 +64,7 @@ def maxtext_attention(query, key, value, segment_ids, *, causal, scale, max_segm
     del causal  # MaxText's decoder attention is causal; the kernel declares causal_only
     _, t, heads, _ = query.shape
     config = MaxTextConfig(attention=attention, enable_dropout=False, dropout_rate=0.0,
-                           max_segments_per_seq=max_segments)
+                           max_segments_per_seq=max_segments, dataset_type=DATASET_TYPE)
     axes = tuple(_base_config()["mesh_axes"])
     mesh = Mesh(np.array(jax.local_devices()[:1]).reshape((1,) * len(axes)), axes)
     op = AttentionOp(config=config, mesh=mesh, attention_kernel=attention, max_target_length=t,
@@ -73,8 +81,7 @@ def _python_312(case, platform):
     return []
 
 
-# max_segments_per_seq as a GPU user with TE must set it (base.yml's default, -1, leaves TE's
-# THD path computing only each row's first segment: seen on the H200, reports/h200/).
+# max_segments_per_seq as a GPU user with TE must set it (base.yml's default is -1).
 _COMMON = dict(requires=("maxtext",), causal_only=True, constraints=_python_312,
                takes_max_segments=True)
 
@@ -157,16 +164,16 @@ def _positions(segment_ids):
 
 
 def kernel(query, key, value, segment_ids, *, causal, scale, max_segments=-1):
-    """MaxText's AttentionOp in train mode with attention=ATTENTION, dropout off and
-    max_segments_per_seq=max_segments (base.yml's -1 makes TE's THD path compute only each
-    row's first segment: set it, as MaxText's base.yml asks on GPUs with TE), on a
+    """MaxText's AttentionOp in train mode with attention=ATTENTION, dropout off,
+    max_segments_per_seq=max_segments (as MaxText's base.yml asks on GPUs with TE) and a real
+    dataset's dataset_type (base.yml's "synthetic" keeps TE off its packed layout), on a
     one-device mesh with every axis of base.yml's mesh_axes (size 1). The op applies no softmax
     scale: the query is pre-scaled, as MaxText's attention layer does. Segment positions are
     each token's position inside its segment. MaxText's decoder attention is causal."""
     del causal
     _, t, heads, _ = query.shape
     config = MaxTextConfig(attention=ATTENTION, enable_dropout=False, dropout_rate=0.0,
-                           max_segments_per_seq=max_segments)
+                           max_segments_per_seq=max_segments, dataset_type="tfds")
     axes = tuple(_base_config()["mesh_axes"])
     mesh = Mesh(np.array(jax.local_devices()[:1]).reshape((1,) * len(axes)), axes)
     op = AttentionOp(config=config, mesh=mesh, attention_kernel=ATTENTION, max_target_length=t,
