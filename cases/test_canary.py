@@ -234,3 +234,36 @@ def test_a_leak_on_an_uncertain_build_must_show_twice():
     leaky = Programs().get(Kernel("off_by_one", _off_by_one), case)
     found = leak_probe.probe(leaky, inputs, case, reruns=6, confirm=True)
     assert any(leak.leaked for leak in found.leaks), "a real leak still shows"
+
+
+def test_a_deterministic_build_out_of_memory_is_retried_then_visibly_replaced(monkeypatch):
+    """cuDNN's and TE's deterministic backward passes ask for tens of GiB on some rows (H200:
+    64-128 GiB): retried once with the harness's caches let go, then the default build is
+    probed with more reruns, and every record says so. Never a crash of the run."""
+    from harness import leak_probe
+    from harness.programs import Programs
+    real, calls = leak_probe.probe, []
+
+    def out_of_memory(times):
+        def probe(program, inputs, case, *args, **kwargs):
+            calls.append(kwargs)
+            if len(calls) <= times:
+                raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+                                   "128.00GiB with allocator GPU_0_bfc")
+            return real(program, inputs, case, *args, **kwargs)
+        return probe
+
+    case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
+    kernel = Kernel("dp", dot_product)
+    monkeypatch.setattr(leak_probe, "probe", out_of_memory(1))
+    leak = [r for r in run_kernel_case(kernel, case, CPU, Programs(platform="gpu")).records
+            if r["check"] == "leak"]
+    assert len(calls) == 2 and {r["mode"] for r in leak} == {"deterministic"}
+    calls.clear()
+    monkeypatch.setattr(leak_probe, "probe", out_of_memory(2))
+    leak = [r for r in run_kernel_case(kernel, case, CPU, Programs(platform="gpu")).records
+            if r["check"] == "leak"]
+    assert calls[-1] == {"reruns": leak_probe.RERUNS_UNCERTAIN, "confirm": True}
+    assert {r["mode"] for r in leak} == {"default"} and {r["outcome"] for r in leak} == {"ok"}
+    assert all("deterministic build failed (RuntimeError: RESOURCE_EXHAUSTED" in r["message"]
+               and "128.00GiB" in r["message"] for r in leak)
