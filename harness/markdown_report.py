@@ -38,7 +38,9 @@ def run_line(header: dict) -> str:
         parts.append(f"{header['seeds']} seeds")
     if header.get("wall_s") is not None:
         parts.append(f"wall time {header['wall_s']:.0f} s")
-    if header.get("probe_mode"):
+    if header.get("leak_probe") is False:
+        parts.append("leak probe off (--no-leak-probe)")
+    elif header.get("probe_mode"):
         parts.append(f"leak probe: {header['probe_mode']} build")
     if header.get("shard"):
         parts.append(f"shard {header['shard']}")
