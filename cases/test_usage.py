@@ -183,3 +183,16 @@ def test_a_run_stopped_by_sigterm_keeps_its_report(tmp_path):
     header, records = rec.read(tmp_path / "r")
     assert header["interrupted"] and records and "wall_s" in header
     assert "interrupted" in (tmp_path / "r" / "summary.md").read_text()
+
+
+def test_every_readme_command_block_runs_in_ci_or_says_why_not():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from readme_commands import blocks
+    found = blocks((ROOT / "README.md").read_text())
+    run = [c for c, why in found if why is None]
+    assert len(run) >= 6 and all(why for c, why in found if why is not None)
+    text = "\n".join(c for c, _ in found)
+    for path in ("examples/my_kernel.py", "constraints/maxtext.txt", "reports/baselines/h200.jsonl.gz"):
+        if path in text:
+            assert (ROOT / path).exists(), f"the README names {path}, which does not exist"
+    assert "python3 -m pytest -n 2" in text, "the README's test command, which CI runs"

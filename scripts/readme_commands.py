@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Runs every shell command block of README.md that needs no GPU, as written, in order, from
+the repository root; exits 1 at the first block that fails.
+
+A ```sh block runs unless the line before it (blank lines aside) is a comment
+`<!-- not in CI's README step: REASON -->`: it needs a GPU, or another CI stage runs it.
+
+    python3 scripts/readme_commands.py            # run them
+    python3 scripts/readme_commands.py --list     # show which run and which not, and why
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SKIP = re.compile(r"<!--\s*not in CI's README step:\s*(?P<why>.*?)\s*-->")
+
+
+def blocks(readme: str) -> list[tuple[str, str | None]]:
+    """(commands, reason not to run or None) for each ```sh block."""
+    out, lines, i = [], readme.splitlines(), 0
+    while i < len(lines):
+        if lines[i].strip() == "```sh":
+            j = i + 1
+            while lines[j].strip() != "```":
+                j += 1
+            before = next((line for line in reversed(lines[:i]) if line.strip()), "")
+            skip = SKIP.search(before)
+            out.append(("\n".join(lines[i + 1:j]), skip.group("why") if skip else None))
+            i = j
+        i += 1
+    return out
+
+
+def main(argv: list[str]) -> int:
+    found = blocks((ROOT / "README.md").read_text())
+    for n, (commands, why) in enumerate(found, 1):
+        head = commands.splitlines()[0]
+        if why or "--list" in argv:
+            print(f"[{n}/{len(found)}] {'skip: ' + why if why else 'runs'}: {head}", flush=True)
+            continue
+        print(f"[{n}/{len(found)}] $ {commands}", flush=True)
+        start = time.monotonic()
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=ROOT)
+        print(f"[{n}/{len(found)}] exit {done.returncode} after {time.monotonic() - start:.0f} s",
+              flush=True)
+        if done.returncode:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
