@@ -163,6 +163,18 @@ def _noisy(q, k, v, seg, *, causal, scale):
     return out + jax.lax.stop_gradient(noise).astype(out.dtype)
 
 
+def test_a_segment_no_run_leaves_untouched_is_not_compared_not_passed():
+    """One unpacked row and no padding: nothing else to redraw, nothing compared."""
+    alone = Case("unpacked/full", 1, 64, 2, 2, 16, "float32", 0)
+    leak = [r for r in _run_measured(Kernel("dp", dot_product), alone) if r["check"] == "leak"]
+    assert [r["verdict"] for r in leak] == ["unprobed"] and leak[0]["outcome"] == "unjudged"
+    assert "not compared" in leak[0]["message"]
+    # Two unpacked rows: each is compared while the other row is redrawn (a leak across rows).
+    two = Case("unpacked/full", 2, 64, 2, 2, 16, "float32", 0)
+    leak = [r for r in _run_measured(Kernel("dp", dot_product), two) if r["check"] == "leak"]
+    assert [r["verdict"] for r in leak] == ["pass", "pass"]
+
+
 def test_leak_probe_lists_what_is_not_reproducible_as_unprobed():
     case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
     leak = [r for r in _run(Kernel("noisy", _noisy), case) if r["check"] == "leak"]
@@ -174,17 +186,21 @@ def test_leak_probe_lists_what_is_not_reproducible_as_unprobed():
 def test_a_kernel_expected_to_leak_that_cannot_be_probed_is_not_ok():
     case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
 
-    def noisy_everywhere(q, k, v, seg, *, causal, scale):
-        out = _noisy(q, k, v, seg, causal=causal, scale=scale)
-        return out + jax.lax.stop_gradient(out) * 0  # same noise, gradients through dot_product
-
     def expect_leak(case, check, segment):
         return "fail" if check == "leak" else "pass"
 
-    kernel = Kernel("noisy_leaker", _noisy, expect=expect_leak)
-    leak = [r for r in _run(kernel, case) if r["check"] == "leak"]
-    # out is unprobed and dq/dk/dv do not leak: an expected leak that was not seen is missed.
-    assert leak and {r["outcome"] for r in leak} == {"missed"}
+    # Forward only, and the output differs run to run: nothing can be probed at all.
+    kernel = Kernel("noisy_leaker", _noisy, expect=expect_leak, backward=False)
+    leak = [r for r in _run_measured(kernel, case) if r["check"] == "leak"]
+    assert leak and {r["verdict"] for r in leak} == {"unprobed"}
+    assert {r["outcome"] for r in leak} == {"missed"}, "an expected leak nobody saw is not ok"
+    # Where a leak was expected but the probed tensors did not change, that is missed too.
+    partly = Kernel("noisy_leaker_2", _noisy, expect=expect_leak)
+    assert {r["outcome"] for r in _run_measured(partly, case) if r["check"] == "leak"} == {"missed"}
+
+
+def _run_measured(kernel, case):
+    return run_kernel_case(kernel, case, CPU).records
 
 
 def test_unjudged_checks_without_a_probe_are_missed():

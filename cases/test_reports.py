@@ -245,12 +245,15 @@ def test_header_names_the_commit_on_a_copy_without_git(tmp_path):
     import shutil
     copy = tmp_path / "tree"
     shutil.copytree(ROOT / "harness", copy / "harness")
-    env = {**__import__("os").environ, "PYTHONPATH": str(copy), "HARNESS_GIT_COMMIT": "abc123",
-           "HARNESS_GIT_DIRTY": "0"}
-    out = subprocess.run([sys.executable, "-c", "from harness.environment import git_state; "
-                          "print(git_state())"], cwd=tmp_path, capture_output=True, text=True,
-                         env=env, timeout=120)
-    assert out.stdout.strip() == "('abc123', False)", out.stderr
+    base = {k: v for k, v in __import__("os").environ.items() if not k.startswith("HARNESS_GIT")}
+    ask = [sys.executable, "-c", "from harness.environment import git_state; print(git_state())"]
+    unknown = subprocess.run(ask, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                             env={**base, "PYTHONPATH": str(copy)})
+    assert unknown.stdout.strip() == "(None, None)", unknown.stderr
+    told = subprocess.run(ask, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**base, "PYTHONPATH": str(copy), "HARNESS_GIT_COMMIT": "abc123",
+                               "HARNESS_GIT_DIRTY": "0"})
+    assert told.stdout.strip() == "('abc123', False)", told.stderr
 
 
 def test_merged_header_keeps_versions_each_source_knew(tmp_path):

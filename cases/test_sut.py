@@ -123,13 +123,19 @@ def test_concrete_bad_segment_ids_raise(bad, message):
         _op()(q, k, v, jnp.array([GOOD, bad], jnp.int32), scale=0.35)
 
 
-@pytest.mark.parametrize("bad", [TOO_MANY, SPLIT])
+LEFT_PADDED = [0, 0, 1, 1, 1, 2, 2, 2]       # padding before a segment
+
+
+@pytest.mark.parametrize("bad", [TOO_MANY, SPLIT, LEFT_PADDED])
 def test_jitted_bad_rows_make_the_loss_nan(bad):
     q, k, v = _qkv()
     step = jax.jit(lambda q, k, v, s: _op()(q, k, v, s, scale=0.35))
-    out = np.asarray(step(q, k, v, jnp.array([GOOD, bad], jnp.int32)), np.float32)
+    seg = jnp.array([GOOD, bad], jnp.int32)
+    out = np.asarray(step(q, k, v, seg), np.float32)
     assert np.isfinite(out[0]).all() and np.isnan(out[1]).any(), "the bad row carries a NaN"
-    assert np.isnan(out.sum()), "so the loss is NaN"
+    # A loss masked at padding (jnp.where, as training code does) keeps it.
+    masked = np.where(np.asarray(seg > 0)[:, :, None, None], out, 0.0)
+    assert np.isnan(masked.sum()), "so the loss is NaN"
     good = np.asarray(step(q, k, v, jnp.array([GOOD, GOOD], jnp.int32)), np.float32)
     assert np.isfinite(good).all()
 

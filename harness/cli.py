@@ -114,12 +114,16 @@ def cmd_report(args) -> int:
 
 
 def cmd_merge(args) -> int:
+    from harness import judging
     from harness import records as rec
     from harness.reporting import merge_reports
+    from harness.summary import print_console
     for source in args.sources:
         rec.resolve(source)
     merge_reports(Path(args.out), [Path(s) for s in args.sources], rejudged=args.rejudge)
-    return cmd_report(argparse.Namespace(report_dir=args.out))
+    _, records = rec.read(args.out)
+    print_console(records)
+    return 1 if judging.bad(records) else 0
 
 
 def cmd_compare(args) -> int:

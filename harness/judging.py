@@ -118,15 +118,17 @@ BAD = frozenset({"fail", "missed", "error"})
 OUTCOMES = ("ok", "caught", "known", "unjudged", "skip", "fail", "missed", "error")
 
 
-def expectation(value) -> tuple[str, str]:
+def expectation(value, check_name: str = "") -> tuple[str, str]:
     """(expected, reason) from what an expectation function returned: "pass", "fail",
-    "either", or ("either", reason)."""
+    "either", or ("either", reason). The leak probe is exact: never "either"."""
     if isinstance(value, tuple):
         expected, reason = value
     else:
         expected, reason = value, ""
     if expected not in ("pass", "fail", "either"):
         raise ValueError(f"an expectation must be pass, fail or either, not {expected!r}")
+    if expected == "either" and check_name == LEAK.name:
+        raise ValueError("the leak probe is exact: its expectation is pass or fail, not either")
     return expected, (reason or EITHER_REASON) if expected == "either" else ""
 
 
@@ -158,11 +160,6 @@ def is_bad(record: Mapping) -> bool:
 
 def is_good(record: Mapping) -> bool:
     return record["outcome"] in GOOD
-
-
-def judged(record: Mapping) -> bool:
-    """A check that measured something and was held to an expectation."""
-    return record["verdict"] in ("pass", "fail") and record["expected"] in ("pass", "fail")
 
 
 def measured(record: Mapping) -> bool:
@@ -213,9 +210,13 @@ def rejudge(records: Iterable[dict], kernels: Mapping) -> list[dict]:
             if r["verdict"] in ("pass", "fail", "unprobed") and r.get("segment"):
                 seg = Segment(r["row"], r["segment"], r["start"], r["length"])
                 expected, reason = kernel.expected(case, r["check"], seg)
-                r = {**r, "expected": expected, "outcome": outcome(r["verdict"], expected)}
-                if reason:
+                r = {k: v for k, v in r.items() if k != "judged_by"}
+                r.update(expected=expected, outcome=outcome(r["verdict"], expected))
+                if r["check"] != LEAK.name:  # a tolerance check's message is its reason
                     r["message"] = reason
+            elif r["verdict"] == "error":
+                r = {**r, **dict(zip(("expected", "outcome"),
+                                     error_outcome(r.get("message", ""), kernel.expect_error)))}
             fresh.append(r)
         out += cover_unjudged(fresh)
     return out
@@ -263,6 +264,19 @@ def unprobed(records: Iterable[Mapping]) -> Counter:
             for t in r.get("unprobed") or ():
                 c[(r["kernel"], t)] += 1
     return c
+
+
+def uncompared(records: Iterable[Mapping]) -> Counter:
+    """(kernel, reason) -> leak records the probe measured nothing for."""
+    return Counter((r["kernel"], r.get("message", "")) for r in records
+                   if r["check"] == LEAK.name and r["verdict"] == "unprobed")
+
+
+def fallbacks(records: Iterable[Mapping]) -> Counter:
+    """(kernel, why) -> leak records probed on the default build because the deterministic
+    build could not run."""
+    return Counter((r["kernel"], r["fallback"]) for r in records
+                   if r["check"] == LEAK.name and r.get("fallback"))
 
 
 def probe_coverage(records: Iterable[Mapping]) -> dict[str, tuple[int, int]]:

@@ -109,7 +109,8 @@ class Kernel:
 
     def expected(self, case: Case, check: str, segment: Segment) -> tuple[str, str]:
         """(expected, reason): what this kernel must show on that check of that segment."""
-        return judging.expectation(self.expect(case, check, segment) if self.expect else "pass")
+        return judging.expectation(self.expect(case, check, segment) if self.expect else "pass",
+                                   check)
 
 
 def scores_bytes(case: Case) -> int:

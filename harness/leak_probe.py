@@ -1,10 +1,11 @@
 """The leak probe: a check that needs no tolerance.
 
 A segment's output and gradients may depend only on its own queries, keys, values and output
-cotangent. So the kernel runs again with the inputs of everything else in the row redrawn, in
-three groups: every odd-numbered segment, every even-numbered one, and the padding. Each segment
-is untouched in two of those runs (the other parity's, and the padding's), and there its out,
-dq, dk and dv must be bitwise what they were. Any change is a leak, however small: this catches
+cotangent. So the kernel runs again with the inputs of everything else redrawn, in three groups:
+the segments of one colour of a checkerboard (segment number + row), those of the other colour,
+and the padding. Each segment is untouched in two of those runs (the other colour's, and the
+padding's), and there its out, dq, dk and dv must be bitwise what they were. A segment that no
+run leaves untouched (alone in a batch without padding) was not compared, and says so. Any change is a leak, however small: this catches
 what rounding noise hides from the tolerance checks (a single token's dq after thousands of
 keys, dk/dv of a long first segment), and valid queries that read padding keys.
 
@@ -42,10 +43,14 @@ def _changes(base, other):
 
 
 def groups(case: Case) -> list[tuple[str, np.ndarray]]:
-    """(name, [B, T] bool tokens to redraw) for each perturbation."""
+    """(name, [B, T] bool tokens to redraw) for each perturbation. Segments alternate like a
+    checkerboard (segment number + row): neighbours in a row fall in different groups, and so do
+    the single segments of consecutive unpacked rows, so that a segment alone in its row is
+    still compared while the other rows are redrawn (a leak across the batch)."""
     seg = case.segment_ids
-    out = [("odd segments", (seg > 0) & (seg % 2 == 1)),
-           ("even segments", (seg > 0) & (seg % 2 == 0))]
+    parity = (seg + np.arange(seg.shape[0])[:, None]) % 2
+    out = [("segments of one colour", (seg > 0) & (parity == 1)),
+           ("segments of the other colour", (seg > 0) & (parity == 0))]
     if (seg == 0).any():
         out.append(("padding", seg == 0))
     return [(name, mask) for name, mask in out if mask.any()]
@@ -76,6 +81,7 @@ class SegmentLeak:
     first_token: int | None    # first changed token, if any
     max_change: float
     by: list[str] = field(default_factory=list)  # the redrawn groups that moved it
+    compared: bool = True      # some run left the segment untouched (else nothing was compared)
 
 
 @dataclass
@@ -114,10 +120,11 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     leaks = []
     for seg in case.segments:
         sl = (seg.row, slice(seg.start, seg.stop))
-        leaked, firsts, biggest, by = set(), [], 0.0, []
+        leaked, firsts, biggest, by, compared = set(), [], 0.0, [], False
         for group, redraw, changes in runs:
             if redraw[sl].any():
                 continue  # this segment was redrawn in that run
+            compared = True
             moved = False
             for i in probed:
                 changed, change = changes[i]
@@ -130,5 +137,5 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
             if moved:
                 by.append(group)
         leaks.append(SegmentLeak(seg, [n for n in names if n in leaked], min(firsts, default=None),
-                                 biggest, by))
+                                 biggest, by, compared))
     return ProbeResult(leaks, [names[i] for i in probed], [n for n in names if n in unstable])

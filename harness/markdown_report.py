@@ -32,9 +32,14 @@ def env_line(env: dict) -> str:
     return " · ".join(f"{k}={env.get(k)}" for k in ENV_KEYS if env.get(k) is not None)
 
 
+def _seeds(header: dict) -> int:
+    seeds = header.get("seeds")
+    return seeds if isinstance(seeds, int) else 1
+
+
 def run_line(header: dict) -> str:
     parts = [f"suite `{header.get('suite')}`"]
-    if header.get("seeds", 1) > 1:
+    if _seeds(header) > 1:
         parts.append(f"{header['seeds']} seeds")
     if header.get("wall_s") is not None:
         parts.append(f"wall time {header['wall_s']:.0f} s")
@@ -161,7 +166,7 @@ def render(header: dict, records: list[dict]) -> str:
     if skips:
         out += ["", "## Skipped", ""]
         out += [f"- `{k}` ({n}): {why}" for (k, why), n in sorted(skips.items())]
-    if header.get("seeds", 1) > 1:
+    if _seeds(header) > 1:
         out += ["", f"## Margin over {header['seeds']} seeds", "",
                 "The worst error/tolerance ratio of each case (every seed, every check and "
                 "segment) of each kernel expected to pass: its distribution.", "",

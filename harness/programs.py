@@ -62,6 +62,12 @@ def _clear_abstract_eval_cache() -> None:
     pe._cached_abstract_eval.cache_clear()
 
 
+# Held while the environment is changed for a trace, and while a program executes: a library
+# that reads the environment when its kernels run (TE reads NVTE_* settings) must never see a
+# trace's temporary setting.
+ENVIRONMENT_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def traced_under(env: dict | None):
     """Traces inside run with `env` set and with jax's abstract-evaluation cache cleared before
@@ -69,12 +75,13 @@ def traced_under(env: dict | None):
     if not env:
         yield
         return
-    _clear_abstract_eval_cache()
-    try:
-        with _environment(env):
-            yield
-    finally:
+    with ENVIRONMENT_LOCK:
         _clear_abstract_eval_cache()
+        try:
+            with _environment(env):
+                yield
+        finally:
+            _clear_abstract_eval_cache()
 
 
 def kernel_fn(kernel: Kernel, case: Case):
@@ -139,10 +146,11 @@ class Program:
 
     def __call__(self, *args):
         compiled = self.compiled.result()
-        start = time.perf_counter()
-        out = compiled(*args)
-        jax.block_until_ready(out)
-        self.timing.execute_s += time.perf_counter() - start
+        with ENVIRONMENT_LOCK:
+            start = time.perf_counter()
+            out = compiled(*args)
+            jax.block_until_ready(out)
+            self.timing.execute_s += time.perf_counter() - start
         self.timing.runs += 1
         return out
 
@@ -156,7 +164,7 @@ class Programs:
         # Only GPUs need a separate deterministic build; elsewhere the probe's mode is default.
         self.probe_mode = DETERMINISTIC if deterministic_probe and self.platform == "gpu" \
             else DEFAULT
-        self._pool = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 2,
+        self._pool = ThreadPoolExecutor(max_workers=workers or usable_cores(),
                                         thread_name_prefix="compile")
         self._tracer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trace")
         self._programs: dict[tuple, Program] = {}
@@ -221,8 +229,8 @@ class Programs:
             lowered = self._lower(key, kernel_fn(kernel, case), argument_shapes(case), env,
                                   program.timing)
             program.text = lowered.as_text() if kernel.hlo_markers else ""
-        except Exception as exc:  # the kernel fails while tracing: its error, when run
-            program.compiled.set_exception(exc)
+        except BaseException as exc:  # the kernel fails while tracing (a library may even
+            program.compiled.set_exception(exc)  # sys.exit): its error, when run; never a hang
             return
         self._submit(program, lowered, DETERMINISTIC_COMPILER_OPTIONS if deterministic else None)
 
@@ -241,7 +249,7 @@ class Programs:
         try:
             lowered = self._lower(("oracle", case.shape_key, truth), reference_fn(case, truth),
                                   argument_shapes(case), None, program.timing)
-        except Exception as exc:
+        except BaseException as exc:
             program.compiled.set_exception(exc)
             return
         self._submit(program, lowered, None)
@@ -252,17 +260,19 @@ class Programs:
         program.timing.programs += 1
         self._pool.submit(self._compile, program, lowered, options)
 
-    @staticmethod
-    def _compile(program: Program, lowered, options) -> None:
+    def _compile(self, program: Program, lowered, options) -> None:
         start = time.perf_counter()
         try:
             compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
-        except Exception as exc:
-            program.compiled.set_exception(exc)
+        except BaseException as exc:
+            seconds = time.perf_counter() - start
+            outcome = program.compiled.set_exception, exc
         else:
-            program.compiled.set_result(compiled)
-        finally:
-            program.timing.compile_s += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            outcome = program.compiled.set_result, compiled
+        with self._lock:  # compile threads add up concurrently
+            program.timing.compile_s += seconds
+        outcome[0](outcome[1])
 
     def report(self) -> dict:
         return {name: t.as_dict() for name, t in sorted(self.timing.items())}
@@ -270,6 +280,17 @@ class Programs:
     def close(self) -> None:
         self._tracer.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity, e.g. `taskset`), shared among the pytest
+    workers of one machine."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 2
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    return max(1, cores // workers)
 
 
 def _shape(kernel: Kernel, case: Case) -> tuple:

@@ -103,6 +103,10 @@ def merged_environment(environments: list[dict]) -> dict:
     return out
 
 
+# What a merged header keeps of its sources' (shared, or the list of their values).
+RUN_FACTS = ("seeds", "shard", "probe_mode", "leak_probe", "interrupted")
+
+
 def merge_reports(out_dir: Path, sources: list[Path], rejudged: bool = False) -> None:
     """One report from several runs' folders (e.g. a suite run in shards). A kernel x case in a
     later source replaces the same one from an earlier source."""
@@ -125,10 +129,11 @@ def merge_reports(out_dir: Path, sources: list[Path], rejudged: bool = False) ->
         from harness.registry import all_kernels
         records = judging.rejudge(records, all_kernels())
     out_dir.mkdir(parents=True, exist_ok=True)
+    facts = merged_environment([{k: h.get(k) for k in RUN_FACTS} for h in headers])
     suites = sorted({h.get("suite") for h in headers}, key=str)
     rec.write_header(out_dir / rec.RECORDS_FILE,
                      merged_environment([h["environment"] for h in headers]),
-                     suite=suites[0] if len(suites) == 1 else suites,
+                     **facts, suite=suites[0] if len(suites) == 1 else suites,
                      merged_from=[{"path": str(s), "environment": h["environment"],
                                    "wall_s": h.get("wall_s")}
                                   for s, h in zip(sources, headers)],

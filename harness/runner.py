@@ -99,9 +99,13 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
     if reasons:
         return KernelCaseResult([_status_record(kernel, case, "skip", "; ".join(reasons))])
     programs = programs or _default_programs()
-    inputs = make_inputs(case)
     try:
-        ref = reference_for(case, programs)
+        inputs = make_inputs(case)
+        try:
+            ref = reference_for(case, programs)
+        except Exception as exc:  # not the kernel's doing: say whose it is
+            raise RuntimeError(f"oracle failed, the kernel did not run: {type(exc).__name__}: "
+                               f"{exc}") from exc
         program = programs.get(kernel, case, DEFAULT)
         results = program(*inputs.device_args)
         errs = jax.device_get(token_errors(results, ref.truth[:len(results)]))
@@ -157,7 +161,10 @@ def _leak_records(kernel, case, programs: Programs, inputs, results) -> list[dic
     records = []
     for leak in found.leaks:
         seg = leak.segment
-        if leak.leaked:
+        if not leak.compared:
+            verdict, message = "unprobed", "no run left this segment untouched (nothing else " \
+                                           "in its batch to redraw): not compared"
+        elif leak.leaked:
             verdict = "fail"
             message = (f"changed while the segment was untouched: {', '.join(leak.leaked)} "
                        f"(redrawn: {', '.join(leak.by)})")
@@ -176,7 +183,8 @@ def _leak_records(kernel, case, programs: Programs, inputs, results) -> list[dic
             "max_abs_err": leak.max_change, "worst_token": leak.first_token, "tolerance": 0.0,
             "ratio": None, "verdict": verdict, "expected": expected,
             "outcome": judging.outcome(verdict, expected), "message": message, "mode": mode,
-            "probed": found.probed, "unprobed": found.unprobed})
+            "probed": found.probed, "unprobed": found.unprobed,
+            **({"fallback": note} if note else {})})
     return records
 
 
@@ -224,18 +232,20 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
     # The next cases' inputs are drawn while this one runs (numpy draws without the GIL).
     drawing = ThreadPoolExecutor(max_workers=INPUTS_AHEAD, thread_name_prefix="inputs")
     ahead = {c: drawing.submit(make_inputs, c) for c in cases[:INPUTS_AHEAD]}
-    for i, case in enumerate(cases):
-        drawn = ahead.pop(case, None)
-        if drawn is not None and drawn.exception() is not None:
-            pass  # run_kernel_case draws again and records the error per kernel
-        following = cases[i + INPUTS_AHEAD:i + INPUTS_AHEAD + 1]
-        ahead.update({c: drawing.submit(make_inputs, c) for c in following if c not in ahead})
-        for kernel in kernels:
-            result = run_kernel_case(kernel, case, platform, programs, leak)
-            total.records += result.records
-            total.traces += result.traces
-            if on_result:
-                on_result(kernel, case, result)
-    drawing.shutdown(wait=False, cancel_futures=True)
+    try:
+        for i, case in enumerate(cases):
+            drawn = ahead.pop(case, None)
+            if drawn is not None:
+                drawn.exception()  # wait; a failed draw is drawn again, and recorded, per kernel
+            following = cases[i + INPUTS_AHEAD:i + INPUTS_AHEAD + 1]
+            ahead.update({c: drawing.submit(make_inputs, c) for c in following if c not in ahead})
+            for kernel in kernels:
+                result = run_kernel_case(kernel, case, platform, programs, leak)
+                total.records += result.records
+                total.traces += result.traces
+                if on_result:
+                    on_result(kernel, case, result)
+    finally:
+        drawing.shutdown(wait=False, cancel_futures=True)
     return total
 

@@ -19,9 +19,6 @@ class Cell:
     failing: int = 0     # segments with at least one failing check (the leak probe included)
     worst_ratio: float | None = None   # worst tolerance ratio (None: non-finite, or none)
     has_ratio: bool = False
-    unjudged: int = 0    # checks left unjudged (expected "either")
-    unprobed: int = 0    # leak records with a tensor that could not be probed
-    note: str = ""
 
     @property
     def text(self) -> str:
@@ -65,12 +62,8 @@ def grid(records: list[dict]) -> tuple[list[str], list[str], dict[tuple[str, str
         status = next((s for o, s in _STATUS if outcomes.get(o)), None)
         if status is None:
             status = "ok" if seg_fail else "skip"
-        note = next((r.get("message", "") for r in rows if r["verdict"] in ("skip", "error")), "")
         has_ratio, worst = judging.worst_ratio(rows)
-        cells[key] = Cell(status, len(seg_fail), sum(seg_fail.values()), worst, has_ratio,
-                          outcomes.get("unjudged", 0),
-                          sum(1 for r in rows if r["check"] == judging.LEAK.name
-                              and r.get("unprobed")), note)
+        cells[key] = Cell(status, len(seg_fail), sum(seg_fail.values()), worst, has_ratio)
     return kernels, layouts, cells
 
 
@@ -102,6 +95,10 @@ def not_judged_lines(records: list[dict]) -> list[str]:
     for (kernel, tensor), n in sorted(judging.unprobed(records).items()):
         lines.append(f"{kernel} leak: {tensor} unprobed in {n} segments (not reproducible run "
                      "to run)")
+    for (kernel, reason), n in sorted(judging.uncompared(records).items()):
+        lines.append(f"{kernel} leak: {n} segments not compared ({reason})")
+    for (kernel, why), n in sorted(judging.fallbacks(records).items()):
+        lines.append(f"{kernel} leak: {n} segments probed on the default build: {why}")
     return lines
 
 

@@ -16,8 +16,8 @@ output cotangent is, and no extra pass over the output to clean undefined values
 
 Segment ids the packed lowering cannot represent (an id above max_segments_per_seq, one id in
 two runs, padding before a segment) raise SegmentIdError when they are concrete. Inside jit
-they cannot raise: with segment_check="nan" each row that cannot be lowered gets a NaN (its
-first output element), so the step's loss goes NaN (loud, never silently wrong); with
+they cannot raise: with segment_check="nan" each row that cannot be lowered gets a NaN (on its
+first valid token, so a loss masked at padding keeps it), so the step's loss goes NaN (loud, never silently wrong); with
 "checkify" a jax.experimental.checkify error names the problem when the step is wrapped in
 checkify.checkify.
 """
@@ -131,9 +131,11 @@ class AttentionOp:
                            f"has an id above max_segments_per_seq={self.max_segments}, an id in "
                            "two separate runs, or padding before a segment (rows ok: {ok})", ok=ok)
             return out
-        # One NaN per bad row (its first element) makes the step's loss NaN, loudly, without a
-        # pass over the whole output.
-        return out.at[:, 0, 0, 0].add(jnp.where(ok, 0, jnp.nan).astype(out.dtype))
+        # One NaN per bad row, on its first valid token (a loss masked at padding keeps it),
+        # makes the step's loss NaN, loudly, without a pass over the whole output.
+        first = jnp.argmax(segment_ids > 0, axis=1)
+        rows = jnp.arange(out.shape[0])
+        return out.at[rows, first, 0, 0].add(jnp.where(ok, 0, jnp.nan).astype(out.dtype))
 
     def _sdpa(self):
         return cudnn_backend(self.config.cudnn_backend, self.config.compute_capability)
