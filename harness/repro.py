@@ -414,13 +414,13 @@ def draw_inputs():
     makes for this case). Padding positions hold larger values (x8) that a correct kernel never
     reads; the output cotangent (for gradients) is zero there."""
     dtype = jnp.dtype(DTYPE)
-    rng = np.random.default_rng([SEED, 0xA77E])
+    rng = np.random.default_rng([SEED, @INPUT_SALT@])
     batch, seq = SEGMENT_IDS.shape
     valid = (SEGMENT_IDS > 0)[:, :, None, None]
 
     def draw(heads):
         x = rng.standard_normal((batch, seq, heads, HEAD_DIM), dtype=np.float32)
-        poison = 8.0 * rng.standard_normal(x.shape, dtype=np.float32)
+        poison = @POISON@ * rng.standard_normal(x.shape, dtype=np.float32)
         return np.where(valid, x, poison).astype(dtype)
 
     q, k, v = draw(HEADS), draw(KV_HEADS), draw(KV_HEADS)
@@ -523,7 +523,7 @@ def program(q, k, v, segment_ids, cotangent):
 
 def perturbed(inputs, index, redraw):
     """The inputs with the `redraw` tokens' q, k, v and cotangent drawn afresh."""
-    rng = np.random.default_rng([SEED, 0x1EA4, index])
+    rng = np.random.default_rng([SEED, @PERTURB_SALT@, index])
     valid = (SEGMENT_IDS > 0)[:, :, None, None]
     arrays = []
     for i, x in enumerate(inputs):
@@ -557,8 +557,10 @@ def main():
         again = run(q, k, v, cotangent)
         unstable |= {n for n, a, b in zip(names, base, again) if (changed(a, b) & valid).any()}
     probed = [i for i, n in enumerate(names) if n not in unstable]
-    groups = [("odd segments", valid & (SEGMENT_IDS % 2 == 1)),
-              ("even segments", valid & (SEGMENT_IDS % 2 == 0)), ("padding", ~valid)]
+    # The harness's groups: a checkerboard of segments (number + row), then the padding.
+    colour = (SEGMENT_IDS + np.arange(SEGMENT_IDS.shape[0])[:, None]) % 2
+    groups = [("segments of one colour", valid & (colour == 1)),
+              ("segments of the other colour", valid & (colour == 0)), ("padding", ~valid)]
     runs = [(group, redraw, run(*perturbed((q, k, v, cotangent), index, redraw)))
             for index, (group, redraw) in enumerate(g for g in groups if g[1].any())]
 
@@ -766,6 +768,11 @@ def script_text(kernel: Kernel, original: Case, run: Run, check: str, runs: int,
         _FOOTER,
     ]
     text = "\n\n\n".join(c.strip("\n") for c in chunks) + "\n"
+    from harness.cases import INPUT_SALT, PADDING_POISON_SCALE
+    from harness.leak_probe import PERTURB_SALT
+    for mark, value in (("@INPUT_SALT@", hex(INPUT_SALT)), ("@POISON@", repr(PADDING_POISON_SCALE)),
+                        ("@PERTURB_SALT@", hex(PERTURB_SALT))):
+        text = text.replace(mark, value)
     compile(text, str(path), "exec")
     return text, needs_harness
 
