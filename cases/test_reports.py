@@ -267,3 +267,18 @@ def test_merged_header_keeps_versions_each_source_knew(tmp_path):
     header, _ = rec.read(tmp_path / "m")
     assert header["environment"]["maxtext"] == "0.2.5"
     assert header["suite"] == "nightly"
+
+
+def test_compare_flags_outcomes_gone_bad_and_checks_gone_missing(tmp_path):
+    """Turning the leak probe off leaves the canary's checks to nothing: their verdicts are the
+    same, their outcomes went bad, and the leak records are gone. Both are regressions."""
+    base = _records(tmp_path)
+    left = [dict(r) for r in base if r["check"] != "leak"]
+    for r in left:
+        if r["outcome"] == "unjudged":
+            r["outcome"] = "missed"
+    result = compare(left, base)
+    assert not result.flips and result.regressed
+    assert any("unjudged -> missed" in line for line in result.regressions)
+    assert any("checks ran in the baseline and not now (leak)" in line
+               for line in result.regressions)

@@ -1,7 +1,8 @@
 """Regression against a baseline report: verdict flips, new and missing cases, grown errors.
 
-A regression (exit 1) is: a check that passed (or was caught) now fails, errors or is missed;
-a kernel x case that ran now skipped; or an error that grew by more than `growth` times while
+A regression (exit 1) is: a check that was not bad (passed, caught, unjudged) now fails, errors
+or is missed; a kernel x case that ran now skipped, or checks of it that ran and now did not (the
+leak probe turned off); or an error that grew by more than `growth` times while
 the new error is above NOISE_RATIO of its tolerance (so errors at the rounding floor,
 where a factor of two is noise, never count). New and missing cases are listed, not failed:
 suites grow and shrink on purpose. A baseline from another suite or platform is compared all
@@ -9,6 +10,7 @@ the same, with a warning first: most of its pairs will be new or missing.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from harness import judging
@@ -24,6 +26,7 @@ class Comparison:
     grown: list[tuple[dict, dict]] = field(default_factory=list)
     new_cases: list[tuple[str, str]] = field(default_factory=list)
     missing_cases: list[tuple[str, str]] = field(default_factory=list)
+    lost_checks: list[dict] = field(default_factory=list)   # ran in the baseline, not now
 
     @property
     def regressed(self) -> bool:
@@ -54,10 +57,12 @@ def compare(new: list[dict], base: list[dict], growth: float = 2.0) -> Compariso
             continue
         if b["verdict"] != r["verdict"]:
             result.flips.append((b, r))
-            if judging.is_good(b) and judging.is_bad(r):
-                result.regressions.append(
-                    f"{r['kernel']} {r['check']} {r.get('segment_label')} of {r['case_id']}: "
-                    f"{b['outcome']} -> {r['outcome']}")
+        if not judging.is_bad(b) and judging.is_bad(r):
+            # Whether or not the measurement flipped: a check that was left to the leak probe
+            # and is now judged by nothing is as much a regression as a pass turned fail.
+            result.regressions.append(
+                f"{r['kernel']} {r['check']} {r.get('segment_label')} of {r['case_id']}: "
+                f"{b['outcome']} -> {r['outcome']}")
         chk = judging.CHECKS.get(r["check"])
         if chk is None or chk.bitwise:
             continue  # kernel-level records and bitwise checks have no error to grow
@@ -68,6 +73,15 @@ def compare(new: list[dict], base: list[dict], growth: float = 2.0) -> Compariso
             elif (old_err is not None and new_err is not None and new_err > growth * old_err
                   and r["ratio"] is not None and r["ratio"] > NOISE_RATIO):
                 result.grown.append((b, r))
+    new_keys = {rec.record_key(r) for r in new}
+    both = new_cases & base_cases
+    lost = [b for b in base if (b["kernel"], b["case_id"]) in both
+            and rec.record_key(b) not in new_keys and b["outcome"] != "skip"]
+    result.lost_checks = lost
+    for (kernel, case_id), n in sorted(Counter((b["kernel"], b["case_id"]) for b in lost).items()):
+        checks = sorted({b["check"] for b in lost if (b["kernel"], b["case_id"]) == (kernel, case_id)})
+        result.regressions.append(f"{kernel} on {case_id}: {n} checks ran in the baseline and not "
+                                  f"now ({', '.join(checks)})")
     for b, r in result.grown:
         if r["expected"] == "pass":
             result.regressions.append(
@@ -106,6 +120,7 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
               f"{b['verdict']} -> {r['verdict']}")
     print(f"  errors grown > {growth}x: {len(result.grown)}")
     print(f"  new kernel x case: {len(result.new_cases)}; missing: {len(result.missing_cases)}")
+    print(f"  checks that ran in the baseline and not now: {len(result.lost_checks)}")
     for k, c in result.missing_cases[:20]:
         print(f"    missing: {k} on {c}")
     if result.regressed:

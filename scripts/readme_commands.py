@@ -3,10 +3,12 @@
 the repository root; exits 1 at the first block that fails.
 
 A ```sh block runs unless the line before it (blank lines aside) is a comment
-`<!-- not in CI's README step: REASON -->`: it needs a GPU, or another CI stage runs it.
+`<!-- not in CI's README step: REASON -->`: it needs a GPU, or another CI stage runs it. A
+block marked `<!-- CI's Python 3.12 stage -->` runs only with --python312 (that stage runs it).
 
-    python3 scripts/readme_commands.py            # run them
-    python3 scripts/readme_commands.py --list     # show which run and which not, and why
+    python3 scripts/readme_commands.py              # run them
+    python3 scripts/readme_commands.py --python312  # the Python 3.12 stage's blocks
+    python3 scripts/readme_commands.py --list       # show which run and which not, and why
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIP = re.compile(r"<!--\s*not in CI's README step:\s*(?P<why>.*?)\s*-->")
+PY312 = "<!-- CI's Python 3.12 stage -->"
 
 
 def blocks(readme: str) -> list[tuple[str, str | None]]:
@@ -30,7 +33,8 @@ def blocks(readme: str) -> list[tuple[str, str | None]]:
                 j += 1
             before = next((line for line in reversed(lines[:i]) if line.strip()), "")
             skip = SKIP.search(before)
-            out.append(("\n".join(lines[i + 1:j]), skip.group("why") if skip else None))
+            why = skip.group("why") if skip else (PY312 if PY312 in before else None)
+            out.append(("\n".join(lines[i + 1:j]), why))
             i = j
         i += 1
     return out
@@ -38,8 +42,13 @@ def blocks(readme: str) -> list[tuple[str, str | None]]:
 
 def main(argv: list[str]) -> int:
     found = blocks((ROOT / "README.md").read_text())
+    python312 = "--python312" in argv
     for n, (commands, why) in enumerate(found, 1):
         head = commands.splitlines()[0]
+        if python312:
+            why = None if why == PY312 else "not the Python 3.12 stage's"
+        elif why == PY312:
+            why = "CI's Python 3.12 stage runs it"
         if why or "--list" in argv:
             print(f"[{n}/{len(found)}] {'skip: ' + why if why else 'runs'}: {head}", flush=True)
             continue
