@@ -144,10 +144,11 @@ def test_useful_flops_count_same_segment_causal_pairs_only():
     # Segments of 3 and 1 tokens: 3*4/2 + 1 = 7 causal pairs; 2 heads of dim 4; two matmuls of
     # 2 FLOPs per multiply-add: forward 4 * 7 * 4 * 2 = 224; backward 2.5x: 560; total 784.
     assert bench.useful_flops([3, 1], heads=2, head_dim=4) == (224, 784)
-    # The same by brute force over a packed row with padding (padding pairs count nothing).
-    seg = np.array([1, 1, 1, 2, 0, 0])
-    pairs = sum(1 for i in range(6) for j in range(i + 1) if seg[i] and seg[i] == seg[j])
-    assert 4 * pairs * 4 * 2 == 224
+    # The same by brute force over packed rows with padding (padding pairs count nothing).
+    for seg in ([1, 1, 1, 2, 0, 0], [1, 2, 2, 2, 2, 3, 3, 0], [1] * 9):
+        lengths = [seg.count(n) for n in sorted(set(seg) - {0})]
+        pairs = sum(1 for i in range(len(seg)) for j in range(i + 1) if seg[i] and seg[i] == seg[j])
+        assert bench.useful_flops(lengths, heads=2, head_dim=4)[0] == 4 * pairs * 4 * 2, seg
 
 
 def test_shapes_have_the_exact_segments():
