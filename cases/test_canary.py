@@ -26,7 +26,6 @@ def _failing(records, check):
 
 
 def _reads_other_tokens(case, s):
-    row = case.segment_ids[s.row]
     return s.start > 0 if case.causal else s.length < case.seq_len
 
 
@@ -80,6 +79,11 @@ def _off_by_one(query, key, value, segment_ids, *, causal, scale):
     leak = (pos[None, :, None] - 1 == pos[None, None, :]) & (prev[:, :, None] != segment_ids[:, :, None]) \
         & (prev[:, :, None] > 0)
     mask = (same | leak) & (pos[:, None] >= pos[None, :])[None]
+    return _masked_attention(query, key, value, mask, scale)
+
+
+def _masked_attention(query, key, value, mask, scale):
+    """Softmax attention under a [B, T, T] mask (kv heads grouped)."""
     h = query.shape[2]
     k = jnp.repeat(key, h // key.shape[2], axis=2)
     v = jnp.repeat(value, h // value.shape[2], axis=2)
@@ -138,12 +142,7 @@ def _reads_padding(query, key, value, segment_ids, *, causal, scale):
     t = segment_ids.shape[1]
     if causal:
         same = same & jnp.tril(jnp.ones((t, t), bool))[None]
-    h = query.shape[2]
-    k = jnp.repeat(key, h // key.shape[2], axis=2)
-    v = jnp.repeat(value, h // value.shape[2], axis=2)
-    s = jnp.einsum("bqhd,bkhd->bhqk", query, k, preferred_element_type=jnp.float32) * scale
-    p = jax.nn.softmax(jnp.where(same[:, None], s, -1e30), axis=-1)
-    return jnp.einsum("bhqk,bkhd->bqhd", p.astype(value.dtype), v)
+    return _masked_attention(query, key, value, same, scale)
 
 
 def test_padding_read_is_caught_by_the_probe_where_padding_comes_first():
