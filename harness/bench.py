@@ -75,15 +75,16 @@ import numpy as np
 from harness.cases import Case, make_inputs
 from harness.errors import UsageError
 from harness.kernel import Kernel, Platform, scores_bytes
+from harness.kernels.sut import CUDNN as CUDNN_DTYPES
+from harness.kernels.sut import CUDNN_MARKER as CUDNN_MARKERS
+from harness.kernels.te import TE_MARKERS
 from harness.layouts import CUSTOM
+from harness.oracle import with_gradients
 
 GiB = 2 ** 30
-CUDNN_DTYPES = ("bfloat16", "float16")
 PACKED_MIN_CC = 9.0                 # cuDNN's packed layout and TE's THD fused attention
 CPU_DENSE_FACTOR = 2                # XLA:CPU's dense peak over scores_bytes (see the docstring)
 TE_MASK_BYTES_PER_PAIR = 10         # TE's segment-id path may build [B, 1, T, T] masks (bool/int32)
-CUDNN_MARKERS = ("__cudnn$fmha",)
-TE_MARKERS = ("te_fused_attn_forward_ffi", "te_fused_attn_backward_ffi")
 
 # Goals (reported, never asserted).
 SAMPLE_S = 0.02                     # a GPU sample's length: back-to-back calls (see time_shape)
@@ -209,15 +210,11 @@ def packed_lengths_offsets(segment_ids, max_segments: int) -> tuple[np.ndarray, 
 
 def raw_cudnn_packed(query, key, value, seqlen, offsets, *, scale, backend, repeat_kv=False):
     """jax's cuDNN SDPA (or the emulator) on precomputed packed lengths and offsets."""
-    from harness.sut.attention_op import cudnn_backend
+    from harness.sut.attention_op import cudnn_backend, cudnn_packed
 
     sdpa, mask_type = cudnn_backend(backend)
-    if repeat_kv:  # this jax's GQA offsets bug: as the op does, as many kv heads as q heads
-        group = query.shape[2] // key.shape[2]
-        key, value = jnp.repeat(key, group, axis=2), jnp.repeat(value, group, axis=2)
-    return sdpa(query, key, value, q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets,
-                kv_offsets=offsets, scale=scale, mask_type=mask_type.PADDING_CAUSAL,
-                qkv_layout="BTNH")
+    return cudnn_packed(sdpa, mask_type, query, key, value, seqlen, offsets, scale=scale,
+                        causal=True, repeat_kv=repeat_kv)
 
 
 def raw_te_thd_offsets(query, key, value, seqlen, offsets, *, scale, max_segments):
@@ -225,21 +222,20 @@ def raw_te_thd_offsets(query, key, value, seqlen, offsets, *, scale, max_segment
     the arguments te_fused_thd passes otherwise."""
     from transformer_engine.jax import attention as te
 
+    from harness.sut.attention_op import te_fused_attention
+
     descriptor = te.SequenceDescriptor.from_seqlens_and_offsets((seqlen, seqlen),
                                                                 (offsets, offsets))
-    return te.fused_attn(
-        (query, key, value), None, descriptor, None, te.AttnBiasType.NO_BIAS,
-        te.AttnMaskType.PADDING_CAUSAL_MASK, te.QKVLayout.THD_THD_THD,
-        te.AttnSoftmaxType.VANILLA_SOFTMAX, scale, 0.0, True, max_segments_per_seq=max_segments)
+    return te_fused_attention(query, key, value, descriptor, scale=scale, causal=True,
+                              max_segments=max_segments)
 
 
-@functools.lru_cache(maxsize=1)
 def _gqa_offsets_bug() -> tuple[bool, str]:
-    try:
-        from harness.sut.lowering import upstream_gqa_offsets_wrong
-        return upstream_gqa_offsets_wrong(), ""
-    except Exception as exc:  # the private jax function moved: as the op would, go on
-        return False, f"GQA offsets probe failed ({type(exc).__name__}); kv not repeated"
+    from harness.environment import gqa_offsets_bug
+    bug = gqa_offsets_bug()
+    if bug is None:  # the private jax function moved: as the op would, go on
+        return False, "GQA offsets probe failed; kv not repeated"
+    return bug, ""
 
 
 # ----- entries --------------------------------------------------------------------------------
@@ -436,17 +432,6 @@ def plan_all(shapes, entries, platform: Platform, budget: int | None, set_name: 
 
 # ----- running --------------------------------------------------------------------------------
 
-def _fwd_bwd(fn, backward: bool = True):
-    """fn(q, k, v, *aux) -> program(q, k, v, *aux, cotangent) = (out, dq, dk, dv) via jax.vjp."""
-    def run(q, k, v, *rest):
-        *aux, ct = rest
-        if not backward:
-            return (fn(q, k, v, *aux),)
-        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, *aux), q, k, v)
-        return (out, *vjp(ct.astype(out.dtype)))
-    return run
-
-
 def _entry_fn(p: Plan):
     """(fn(q, k, v, *aux), names of aux arguments) for a plan."""
     case, m = p.shape.case, p.shape.max_segments
@@ -515,7 +500,7 @@ def time_shape(shape: Shape, plans: list[Plan], repeats: int) -> list[Run]:
             fn, aux = _entry_fn(r.plan)
             r.args = tuple(on_device[k] for k in ("q", "k", "v", *aux, "ct"))
             backward = r.plan.kernel.backward if r.plan.kernel is not None else True
-            lowered[id(r)] = jax.jit(_fwd_bwd(fn, backward)).lower(*r.args)
+            lowered[id(r)] = jax.jit(with_gradients(fn, backward)).lower(*r.args)
         except Exception as exc:  # report and go on: a benchmark is not a verdict
             r.error = _error(exc)
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -56,7 +57,10 @@ def _cudnn_version() -> str | None:
     return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
 
 
-def _gqa_offsets_bug() -> bool | None:
+@functools.lru_cache(maxsize=1)
+def gqa_offsets_bug() -> bool | None:
+    """Whether this jax has the packed-GQA offsets bug (None: the probe of jax's private
+    arithmetic failed, unknown)."""
     try:
         from harness.sut.lowering import upstream_gqa_offsets_wrong
         return upstream_gqa_offsets_wrong()
@@ -105,7 +109,7 @@ def describe() -> dict:
         "maxtext": _version("maxtext"),
         "git_commit": commit,
         "git_dirty": dirty,
-        "jax_packed_gqa_offsets_bug": _gqa_offsets_bug(),
+        "jax_packed_gqa_offsets_bug": gqa_offsets_bug(),
         "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": _platform.node(),
     }

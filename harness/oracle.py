@@ -124,10 +124,14 @@ def segment_loop_attention(query, key, value, segment_ids, cotangent, *, scale: 
 
 # ----- the reference of one case --------------------------------------------------------------
 
-def with_gradients(fn):
-    """fn(q, k, v, seg) -> program(q, k, v, seg, cotangent) = (out, dq, dk, dv) via jax.vjp."""
-    def run(q, k, v, seg, ct):
-        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, seg), q, k, v)
+def with_gradients(fn, backward: bool = True):
+    """fn(q, k, v, *aux) -> program(q, k, v, *aux, cotangent) = (out, dq, dk, dv) via jax.vjp
+    (aux: segment ids, or precomputed lengths and offsets); (out,) without a backward pass."""
+    def run(q, k, v, *rest):
+        *aux, ct = rest
+        if not backward:
+            return (fn(q, k, v, *aux),)
+        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, *aux), q, k, v)
         return (out, *vjp(ct.astype(out.dtype)))
     return run
 

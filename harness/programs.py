@@ -94,9 +94,7 @@ def kernel_fn(kernel: Kernel, case: Case):
             raise ValueError(f"{kernel.name}: output shape {out.shape} != query shape {q.shape}")
         return out
 
-    if kernel.backward:
-        return with_gradients(fn)
-    return lambda q, k, v, seg, ct: (fn(q, k, v, seg),)
+    return with_gradients(fn, kernel.backward)
 
 
 def argument_shapes(case: Case) -> tuple:

@@ -22,6 +22,8 @@ import functools
 import sys
 
 from harness.kernel import Kernel
+from harness.kernels.sut import CUDNN, CUDNN_MARKER
+from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
 
 
 @functools.lru_cache(maxsize=1)
@@ -192,16 +194,15 @@ KERNELS = [
            description="MaxText's AttentionOp, attention=dot_product (installed maxtext)"),
     Kernel("maxtext:cudnn_flash_jax",
            functools.partial(maxtext_attention, attention="cudnn_flash_jax"),
-           dtypes=("bfloat16", "float16"), devices=("gpu",), min_compute_capability=8.0,
-           hlo_markers=("__cudnn$fmha",), expect=known_bug_expectation, **_COMMON,
+           dtypes=CUDNN, devices=("gpu",), min_compute_capability=8.0,
+           hlo_markers=CUDNN_MARKER, expect=known_bug_expectation, **_COMMON,
            standalone=MAXTEXT_STANDALONE.replace("@ATTENTION@", "cudnn_flash_jax"),
            description="MaxText's AttentionOp, attention=cudnn_flash_jax (installed maxtext; "
                        "maxtext <= 0.2.5 ignores segment ids: expected to be caught)"),
     Kernel("maxtext:cudnn_flash_te",
            functools.partial(maxtext_attention, attention="cudnn_flash_te"),
-           dtypes=("bfloat16", "float16"), devices=("gpu",), min_compute_capability=9.0,
-           hlo_markers=("te_fused_attn_forward_ffi", "te_fused_attn_backward_ffi"),
-           deterministic_env={"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"},
+           dtypes=CUDNN, devices=("gpu",), min_compute_capability=9.0,
+           hlo_markers=TE_MARKERS, deterministic_env=TE_DETERMINISTIC,
            **{**_COMMON, "requires": ("maxtext", "transformer_engine")},
            standalone=MAXTEXT_STANDALONE.replace("@ATTENTION@", "cudnn_flash_te"),
            description="MaxText's AttentionOp, attention=cudnn_flash_te (installed maxtext and TE)"),

@@ -142,23 +142,20 @@ class AttentionOp:
 
     def _cudnn_packed(self, query, key, value, segment_ids, scale, causal):
         sdpa, mask_type = self._sdpa()
-        if (self.config.cudnn_backend == "cudnn" and self.config.packing
-                and key.shape[2] != query.shape[2] and lowering.upstream_gqa_offsets_wrong()):
-            # This jax scales kv offsets by the query head count: give cuDNN as many kv heads
-            # as query heads so the arithmetic holds. Autodiff sums the repeated heads' grads.
-            group = query.shape[2] // key.shape[2]
-            key, value = jnp.repeat(key, group, axis=2), jnp.repeat(value, group, axis=2)
-        mask = mask_type.PADDING_CAUSAL if causal else mask_type.PADDING
         if not self.config.packing:
             # One sequence per row, then padding: plain per-row lengths, no packed offsets.
             lengths = (segment_ids > 0).sum(axis=1).astype(jnp.int32)
             return sdpa(query, key, value, q_seqlen=lengths, kv_seqlen=lengths, scale=scale,
-                        dropout_rate=self.config.dropout_rate, mask_type=mask, qkv_layout="BTNH")
+                        dropout_rate=self.config.dropout_rate,
+                        mask_type=mask_type.PADDING_CAUSAL if causal else mask_type.PADDING,
+                        qkv_layout="BTNH")
         seqlen, offsets = lowering.lengths_and_offsets(segment_ids, self.max_segments,
                                                        padding_segment=True)
-        return sdpa(query, key, value, q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets,
-                    kv_offsets=offsets, scale=scale, dropout_rate=self.config.dropout_rate,
-                    mask_type=mask, qkv_layout="BTNH")
+        repeat = (self.config.cudnn_backend == "cudnn" and key.shape[2] != query.shape[2]
+                  and lowering.upstream_gqa_offsets_wrong())
+        return cudnn_packed(sdpa, mask_type, query, key, value, seqlen, offsets, scale=scale,
+                            causal=causal, dropout_rate=self.config.dropout_rate,
+                            repeat_kv=repeat)
 
     def _cudnn_mask(self, query, key, value, segment_ids, scale, causal):
         sdpa, mask_type = self._sdpa()
@@ -175,6 +172,20 @@ class AttentionOp:
                             dropout_rate=self.config.dropout_rate)
 
 
+def cudnn_packed(sdpa, mask_type, query, key, value, seqlen, offsets, *, scale, causal,
+                 dropout_rate=0.0, repeat_kv=False):
+    """cuDNN's packed layout (jax's SDPA or the emulator): segment lengths [B, M] and offsets
+    [B, M+1]. `repeat_kv`: this jax scales kv offsets by the query head count (jax <= 0.11.0),
+    so cuDNN gets as many kv heads as query heads; autodiff sums the repeated heads' grads."""
+    if repeat_kv:
+        group = query.shape[2] // key.shape[2]
+        key, value = jnp.repeat(key, group, axis=2), jnp.repeat(value, group, axis=2)
+    return sdpa(query, key, value, q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets,
+                kv_offsets=offsets, scale=scale, dropout_rate=dropout_rate,
+                mask_type=mask_type.PADDING_CAUSAL if causal else mask_type.PADDING,
+                qkv_layout="BTNH")
+
+
 def te_fused_thd(query, key, value, segment_ids, *, scale, causal, max_segments,
                  dropout_rate=0.0):
     """Transformer Engine's THD fused attention with a SequenceDescriptor built from segment
@@ -184,6 +195,15 @@ def te_fused_thd(query, key, value, segment_ids, *, scale, causal, max_segments,
     pos = lowering.positions(segment_ids)
     descriptor = te.SequenceDescriptor.from_segment_ids_and_pos(
         (segment_ids, segment_ids), (pos, pos))
+    return te_fused_attention(query, key, value, descriptor, scale=scale, causal=causal,
+                              max_segments=max_segments, dropout_rate=dropout_rate)
+
+
+def te_fused_attention(query, key, value, descriptor, *, scale, causal, max_segments,
+                       dropout_rate=0.0):
+    """Transformer Engine's THD fused attention for a SequenceDescriptor."""
+    from transformer_engine.jax import attention as te
+
     mask = te.AttnMaskType.PADDING_CAUSAL_MASK if causal else te.AttnMaskType.PADDING_MASK
     return te.fused_attn(
         (query, key, value), None, descriptor, None, te.AttnBiasType.NO_BIAS, mask,
