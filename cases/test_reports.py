@@ -6,6 +6,9 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import jax
+import pytest
+
 from harness import records as rec
 from harness.baseline import compare
 from harness.cases import Case
@@ -282,3 +285,39 @@ def test_compare_flags_outcomes_gone_bad_and_checks_gone_missing(tmp_path):
     assert any("unjudged -> missed" in line for line in result.regressions)
     assert any("checks ran in the baseline and not now (leak)" in line
                for line in result.regressions)
+
+
+def test_a_known_numerical_bug_is_reported_as_known_in_every_view_never_as_ok(tmp_path):
+    """("known", reason): a named upstream bug that fails on some data only. Where it fails the
+    record is `known` (the run stays green) and every view lists it with its reason; where it
+    passes, ok; on a check the expectation does not name, a failure is still a FAIL."""
+    import jax.numpy as jnp
+    from harness import judging
+    from harness.kernel import Kernel
+    from harness.kernels.reference import dot_product
+
+    def scaled_dq(q, k, v, seg, *, causal, scale):  # dq 10% off on row 1, output right
+        out = dot_product(q, k, v, seg, causal=causal, scale=scale)
+        row1 = (jnp.arange(q.shape[0]) == 1)[:, None, None, None]
+        return out + jnp.where(row1, 0.1, 0.0).astype(out.dtype) * (out - jax.lax.stop_gradient(out))
+
+    reason = "known upstream bug: dq scaled on row 1"
+    kernel = Kernel("scaled_dq", scaled_dq,
+                    expect=lambda case, check, seg: ("known", reason) if check in ("dq", "dk", "dv") else "pass")
+    writer = ReportWriter(tmp_path, describe(), suite="test")
+    run_matrix([kernel], [CASE], Platform("cpu"), on_result=lambda k, c, r: writer.add(r),
+               leak=False)
+    assert writer.finish() == 0
+    _, records = rec.read(tmp_path / "report.jsonl")
+    known = [r for r in records if r["outcome"] == "known"]
+    assert known and {r["row"] for r in known} == {1} and all(r["message"] == reason for r in known)
+    assert {r["outcome"] for r in records if r["row"] == 0} == {"ok"}
+    line = f"scaled_dq dq: {sum(r['check'] == 'dq' for r in known)} segments fail as known ({reason})"
+    assert line in (tmp_path / "summary.md").read_text()
+    assert "## Known upstream bugs" in (tmp_path / "summary.md").read_text()
+    assert line in (tmp_path / "report.html").read_text()
+    assert judging.outcome("fail", "known") == "known" and judging.outcome("pass", "known") == "ok"
+    with pytest.raises(ValueError, match="needs its reason"):
+        judging.expectation("known", "dq")
+    with pytest.raises(ValueError, match="exact"):
+        judging.expectation(("known", reason), "leak")

@@ -11,7 +11,7 @@ import jinja2
 
 from harness import judging
 from harness.markdown_report import _fmt, env_line, run_line
-from harness.summary import coverage_lines, grid, not_judged_lines
+from harness.summary import coverage_lines, grid, known_lines, not_judged_lines
 
 PLOTTED_CHECKS = tuple(c.name for c in judging.TENSORS if c.traced)
 MAX_PLOTS = 60
@@ -42,6 +42,7 @@ img { max-width: 100%; }
 <td>{{ r.tol }}</td><td>{{ r.ratio }}</td><td>{{ r.worst_token }}</td><td><code>{{ r.case_id }}</code>
 {% if r.message %}<br>{{ r.message }}{% endif %}</td></tr>
 {% endfor %}</table>{% endif %}
+{% if known %}<h2>Known upstream bugs</h2><ul>{% for line in known %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
 <h2>Not judged ({{ n_unjudged }} checks; {{ n_unprobed }} unprobed tensors)</h2>
 {% if not_judged %}<ul>{% for line in not_judged %}<li>{{ line }}</li>{% endfor %}</ul>
 {% else %}<p>Every check was judged.</p>{% endif %}
@@ -162,7 +163,7 @@ def write_html(path: Path, header: dict, records: list[dict], traces: list[dict]
         counts=", ".join(f"{k} {v}" for k, v in judging.counts(records).items()),
         heatmap=_heatmap(records), bad=bad, plots=plots,
         dropped=max(0, len(wanted) - MAX_PLOTS),
-        not_judged=not_judged_lines(records), coverage=coverage_lines(records),
+        not_judged=not_judged_lines(records), known=known_lines(records), coverage=coverage_lines(records),
         n_unjudged=judging.counts(records).get("unjudged", 0),
         n_unprobed=sum(judging.unprobed(records).values()),
         timing=timing))

@@ -33,7 +33,9 @@ The vocabulary of a record:
     verdict   what was measured: pass | fail | unprobed (leak probe: no tensor reproducible)
               | skip | error
     expected  what a correct harness must conclude: pass | fail | either (not judged by this
-              check; the leak probe must judge the segment) | error (a known upstream crash)
+              check; the leak probe must judge the segment) | known (a known upstream numerical
+              bug that shows on some data only: a failure is reported as known, with its
+              reason, and a pass is ok) | error (a known upstream crash)
     outcome   the two together:
               ok, caught, known            good
               unjudged, skip               neither good nor bad; every view counts them apart
@@ -120,16 +122,22 @@ OUTCOMES = ("ok", "caught", "known", "unjudged", "skip", "fail", "missed", "erro
 
 def expectation(value, check_name: str = "") -> tuple[str, str]:
     """(expected, reason) from what an expectation function returned: "pass", "fail",
-    "either", or ("either", reason). The leak probe is exact: never "either"."""
+    "either", ("either", reason) or ("known", reason). The leak probe is exact: never "either"
+    nor "known". A known bug names itself: "known" needs its reason."""
     if isinstance(value, tuple):
         expected, reason = value
     else:
         expected, reason = value, ""
-    if expected not in ("pass", "fail", "either"):
-        raise ValueError(f"an expectation must be pass, fail or either, not {expected!r}")
-    if expected == "either" and check_name == LEAK.name:
-        raise ValueError("the leak probe is exact: its expectation is pass or fail, not either")
-    return expected, (reason or EITHER_REASON) if expected == "either" else ""
+    if expected not in ("pass", "fail", "either", "known"):
+        raise ValueError(f"an expectation must be pass, fail, either or known, not {expected!r}")
+    if expected in ("either", "known") and check_name == LEAK.name:
+        raise ValueError(f"the leak probe is exact: its expectation is pass or fail, not "
+                         f"{expected}")
+    if expected == "known" and not reason:
+        raise ValueError("a known bug needs its reason: return ('known', 'what and where')")
+    if expected == "either":
+        return expected, reason or EITHER_REASON
+    return expected, reason if expected == "known" else ""
 
 
 def outcome(verdict: str, expected: str) -> str:
@@ -142,6 +150,8 @@ def outcome(verdict: str, expected: str) -> str:
         return "missed" if expected == "fail" else "unjudged"
     if expected == "either":
         return "unjudged"
+    if expected == "known":
+        return "known" if verdict == "fail" else "ok"
     if verdict == expected:
         return "ok" if verdict == "pass" else "caught"
     return "fail" if verdict == "fail" else "missed"
@@ -254,6 +264,12 @@ def unjudged(records: Iterable[Mapping]) -> Counter:
     """(kernel, check, reason) -> count of checks that an expectation left unjudged."""
     return Counter((r["kernel"], r["check"], r.get("message", ""), r.get("judged_by", ""))
                    for r in records if r["outcome"] == "unjudged" and r["check"] != LEAK.name)
+
+
+def known(records: Iterable[Mapping]) -> Counter:
+    """(kernel, check, reason) -> segments failing a check as a known upstream bug predicts."""
+    return Counter((r["kernel"], r["check"], r.get("message", ""))
+                   for r in records if r["outcome"] == "known" and r.get("segment"))
 
 
 def unprobed(records: Iterable[Mapping]) -> Counter:

@@ -17,9 +17,10 @@ from harness.layouts import Segment
 
 ALL_DTYPES = ("float32", "bfloat16", "float16")
 
-# expect(case, check name, segment) -> "pass" | "fail" | "either" | ("either", reason): what a
-# correct harness must conclude ("either": not judged by that check; the leak probe then must
-# judge the segment, see judging.cover_unjudged).
+# expect(case, check name, segment) -> "pass" | "fail" | "either" | ("either", reason) |
+# ("known", reason): what a correct harness must conclude ("either": not judged by that check;
+# the leak probe then must judge the segment, see judging.cover_unjudged; "known": a named
+# upstream numerical bug that fails on some data only, reported as known when it does).
 Expectation = Callable[[Case, str, Segment], object]
 
 

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from harness import judging
-from harness.summary import coverage_lines, grid, margin_rows, not_judged_lines
+from harness.summary import coverage_lines, grid, known_lines, margin_rows, not_judged_lines
 
 _MARK = {"ok": "🟢", "caught": "🔵", "known": "🟠", "FAIL": "🔴", "MISSED": "🔴", "ERROR": "❌",
          "skip": "⚪"}
@@ -141,6 +141,11 @@ def render(header: dict, records: list[dict]) -> str:
             out += ["", "### Errors", ""]
             out += [f"- `{r['kernel']}` on `{r['case_id']}`: {r['outcome']}: "
                     f"{r.get('message', '')[:300]}" for r in errors]
+
+    known = known_lines(records)
+    if known:
+        out += ["", f"## Known upstream bugs ({sum(judging.known(records).values())} checks)", ""]
+        out += [f"- {line}" for line in known]
 
     not_judged = not_judged_lines(records)
     n_unjudged = judging.counts(records).get("unjudged", 0)

@@ -111,6 +111,27 @@ def known_bug_expectation(case, check, segment):
         return ignores_segments_expectation(case, check, segment)
     return "pass"
 
+# MaxText's dot_product divides its unnormalized output by the softmax sum in the input dtype
+# (`prefill_unnormalized_output / prefill_exponentials_sum`, float32_logits off as in base.yml).
+# jax differentiates x / s through s**-2, and in float16 s * s overflows once s > 256: the
+# gradient through the sum is 0 (`jax.grad(lambda s: 1 / s)(jnp.float16(300))` is -0.0), so dq,
+# dk and dv are wrong for queries whose exponentials (relative to their max) sum above 256, which
+# needs more than 256 keys in the segment. Seen on the H200 and on CPU: dq 9.8x, dk 7.4x the
+# tolerance on a 1919-token float16 segment. bfloat16 has float32's range and is unaffected.
+FLOAT16_SUM_REASON = ("known upstream bug: float16 softmax sum > 256 drops the gradient through "
+                      "it (jax differentiates out / sum via sum**-2, which overflows float16); "
+                      "segments over 256 tokens")
+FLOAT16_SUM_UP_TO = (0, 2, 5)
+
+
+def float16_sum_expectation(case, check, segment):
+    version = installed_version()
+    if (case.dtype == "float16" and check in ("dq", "dk", "dv") and segment.length > 256
+            and version is not None and version <= FLOAT16_SUM_UP_TO):
+        return "known", FLOAT16_SUM_REASON
+    return "pass"
+
+
 # What `python -m harness repro` pastes into a standalone script for a maxtext:<kernel> (with
 # @ATTENTION@ replaced by the kernel): maxtext_attention above with nothing but jax, numpy, yaml
 # and maxtext. Keep the two in step (cases/test_repro.py runs both on a stand-in AttentionOp).
@@ -189,7 +210,8 @@ def kernel(query, key, value, segment_ids, *, causal, scale, max_segments=-1):
 KERNELS = [
     # MaxText's dot_product masks by comparing segment ids: padding may sit anywhere.
     Kernel("maxtext:dot_product", functools.partial(maxtext_attention, attention="dot_product"),
-           padding_anywhere=True, materializes_scores=True, **_COMMON,
+           padding_anywhere=True, materializes_scores=True, expect=float16_sum_expectation,
+           **_COMMON,
            standalone=MAXTEXT_STANDALONE.replace("@ATTENTION@", "dot_product"),
            description="MaxText's AttentionOp, attention=dot_product (installed maxtext)"),
     Kernel("maxtext:cudnn_flash_jax",
