@@ -282,6 +282,18 @@ def unprobed(records: Iterable[Mapping]) -> Counter:
     return c
 
 
+def gated(records: Iterable[Mapping]) -> dict[tuple[str, str], tuple[int, float]]:
+    """(kernel, tensor) -> (leak records that probed it above its run-to-run noise only, the
+    largest change threshold): probed, with less power than bitwise."""
+    out: dict[tuple[str, str], tuple[int, float]] = {}
+    for r in records:
+        if r["check"] == LEAK.name:
+            for t, x in (r.get("gated") or {}).items():
+                n, worst = out.get((r["kernel"], t), (0, 0.0))
+                out[(r["kernel"], t)] = (n + 1, max(worst, x))
+    return out
+
+
 def uncompared(records: Iterable[Mapping]) -> Counter:
     """(kernel, reason) -> leak records the probe measured nothing for."""
     return Counter((r["kernel"], r.get("message", "")) for r in records

@@ -12,7 +12,13 @@ keys, dk/dv of a long first segment), and valid queries that read padding keys.
 Bitwise comparisons need a reproducible kernel. The probe runs the kernel's deterministic build
 (harness.programs) and first checks, on valid tokens only (padding outputs of packed kernels
 are undefined), that two reruns on the same inputs reproduce every tensor. A tensor that still
-differs run to run cannot be probed: it is listed as unprobed in the record, never dropped.
+differs run to run (some of TE's backward passes even with its deterministic setting) is probed
+above its noise: a token counts as changed only where the change exceeds NOISE_FACTOR times the
+largest run-to-run difference seen on the valid tokens, in two runs of each perturbation. A
+leak moves values by O(1) of their scale, run-to-run noise by a few roundings. Where the noise
+itself is a sizeable part of the tensor's scale (POWERLESS), the tensor cannot be probed: it is
+listed as unprobed in the record, never dropped. Every record names its gated tensors and their
+thresholds.
 """
 from __future__ import annotations
 
@@ -32,6 +38,11 @@ RERUNS = 2
 PERTURB_SALT = 0x1EA4
 # Where only a kernel's default (not deterministic by construction) build can be probed.
 RERUNS_UNCERTAIN = 6
+# A tensor that differs run to run: changes above this many times its largest run-to-run
+# difference count, in both of two runs; none at all when that difference is this large a
+# part of the tensor's largest value.
+NOISE_FACTOR = 8.0
+POWERLESS = 0.01
 
 
 @jax.jit
@@ -42,6 +53,13 @@ def _changes(base, other):
         differs = ((a != b) & ~(jnp.isnan(a) & jnp.isnan(b))).any(axis=(2, 3))
         return differs, jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)).max(axis=(2, 3))
     return tuple(one(a, b) for a, b in zip(base, other))
+
+
+@jax.jit
+def _scales(base, valid):
+    """max |x| over valid tokens, for each tensor."""
+    return tuple(jnp.where(valid[:, :, None, None], jnp.abs(x.astype(jnp.float32)), 0).max()
+                 for x in base)
 
 
 def groups(case: Case) -> list[tuple[str, np.ndarray]]:
@@ -89,8 +107,9 @@ class SegmentLeak:
 @dataclass
 class ProbeResult:
     leaks: list[SegmentLeak]
-    probed: list[str]          # tensors compared bitwise
-    unprobed: list[str]        # tensors that differ run to run on valid tokens: not probed
+    probed: list[str]          # tensors compared: bitwise, or above their noise (gated)
+    unprobed: list[str]        # tensors whose run-to-run noise leaves nothing to compare
+    gated: dict[str, float] = field(default_factory=dict)  # tensor -> change that counts
 
 
 def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
@@ -102,23 +121,38 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     deterministic build could not run) may reproduce a tensor in a few reruns by chance and
     differ in the next run: there `reruns` is raised and `confirm` runs each perturbation twice,
     a token counting as changed only where both runs changed it (noise that slipped past the
-    reruns does not land on the same token twice; a leak does)."""
+    reruns does not land on the same token twice; a leak does). Gated tensors are always
+    confirmed that way."""
     args = inputs.device_args
     base = first if first is not None else program(*args)
     names = [c.name for c in TENSORS[:len(base)]]
     valid = np.asarray(case.segment_ids > 0)
-    unstable = set()
+    noise = dict.fromkeys(names, 0.0)
     for _ in range(reruns):
         changes = jax.device_get(_changes(base, program(*args)))
-        unstable |= {name for name, (changed, _) in zip(names, changes) if (changed & valid).any()}
-    probed = [i for i, n in enumerate(names) if n not in unstable]
+        for name, (_, change) in zip(names, changes):
+            if valid.any():
+                noise[name] = max(noise[name], float(change[valid].max()))
+    scale = dict(zip(names, (float(x) for x in jax.device_get(_scales(base, args[3] > 0)))))
+    gated = {n: NOISE_FACTOR * noise[n] for n in names
+             if noise[n] > 0 and noise[n] < POWERLESS * scale[n]}
+    unprobed = [n for n in names if noise[n] > 0 and n not in gated]
+    probed = [i for i, n in enumerate(names) if n not in unprobed]
+    threshold = [gated.get(n) for n in names]
+
+    def changed(changes):
+        """[B, T] bool per probed tensor: bitwise, or above the tensor's threshold."""
+        return {i: ((changes[i][1] > threshold[i]) if threshold[i] is not None
+                    else changes[i][0], changes[i][1]) for i in probed}
+
     runs = []
     for index, (group, redraw) in enumerate(groups(case)):
-        changes = jax.device_get(_changes(base, program(*perturbed(case, index))))
-        if confirm:
-            again = jax.device_get(_changes(base, program(*perturbed(case, index))))
-            changes = [(c1 & c2, np.maximum(m1, m2)) for (c1, m1), (c2, m2) in zip(changes, again)]
-        runs.append((group, redraw, {i: changes[i] for i in probed}))
+        found = changed(jax.device_get(_changes(base, program(*perturbed(case, index)))))
+        if confirm or gated:
+            again = changed(jax.device_get(_changes(base, program(*perturbed(case, index)))))
+            found = {i: (c1 & again[i][0], np.maximum(m1, again[i][1]))
+                     for i, (c1, m1) in found.items()}
+        runs.append((group, redraw, found))
     leaks = []
     for seg in case.segments:
         sl = (seg.row, slice(seg.start, seg.stop))
@@ -129,8 +163,8 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
             compared = True
             moved = False
             for i in probed:
-                changed, change = changes[i]
-                tokens = np.flatnonzero(changed[sl])
+                flags, change = changes[i]
+                tokens = np.flatnonzero(flags[sl])
                 if tokens.size:
                     moved = True
                     leaked.add(names[i])
@@ -140,4 +174,4 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
                 by.append(group)
         leaks.append(SegmentLeak(seg, [n for n in names if n in leaked], min(firsts, default=None),
                                  biggest, by, compared))
-    return ProbeResult(leaks, [names[i] for i in probed], [n for n in names if n in unstable])
+    return ProbeResult(leaks, [names[i] for i in probed], unprobed, gated)

@@ -169,12 +169,15 @@ def _leak_records(kernel, case, programs: Programs, inputs, results) -> list[dic
             message = (f"changed while the segment was untouched: {', '.join(leak.leaked)} "
                        f"(redrawn: {', '.join(leak.by)})")
         elif found.probed:
-            verdict, message = "pass", "bitwise unchanged"
+            verdict, message = "pass", "unchanged"
         else:
             verdict, message = "unprobed", "no tensor is reproducible run to run"
+        if found.gated:
+            message += "; above run-to-run noise only (confirmed twice): " + ", ".join(
+                f"{t} changes > {x:.2g}" for t, x in found.gated.items())
         if found.unprobed:
-            message += f"; not probed (differ run to run on valid tokens): " \
-                       f"{', '.join(found.unprobed)}"
+            message += f"; not probed (run-to-run noise over {leak_probe.POWERLESS:.0%} of " \
+                       f"the values): {', '.join(found.unprobed)}"
         if note:
             message += f"; {note}"
         expected, _ = kernel.expected(case, LEAK.name, seg)
@@ -184,6 +187,8 @@ def _leak_records(kernel, case, programs: Programs, inputs, results) -> list[dic
             "ratio": None, "verdict": verdict, "expected": expected,
             "outcome": judging.outcome(verdict, expected), "message": message, "mode": mode,
             "probed": found.probed, "unprobed": found.unprobed,
+            **({"gated": {t: float(f"{x:.3g}") for t, x in found.gated.items()}}
+               if found.gated else {}),
             **({"fallback": note} if note else {})})
     return records
 

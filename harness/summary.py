@@ -101,6 +101,9 @@ def not_judged_lines(records: list[dict]) -> list[str]:
     for (kernel, tensor), n in sorted(judging.unprobed(records).items()):
         lines.append(f"{kernel} leak: {tensor} unprobed in {n} segments (not reproducible run "
                      "to run)")
+    for (kernel, tensor), (n, worst) in sorted(judging.gated(records).items()):
+        lines.append(f"{kernel} leak: {tensor} probed above run-to-run noise only in {n} "
+                     f"segments (changes up to {worst:.2g} would not show)")
     for (kernel, reason), n in sorted(judging.uncompared(records).items()):
         lines.append(f"{kernel} leak: {n} segments not compared ({reason})")
     for (kernel, why), n in sorted(judging.fallbacks(records).items()):
