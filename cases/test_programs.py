@@ -98,3 +98,32 @@ def test_a_kernel_that_fails_to_trace_errors_when_run():
     with pytest.raises(RuntimeError, match="no such fused kernel"):
         program.missing_markers()
     programs.close()
+
+
+def test_on_gpus_the_harness_own_programs_skip_autotuning_and_kernels_compile_as_users_do(
+        monkeypatch):
+    from harness import programs as programs_module
+    options = {}
+    real = programs_module.Programs._compile
+
+    def spy(self, program, lowered, opts):
+        options[(program.name, program.mode)] = opts
+        return real(self, program, lowered, opts)
+
+    monkeypatch.setattr(programs_module.Programs, "_compile", spy)
+    programs = Programs(platform="gpu")   # pretend (compiled for the CPU)
+    case = Case("packed/random", 2, 64, 2, 1, 16, "float32", 0)
+    kernel = Kernel("plain", dot_product)
+    programs.get(kernel, case, DEFAULT).compiled.result()
+    programs.get(kernel, case, DETERMINISTIC).compiled.result()
+    programs.oracle(case, truth=True).compiled.result()
+    assert options[("plain", DEFAULT)] is None
+    assert options[("plain", DETERMINISTIC)] == {"xla_gpu_deterministic_ops": True,
+                                                 "xla_gpu_autotune_level": 0}
+    assert options[("oracle", DEFAULT)] == {"xla_gpu_autotune_level": 0}
+    programs.close()
+    cpu = Programs(platform="cpu")
+    options.clear()
+    cpu.oracle(case, truth=True).compiled.result()
+    assert options[("oracle", DEFAULT)] is None
+    cpu.close()

@@ -40,6 +40,11 @@ from harness.oracle import reference_fn, with_gradients
 DEFAULT = "default"
 DETERMINISTIC = "deterministic"
 DETERMINISTIC_COMPILER_OPTIONS = {"xla_gpu_deterministic_ops": True}
+# The harness's own programs on GPUs (the oracle, the probe's deterministic builds) skip XLA's
+# autotuning: it times candidate GEMM algorithms and Triton configurations on the device for
+# every program (tens of seconds each for the float32 oracle on the H200), and those programs'
+# speed does not matter. Kernels' default builds compile as users compile them.
+NO_AUTOTUNING = {"xla_gpu_autotune_level": 0}
 ORACLE = "oracle"
 
 
@@ -170,6 +175,8 @@ class Programs:
         self._lock = threading.Lock()          # the dicts
         self._trace_lock = threading.Lock()    # one trace at a time (environment, jax caches)
         self.timing: dict[str, Timing] = defaultdict(Timing)
+        # Compiler options of the harness's own programs (see NO_AUTOTUNING).
+        self._own = NO_AUTOTUNING if self.platform == "gpu" else {}
 
     # ----- kernels ----------------------------------------------------------------------------
 
@@ -230,7 +237,8 @@ class Programs:
         except BaseException as exc:  # the kernel fails while tracing (a library may even
             program.compiled.set_exception(exc)  # sys.exit): its error, when run; never a hang
             return
-        self._submit(program, lowered, DETERMINISTIC_COMPILER_OPTIONS if deterministic else None)
+        self._submit(program, lowered, {**DETERMINISTIC_COMPILER_OPTIONS, **self._own}
+                     if deterministic else None)
 
     # ----- the oracle -------------------------------------------------------------------------
 
@@ -250,7 +258,7 @@ class Programs:
         except BaseException as exc:
             program.compiled.set_exception(exc)
             return
-        self._submit(program, lowered, None)
+        self._submit(program, lowered, self._own or None)
 
     # ----- compiling --------------------------------------------------------------------------
 

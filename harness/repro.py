@@ -524,13 +524,16 @@ def program(q, k, v, segment_ids, cotangent):
 def perturbed(inputs, index, redraw):
     """The inputs with the `redraw` tokens' q, k, v and cotangent drawn afresh."""
     rng = np.random.default_rng([SEED, @PERTURB_SALT@, index])
-    valid = (SEGMENT_IDS > 0)[:, :, None, None]
+    valid = (SEGMENT_IDS > 0)[redraw][:, None, None]
     arrays = []
     for i, x in enumerate(inputs):
-        fresh = rng.standard_normal(x.shape, dtype=np.float32).astype(x.dtype)
+        x = np.asarray(x)
+        fresh = rng.standard_normal((int(redraw.sum()), *x.shape[2:]), dtype=np.float32)
         if i == 3:  # the cotangent stays zero at padding
-            fresh = np.where(valid, fresh, 0).astype(x.dtype)
-        arrays.append(np.where(redraw[:, :, None, None], fresh, x))
+            fresh = np.where(valid, fresh, 0)
+        y = x.copy()
+        y[redraw] = fresh.astype(x.dtype)
+        arrays.append(y)
     return arrays
 
 

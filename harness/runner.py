@@ -240,16 +240,22 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
     supported = [(k, c) for c in cases for k in kernels if not k.unsupported_reasons(c, platform)]
     programs.prefetch(supported)
     total = KernelCaseResult()
-    # The next cases' inputs are drawn while this one runs (numpy draws without the GIL).
+    # The next cases' inputs, and the leak probe's redrawn ones, are drawn while this one runs
+    # (numpy draws without the GIL).
+    def draw(case):
+        make_inputs(case)
+        if leak:
+            leak_probe.draw_ahead(case)
+
     drawing = ThreadPoolExecutor(max_workers=INPUTS_AHEAD, thread_name_prefix="inputs")
-    ahead = {c: drawing.submit(make_inputs, c) for c in cases[:INPUTS_AHEAD]}
+    ahead = {c: drawing.submit(draw, c) for c in cases[:INPUTS_AHEAD]}
     try:
         for i, case in enumerate(cases):
             drawn = ahead.pop(case, None)
             if drawn is not None:
                 drawn.exception()  # wait; a failed draw is drawn again, and recorded, per kernel
             following = cases[i + INPUTS_AHEAD:i + INPUTS_AHEAD + 1]
-            ahead.update({c: drawing.submit(make_inputs, c) for c in following if c not in ahead})
+            ahead.update({c: drawing.submit(draw, c) for c in following if c not in ahead})
             for kernel in kernels:
                 result = run_kernel_case(kernel, case, platform, programs, leak)
                 total.records += result.records

@@ -62,9 +62,10 @@ KERNELS = [
            constraints=lambda c, p: _even_seq(c, p) + _pre_hopper_head_dims(c, p),
            description="the fixed op's pre-Hopper fallback (same-segment mask as cuDNN bias), "
                        "forced"),
+    # A CPU stand-in for the packed path: on GPUs the real cuDNN runs (sut:cudnn_flash_jax).
     Kernel("sut:cudnn_flash_jax:emulated", _op(attention="cudnn_flash_jax",
                                                cudnn_backend="emulator"),
-           takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS,
+           takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("cpu",),
            materializes_scores=True,
            description="the fixed op's packed lowering through the cuDNN API emulator"),
     Kernel("sut:cudnn_flash_jax:emulated-sm80",
