@@ -48,9 +48,9 @@ img { max-width: 100%; }
 {% else %}<p>Every check was judged.</p>{% endif %}
 {% if coverage %}<p>Leak-probe coverage below 100%:</p><ul>{% for line in coverage %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
 {% if timing %}<h2>Where the time went</h2><table><tr><th>kernel</th><th>programs</th><th>lower s</th>
-<th>compile s</th><th>runs</th><th>execute s</th></tr>
+<th>compile s</th><th>waited s</th><th>runs</th><th>execute s</th></tr>
 {% for k, t in timing %}<tr><td>{{ k }}</td><td>{{ t.programs }}</td><td>{{ "%.1f"|format(t.lower_s) }}</td>
-<td>{{ "%.1f"|format(t.compile_s) }}</td><td>{{ t.runs }}</td><td>{{ "%.1f"|format(t.execute_s) }}</td></tr>
+<td>{{ "%.1f"|format(t.compile_s) }}</td><td>{{ "%.1f"|format(t.wait_s or 0) }}</td><td>{{ t.runs }}</td><td>{{ "%.1f"|format(t.execute_s) }}</td></tr>
 {% endfor %}</table>{% endif %}
 <h2>Error by token position (failing and near-failing rows)</h2>
 <p>Grey lines: segment boundaries. Dashed: each segment's tolerance. Red points: tokens over it.

@@ -58,10 +58,14 @@ def timing_lines(header: dict) -> list[str]:
     timing = header.get("timing") or {}
     if not timing:
         return []
-    out = ["| kernel | programs | lower s | compile s | runs | execute s |", "|---|---|---|---|---|---|"]
+    out = ["Compile seconds add up over the threads compiling at once; waited: how long the run "
+           "stood still for a program not compiled yet.", "",
+           "| kernel | programs | lower s | compile s | waited s | runs | execute s |",
+           "|---|---|---|---|---|---|---|"]
     for kernel, t in sorted(timing.items(), key=lambda kv: -kv[1].get("compile_s", 0)):
         out.append(f"| {kernel} | {t.get('programs', 0)} | {t.get('lower_s', 0):.1f} | "
-                   f"{t.get('compile_s', 0):.1f} | {t.get('runs', 0)} | {t.get('execute_s', 0):.1f} |")
+                   f"{t.get('compile_s', 0):.1f} | {t.get('wait_s', 0):.1f} | {t.get('runs', 0)} | "
+                   f"{t.get('execute_s', 0):.1f} |")
     return out
 
 

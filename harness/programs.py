@@ -117,13 +117,14 @@ class Timing:
     lower_s: float = 0.0
     compile_s: float = 0.0
     execute_s: float = 0.0
+    wait_s: float = 0.0        # the run waited for this kernel's programs to be compiled
     programs: int = 0
     runs: int = 0
 
     def as_dict(self) -> dict:
         return {"lower_s": round(self.lower_s, 3), "compile_s": round(self.compile_s, 3),
-                "execute_s": round(self.execute_s, 3), "programs": self.programs,
-                "runs": self.runs}
+                "execute_s": round(self.execute_s, 3), "wait_s": round(self.wait_s, 3),
+                "programs": self.programs, "runs": self.runs}
 
 
 @dataclass
@@ -148,6 +149,10 @@ class Program:
         return [m for m in self.markers if m not in text]
 
     def __call__(self, *args):
+        if not self.compiled.done():
+            start = time.perf_counter()
+            self.compiled.exception()
+            self.timing.wait_s += time.perf_counter() - start
         compiled = self.compiled.result()
         with ENVIRONMENT_LOCK:
             start = time.perf_counter()

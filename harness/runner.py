@@ -11,6 +11,7 @@ compiled programs, so a kernel compiles once per shape, not per layout or seed.
 """
 from __future__ import annotations
 
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from harness.programs import DEFAULT, Programs
 TRACE_RATIO = 0.5
 # Cases whose inputs are drawn ahead of the one running (make_inputs keeps 8).
 INPUTS_AHEAD = 4
+INPUTS = "inputs (drawing ahead)"   # its row of the timing table: how long the run waited
 
 
 @dataclass
@@ -253,7 +255,9 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
         for i, case in enumerate(cases):
             drawn = ahead.pop(case, None)
             if drawn is not None:
+                start = time.perf_counter()
                 drawn.exception()  # wait; a failed draw is drawn again, and recorded, per kernel
+                programs.timing[INPUTS].wait_s += time.perf_counter() - start
             following = cases[i + INPUTS_AHEAD:i + INPUTS_AHEAD + 1]
             ahead.update({c: drawing.submit(draw, c) for c in following if c not in ahead})
             for kernel in kernels:
