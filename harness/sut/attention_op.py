@@ -16,8 +16,9 @@ output cotangent is, and no extra pass over the output to clean undefined values
 
 Segment ids the packed lowering cannot represent (an id above max_segments_per_seq, one id in
 two runs, padding before a segment) raise SegmentIdError when they are concrete. Inside jit
-they cannot raise: with segment_check="nan" each row that cannot be lowered gets a NaN (on its
-first valid token, so a loss masked at padding keeps it), so the step's loss goes NaN (loud, never silently wrong); with
+they cannot raise: with segment_check="nan" each row that cannot be lowered gets a NaN (in the
+value of its first valid token, so that token's output, valid and kept by a loss masked at
+padding, is NaN), so the step's loss goes NaN (loud, never silently wrong); with
 "checkify" a jax.experimental.checkify error names the problem when the step is wrapped in
 checkify.checkify.
 """
@@ -107,6 +108,8 @@ class AttentionOp:
         path = self.config.path()
         if path in ("dot_product", "xla_fallback"):
             return dot_product(query, key, value, segment_ids, causal=causal, scale=scale)
+        if not lowering.is_concrete(segment_ids):
+            value = self._guard(value, segment_ids)
         if path == "cudnn_mask":
             out = self._cudnn_mask(query, key, value, segment_ids, scale, causal)
         elif path == "cudnn_packed":
@@ -119,23 +122,24 @@ class AttentionOp:
             # segment of its own (defined, no extra pass); the mask path attends padding to
             # padding.
             out = jnp.where((segment_ids > 0)[:, :, None, None], out, 0)
-        if not lowering.is_concrete(segment_ids):
-            out = self._guard(out, segment_ids)
         return out.astype(query.dtype)
 
-    def _guard(self, out, segment_ids):
+    def _guard(self, value, segment_ids):
         ok = lowering.representable_rows(segment_ids, self.max_segments)
         if self.config.segment_check == "checkify":
             from jax.experimental import checkify
             checkify.check(ok.all(), "segment_ids cannot be lowered to the packed layout: a row "
                            f"has an id above max_segments_per_seq={self.max_segments}, an id in "
                            "two separate runs, or padding before a segment (rows ok: {ok})", ok=ok)
-            return out
-        # One NaN per bad row, on its first valid token (a loss masked at padding keeps it),
-        # makes the step's loss NaN, loudly, without a pass over the whole output.
+            return value
+        # One NaN per bad row in the value of its first valid token: every query that attends
+        # it (that token's own, at least: valid, so a loss masked at padding keeps it) gets a
+        # NaN output, and the step's loss goes NaN, loudly. In the value, not the output: the
+        # kernel keeps its output for the backward pass, so changing it costs a copy of the
+        # output; the value (kv heads only) is the smallest tensor to copy.
         first = jnp.argmax(segment_ids > 0, axis=1)
-        rows = jnp.arange(out.shape[0])
-        return out.at[rows, first, 0, 0].add(jnp.where(ok, 0, jnp.nan).astype(out.dtype))
+        rows = jnp.arange(value.shape[0])
+        return value.at[rows, first, 0, 0].add(jnp.where(ok, 0, jnp.nan).astype(value.dtype))
 
     def _sdpa(self):
         return cudnn_backend(self.config.cudnn_backend, self.config.compute_capability)
