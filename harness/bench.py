@@ -12,13 +12,14 @@ Entries (the rows of each shape's table; `--kernels` picks some, or adds any reg
                                     program, and passed in as arguments; PADDING_CAUSAL, BTNH,
                                     the same M. The op's time over this one is what the op adds.
   te:thd                            Transformer Engine's THD fused attention from segment ids
-                                    and positions (harness.sut.attention_op.te_fused_thd, what
-                                    the op's TE path calls): TE derives seqlens/offsets inside.
+                                    and positions (harness.sut.attention_op.te_fused_thd): TE
+                                    derives seqlens/offsets inside.
   raw:te_thd_offsets                TE's fused_attn with SequenceDescriptor.from_seqlens_and_
                                     offsets on the same precomputed seqlens/offsets: no
                                     conversion inside the program.
   sut:cudnn_flash_te                the op's TE path (attention=cudnn_flash_te), the path the op
-                                    can take where TE is the faster one.
+                                    can take where TE is the faster one: the op's own lowering
+                                    to seqlens/offsets, handed to TE (te_fused_packed).
   maxtext_original:cudnn_flash_jax  the causal-only call the op replaces. Wrong on packed rows
                                     (it attends across segments): timed for the cost of the fix.
   sut:cudnn_flash_jax:fallback      the op's pre-Hopper path (same-segment mask as a cuDNN
@@ -218,16 +219,12 @@ def raw_cudnn_packed(query, key, value, seqlen, offsets, *, scale, backend, repe
 
 
 def raw_te_thd_offsets(query, key, value, seqlen, offsets, *, scale, max_segments):
-    """TE's THD fused attention on precomputed seqlens [B, M] / offsets [B, M+1] (-1 unused),
-    the arguments te_fused_thd passes otherwise."""
-    from transformer_engine.jax import attention as te
+    """TE's THD fused attention on precomputed seqlens [B, M] / offsets [B, M+1] (-1 unused):
+    what the op's TE path computes inside its program."""
+    from harness.sut.attention_op import te_fused_packed
 
-    from harness.sut.attention_op import te_fused_attention
-
-    descriptor = te.SequenceDescriptor.from_seqlens_and_offsets((seqlen, seqlen),
-                                                                (offsets, offsets))
-    return te_fused_attention(query, key, value, descriptor, scale=scale, causal=True,
-                              max_segments=max_segments)
+    assert seqlen.shape[1] == max_segments, (seqlen.shape, max_segments)
+    return te_fused_packed(query, key, value, seqlen, offsets, scale=scale, causal=True)
 
 
 def _gqa_offsets_bug() -> tuple[bool, str]:

@@ -8,7 +8,7 @@ across their boundaries. Here the segment ids always reach the kernel:
 - cudnn_mask (below Hopper, where the packed layout raises; or forced): the same-segment mask
   as a cuDNN bias with a causal mask type. Still fused, still correct, slower.
 - xla_fallback (no cuDNN fused attention below sm80): dense dot_product with the same mask.
-- te_thd: Transformer Engine's THD fused attention with a SequenceDescriptor.
+- te_thd: Transformer Engine's THD fused attention, on the same seqlens and offsets.
 
 Padding tokens (after the last segment of a row) are lowered as one more segment, so cuDNN and
 TE compute them as attention among themselves: defined outputs, gradients exactly zero where the
@@ -170,10 +170,13 @@ class AttentionOp:
                     qkv_layout="BTNH")
 
     def _te_thd(self, query, key, value, segment_ids, scale, causal):
-        # Trailing padding as a segment of its own: computed, not left to TE (one more slot).
-        return te_fused_thd(query, key, value, lowering.padding_as_segment(segment_ids),
-                            scale=scale, causal=causal, max_segments=self.max_segments + 1,
-                            dropout_rate=self.config.dropout_rate)
+        # The same lowering as the cuDNN path (trailing padding as a segment of its own:
+        # computed, not left to TE), handed to TE as lengths and offsets: TE would otherwise
+        # derive them again from segment ids and positions, in more passes.
+        seqlen, offsets = lowering.lengths_and_offsets(segment_ids, self.max_segments,
+                                                       padding_segment=True)
+        return te_fused_packed(query, key, value, seqlen, offsets, scale=scale, causal=causal,
+                               dropout_rate=self.config.dropout_rate)
 
 
 def cudnn_packed(sdpa, mask_type, query, key, value, seqlen, offsets, *, scale, causal,
@@ -201,6 +204,17 @@ def te_fused_thd(query, key, value, segment_ids, *, scale, causal, max_segments,
         (segment_ids, segment_ids), (pos, pos))
     return te_fused_attention(query, key, value, descriptor, scale=scale, causal=causal,
                               max_segments=max_segments, dropout_rate=dropout_rate)
+
+
+def te_fused_packed(query, key, value, seqlen, offsets, *, scale, causal, dropout_rate=0.0):
+    """Transformer Engine's THD fused attention on cuDNN's packed form: seqlen [B, M] and
+    offsets [B, M+1], -1 where unused."""
+    from transformer_engine.jax import attention as te
+
+    descriptor = te.SequenceDescriptor.from_seqlens_and_offsets((seqlen, seqlen),
+                                                                (offsets, offsets))
+    return te_fused_attention(query, key, value, descriptor, scale=scale, causal=causal,
+                              max_segments=seqlen.shape[1], dropout_rate=dropout_rate)
 
 
 def te_fused_attention(query, key, value, descriptor, *, scale, causal, max_segments,

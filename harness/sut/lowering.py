@@ -63,13 +63,6 @@ def lengths_and_offsets(segment_ids, max_segments: int, padding_segment: bool = 
     return seqlen, offsets
 
 
-def padding_as_segment(segment_ids):
-    """Segment ids with each row's trailing padding numbered as one more segment (n + 1 after
-    the row's n segments): Transformer Engine then computes it like one."""
-    last = segment_ids.max(axis=1, keepdims=True)
-    return jnp.where(segment_ids > 0, segment_ids, last + 1).astype(segment_ids.dtype)
-
-
 def positions(segment_ids):
     """Position of each token inside its segment (0 at each segment's start and at padding)."""
     t = segment_ids.shape[1]
