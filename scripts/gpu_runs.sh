@@ -2,49 +2,55 @@
 # The GPU runs behind reports/h200/ (its README says which report came from which step), on the
 # project's two-H200 runner (nvidia-h200-x2, 32 cores). Single-GPU steps are pinned to one GPU
 # and 16 cores (what the one-H200 runner has), two lanes at a time:
-#   OUT=DIR bash scripts/gpu_runs.sh a     # nightly cold | bench, repro, 50-seed flake study
-#   OUT=DIR bash scripts/gpu_runs.sh b     # nightly warm | pytest -n 2 on one GPU; then x2
+#   OUT=DIR bash scripts/gpu_runs.sh a   # GPU0: nightly cold, then warm | GPU1: op overhead,
+#                                        #   bench, 50-seed flake study
+#   OUT=DIR bash scripts/gpu_runs.sh b   # GPU0: pytest -n 2 on one GPU | GPU1: bench again;
+#                                        #   then pytest -n 2 --gpu-per-worker on both
 # Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit (the git commit).
 set -uo pipefail
 phase=${1:?usage: gpu_runs.sh a|b}
 source .gpu/te/activate.sh && source .gpu/maxtext/activate.sh
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
-  HARNESS_GIT_DIRTY=0 HARNESS_COMPILATION_CACHE=/tmp/jaxcache
+  HARNESS_GIT_DIRTY=0
 r=/tmp/h200; mkdir -p "$r"
 ts() { command -v taskset > /dev/null && echo "taskset -c $1"; }
-G0="env CUDA_VISIBLE_DEVICES=0 $(ts 0-15)"; G1="env CUDA_VISIBLE_DEVICES=1 $(ts 16-31)"
+# Each lane has its own compilation cache: "cold" means nothing compiled before, "warm" a
+# second run on the first one's cache.
+G0="env CUDA_VISIBLE_DEVICES=0 HARNESS_COMPILATION_CACHE=/tmp/jaxcache0 $(ts 0-15)"
+G1="env CUDA_VISIBLE_DEVICES=1 HARNESS_COMPILATION_CACHE=/tmp/jaxcache1 $(ts 16-31)"
 step() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
   timeout "$limit" "$@" > "$r/$name.log" 2>&1; local rc=$?
   echo "$name rc=$rc wall=$(( $(date +%s) - t0 ))s" | tee -a "$r/steps.txt"; }
-PASSING=dot_product,xla,pallas_mha,sut:dot_product,sut:cudnn_flash_jax,sut:cudnn_flash_jax:fallback,sut:cudnn_flash_jax:emulated,sut:cudnn_flash_te,te:thd,maxtext:dot_product,maxtext:cudnn_flash_te
+PASSING=dot_product,xla,pallas_mha,sut:dot_product,sut:cudnn_flash_jax,sut:cudnn_flash_jax:fallback,sut:cudnn_flash_te,te:thd,maxtext:dot_product,maxtext:cudnn_flash_te
+bench() { step "$1" 150 $G1 python3 -m harness bench --shapes hopper --repeats 20 \
+  --output "$r/$1.json"; }
 if [ "$phase" = a ]; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$r/nvidia-smi.txt" 2>&1
   ( step nightly-cold 320 $G0 python3 -m harness run --suite nightly \
-      --report-dir "$r/nightly-cold" ) &
-  ( step bench 150 $G1 python3 -m harness bench --shapes hopper --repeats 20 \
-      --output "$r/bench.json"
-    step repro 110 $G1 python3 -m harness repro maxtext:cudnn_flash_jax \
-      'packed/random-b2-t256-h4kv2-d64-bf16-s0' --output "$r/repro_maxtext_cudnn_flash_jax.py"
-    step flake 240 $G1 python3 -m harness run --suite nightly --seeds 50 --no-leak-probe \
+      --report-dir "$r/nightly-cold"
+    step nightly-warm 180 $G0 python3 -m harness run --suite nightly \
+      --report-dir "$r/nightly-warm" ) &
+  ( step op-overhead 90 $G1 python3 scripts/op_overhead.py "$r/op_overhead.txt"
+    bench bench
+    step flake 250 $G1 python3 -m harness run --suite nightly --seeds 50 --no-leak-probe \
       --cases '*-b4-t2048-h8kv2-d128-bf16-s0' --kernels "$PASSING" --report-dir "$r/flake" ) &
   wait
 else
-  ( step nightly-warm 200 $G0 python3 -m harness run --suite nightly \
-      --report-dir "$r/nightly-warm" ) &
-  ( step pytest-1gpu 290 $G1 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
+  ( step pytest-1gpu 300 $G0 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
       --suite nightly -n 2 --report-dir "$r/pytest-1gpu" --junitxml "$r/pytest-1gpu/junit.xml" ) &
+  ( bench bench-b ) &
   wait
-  step pytest-2gpu 200 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py --suite nightly \
-    -n 2 --gpu-per-worker --report-dir "$r/pytest-2gpu" --junitxml "$r/pytest-2gpu/junit.xml"
+  step pytest-2gpu 220 env HARNESS_COMPILATION_CACHE=/tmp/jaxcache2 python3 -m pytest -q \
+    -p no:cacheprovider cases/test_matrix.py --suite nightly -n 2 --gpu-per-worker \
+    --report-dir "$r/pytest-2gpu" --junitxml "$r/pytest-2gpu/junit.xml"
 fi
 for f in "$r"/*.log; do grep -v "^[EW][0-9]\{4\} \|Source Location\|cuda_status.cc\|^$" "$f" \
   | tail -c 200000 > "$f.txt"; rm "$f"; done
 cd /tmp/h200
 if [ "$phase" = a ]; then
-  tar -cf - nightly-cold bench.json repro_* nvidia-smi.txt steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-a.tar.xz"
-  tar -cf - flake | xz -T0 -9 > "$OUT/flake.tar.xz"
+  tar -cf - nightly-cold nightly-warm nvidia-smi.txt steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-a.tar.xz"
+  tar -cf - flake bench.json op_overhead.txt* | xz -T0 -9 > "$OUT/h200-a2.tar.xz"
 else
-  ls -d /tmp/jaxcache > /dev/null 2>&1 && du -sh /tmp/jaxcache >> steps.txt
-  tar -cf - nightly-warm pytest-1gpu pytest-2gpu steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-b.tar.xz"
+  tar -cf - pytest-1gpu pytest-2gpu bench-b.json steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-b.tar.xz"
 fi
 cat steps.txt
