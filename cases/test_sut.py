@@ -141,13 +141,20 @@ def test_jitted_bad_rows_make_the_loss_nan(bad):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_the_packed_lowering_computes_padding_as_a_segment(causal):
+def test_the_packed_lowering_computes_padding(causal):
     """Padding gets finite outputs and exactly zero gradients where its cotangent is zero, with
-    no pass over the output: the lowering gives it a segment slot of its own."""
+    no pass over the output: the lowering merges it into the last segment (causal: no extra
+    slot) or gives it a segment slot of its own (bidirectional)."""
     seg = jnp.array([[1, 1, 2, 2, 2, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]], jnp.int32)
-    seqlen, offsets = map(np.asarray, lowering.lengths_and_offsets(seg, 3, padding_segment=True))
+    seqlen, offsets = map(np.asarray, lowering.lengths_and_offsets(seg, 3, padding="segment"))
     assert seqlen.tolist() == [[2, 3, 3, -1], [8, -1, -1, -1]]
     assert offsets.tolist() == [[0, 2, 5, -1, -1], [0, -1, -1, -1, -1]]
+    seqlen, offsets = map(np.asarray, lowering.lengths_and_offsets(seg, 3, padding="merged"))
+    assert seqlen.tolist() == [[2, 6, -1], [8, -1, -1]]
+    assert offsets.tolist() == [[0, 2, -1, -1], [0, -1, -1, -1]]
+    only_padding = jnp.zeros((1, 8), jnp.int32)
+    assert [np.asarray(a).tolist() for a in lowering.lengths_and_offsets(
+        only_padding, 3, padding="merged")] == [[[8, -1, -1]], [[0, -1, -1, -1]]]
     q, k, v = _qkv()
     ct = jnp.broadcast_to(jnp.where((seg > 0)[:, :, None, None], 1.0, 0.0), q.shape).astype(q.dtype)
     fn = lambda q, k, v: _op()(q, k, v, seg, scale=0.35, causal=causal)

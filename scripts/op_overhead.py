@@ -5,8 +5,9 @@ offsets. This times the steps between the two, one at a time, fwd+bwd, on the be
 
     raw            the raw call on precomputed seqlen/offsets (M slots)
     raw+pad-slot   the same with the padding slot the op adds (M+1 slots), precomputed
-    lowered        segment ids -> seqlen/offsets inside the program, no guard
-    guard-out      lowered, plus a NaN guard on the output (the op before this commit)
+    lowered        segment ids -> seqlen/offsets inside the program (padding merged into the
+                   last segment, the op's causal lowering), no guard
+    guard-out      lowered, plus a NaN guard on the output (an earlier op)
     op             AttentionOp as shipped (lowering and its NaN guard on the value)
 
 Usage: python scripts/op_overhead.py [OUT.txt]   (on a Hopper GPU; prints and writes a table, and
@@ -47,14 +48,14 @@ def main(out_path: str | None = None) -> int:
         q, k, v, seg, ct = (jax.device_put(a) for a in (x.query, x.key, x.value,
                                                          x.segment_ids, x.cotangent))
         pre = {p: tuple(jax.device_put(a) for a in jax.device_get(
-            lowering.lengths_and_offsets(seg, m, padding_segment=p))) for p in (False, True)}
+            lowering.lengths_and_offsets(seg, m, padding=p))) for p in (None, "segment")}
 
         def packed(q, k, v, seqlen, offsets):
             return cudnn_packed(sdpa, mask_type, q, k, v, seqlen, offsets, scale=case.scale,
                                 causal=True)
 
         def lowered(q, k, v, s):
-            seqlen, offsets = lowering.lengths_and_offsets(s, m, padding_segment=True)
+            seqlen, offsets = lowering.lengths_and_offsets(s, m, padding="merged")
             return packed(q, k, v, seqlen, offsets)
 
         op = AttentionOp(AttentionConfig(attention="cudnn_flash_jax", packing=True,
@@ -71,7 +72,7 @@ def main(out_path: str | None = None) -> int:
         def shipped(q, k, v, s):
             return op(q, k, v, s, scale=case.scale, causal=True)
 
-        variants = {"raw": (packed, pre[False]), "raw+pad-slot": (packed, pre[True]),
+        variants = {"raw": (packed, pre[None]), "raw+pad-slot": (packed, pre["segment"]),
                     "lowered": (lowered, (seg,)), "guard-out": (guard_out, (seg,)),
                     "op": (shipped, (seg,))}
         say(shape.label)

@@ -10,9 +10,11 @@ across their boundaries. Here the segment ids always reach the kernel:
 - xla_fallback (no cuDNN fused attention below sm80): dense dot_product with the same mask.
 - te_thd: Transformer Engine's THD fused attention, on the same seqlens and offsets.
 
-Padding tokens (after the last segment of a row) are lowered as one more segment, so cuDNN and
-TE compute them as attention among themselves: defined outputs, gradients exactly zero where the
-output cotangent is, and no extra pass over the output to clean undefined values up.
+Padding tokens (after the last segment of a row) are computed, not left undefined: with the
+causal mask they join the row's last segment (valid queries never look ahead at them, and with
+a zero output cotangent there they add exactly zero to its gradients), without it they form one
+more segment. Defined outputs, gradients exactly zero where the output cotangent is, no extra
+pass over the output to clean undefined values up, and (causal) no extra slot for cuDNN.
 
 Segment ids the packed lowering cannot represent (an id above max_segments_per_seq, one id in
 two runs, padding before a segment) raise SegmentIdError when they are concrete. Inside jit
@@ -154,7 +156,7 @@ class AttentionOp:
                         mask_type=mask_type.PADDING_CAUSAL if causal else mask_type.PADDING,
                         qkv_layout="BTNH")
         seqlen, offsets = lowering.lengths_and_offsets(segment_ids, self.max_segments,
-                                                       padding_segment=True)
+                                                       padding=_padding(causal))
         repeat = (self.config.cudnn_backend == "cudnn" and key.shape[2] != query.shape[2]
                   and lowering.upstream_gqa_offsets_wrong())
         return cudnn_packed(sdpa, mask_type, query, key, value, seqlen, offsets, scale=scale,
@@ -170,13 +172,18 @@ class AttentionOp:
                     qkv_layout="BTNH")
 
     def _te_thd(self, query, key, value, segment_ids, scale, causal):
-        # The same lowering as the cuDNN path (trailing padding as a segment of its own:
-        # computed, not left to TE), handed to TE as lengths and offsets: TE would otherwise
-        # derive them again from segment ids and positions, in more passes.
+        # The same lowering as the cuDNN path, handed to TE as lengths and offsets: TE would
+        # otherwise derive them again from segment ids and positions, in more passes.
         seqlen, offsets = lowering.lengths_and_offsets(segment_ids, self.max_segments,
-                                                       padding_segment=True)
+                                                       padding=_padding(causal))
         return te_fused_packed(query, key, value, seqlen, offsets, scale=scale, causal=causal,
                                dropout_rate=self.config.dropout_rate)
+
+
+def _padding(causal: bool) -> str:
+    """Trailing padding in the packed lowering: merged into the last segment where the mask is
+    causal (no extra slot, so no extra work for cuDNN), a segment of its own otherwise."""
+    return "merged" if causal else "segment"
 
 
 def cudnn_packed(sdpa, mask_type, query, key, value, seqlen, offsets, *, scale, causal,

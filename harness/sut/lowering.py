@@ -36,13 +36,18 @@ def representable_rows(segment_ids, max_segments: int):
             & (seg <= max_segments).all(axis=1))
 
 
-def lengths_and_offsets(segment_ids, max_segments: int, padding_segment: bool = False):
+def lengths_and_offsets(segment_ids, max_segments: int, padding: str | None = None):
     """(seqlen [B, M], offsets [B, M+1]) int32, -1 where a row has fewer segments.
 
-    With `padding_segment`, a row's trailing padding is one more segment right after its last
-    one (seqlen [B, M+1], offsets [B, M+2]): cuDNN then computes padding tokens as attention
-    among themselves (finite, and with gradients exactly zero where the output cotangent is)
-    instead of leaving them undefined, so the op needs no full pass to clean them up."""
+    `padding` says what becomes of a row's trailing padding (None: nothing; cuDNN leaves
+    those outputs undefined, so a NaN there could reach a masked loss as 0 * NaN):
+    - "merged": one with the row's last segment (a row of padding only: a segment of its own).
+      Right for causal attention only: valid queries never see the later padding keys, and
+      with a zero output cotangent at padding (a masked loss) the padding queries add exactly
+      zero to the segment's dk and dv. No extra slot: the same M as the raw call.
+    - "segment": one more segment right after the row's last one (seqlen [B, M+1], offsets
+      [B, M+2]), attending only itself: for bidirectional attention.
+    Either way padding outputs are finite and no pass over the output cleans them up."""
     ids = jnp.arange(1, max_segments + 1, dtype=segment_ids.dtype)
     lengths = (segment_ids[:, :, None] == ids).sum(axis=1).astype(jnp.int32)     # [B, M]
     # Segments are contiguous and in order, so segment m starts after all tokens of 1..m-1.
@@ -50,15 +55,24 @@ def lengths_and_offsets(segment_ids, max_segments: int, padding_segment: bool = 
     present = lengths > 0
     seqlen = jnp.where(present, lengths, -1)
     offsets = jnp.where(present, starts, -1)
-    if padding_segment:
-        used = lengths.sum(axis=1)
-        pad = segment_ids.shape[1] - used
-        slot = (jnp.arange(max_segments + 1)[None] == present.sum(axis=1)[:, None]) \
-            & (pad > 0)[:, None]                                                 # [B, M+1]
-        seqlen = jnp.where(slot, pad[:, None], jnp.pad(seqlen, ((0, 0), (0, 1)),
-                                                      constant_values=-1))
-        offsets = jnp.where(slot, used[:, None], jnp.pad(offsets, ((0, 0), (0, 1)),
-                                                        constant_values=-1))
+    if padding is not None:
+        if padding not in ("merged", "segment"):
+            raise ValueError(f"padding must be None, 'merged' or 'segment', not {padding!r}")
+        n = present.sum(axis=1)                                                   # [B]
+        pad = segment_ids.shape[1] - lengths.sum(axis=1)                         # [B]
+        if padding == "segment":
+            seqlen = jnp.pad(seqlen, ((0, 0), (0, 1)), constant_values=-1)
+            offsets = jnp.pad(offsets, ((0, 0), (0, 1)), constant_values=-1)
+            slot = jnp.arange(max_segments + 1)[None] == n[:, None]              # [B, M+1]
+            new_len, new_off = pad, segment_ids.shape[1] - pad
+        else:
+            slot = jnp.arange(max_segments)[None] == jnp.maximum(n - 1, 0)[:, None]
+            last = jnp.take_along_axis(lengths, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
+            new_len = jnp.where(n > 0, last + pad, pad)
+            new_off = jnp.where(n > 0, segment_ids.shape[1] - pad - last, 0)
+        slot = slot & (pad > 0)[:, None]
+        seqlen = jnp.where(slot, new_len[:, None], seqlen)
+        offsets = jnp.where(slot, new_off[:, None], offsets)
     offsets = jnp.pad(offsets, ((0, 0), (0, 1)), constant_values=-1)
     return seqlen, offsets
 
