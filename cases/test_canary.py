@@ -313,3 +313,13 @@ def test_a_deterministic_build_out_of_memory_is_retried_then_visibly_replaced(mo
     assert {r["mode"] for r in leak} == {"default"} and {r["outcome"] for r in leak} == {"ok"}
     assert all("deterministic build failed (RuntimeError: RESOURCE_EXHAUSTED" in r["message"]
                and "128.00GiB" in r["message"] for r in leak)
+    # More than the whole device: no retry (letting the caches go cannot make 128 GiB fit).
+    from harness import runner
+    monkeypatch.setattr(runner, "device_memory_bytes", lambda: 100 * 2**30)
+    calls.clear()
+    monkeypatch.setattr(leak_probe, "probe", out_of_memory(1))
+    leak = [r for r in run_kernel_case(kernel, case, CPU, Programs(platform="gpu")).records
+            if r["check"] == "leak"]
+    assert len(calls) == 2 and calls[-1]["reruns"] == leak_probe.RERUNS_UNCERTAIN
+    assert {r["mode"] for r in leak} == {"default"}
+    assert runner.requested_bytes("allocate 1.04TiB with") == int(1.04 * 2**40)

@@ -127,3 +127,28 @@ def test_on_gpus_the_harness_own_programs_skip_autotuning_and_kernels_compile_as
     cpu.oracle(case, truth=True).compiled.result()
     assert options[("oracle", DEFAULT)] is None
     cpu.close()
+
+
+def test_only_programs_of_kernels_that_read_the_environment_wait_for_an_environment_trace():
+    """A trace under a temporary environment holds ENVIRONMENT_LOCK: a TE-like kernel's program
+    must not run meanwhile (it could read the temporary setting); any other program runs."""
+    import threading
+    from harness.programs import ENVIRONMENT_LOCK
+    case = Case("packed/random", 1, 32, 1, 1, 8, "float32", 0)
+    programs = Programs()
+    plain = programs.get(Kernel("plain", dot_product), case)
+    te_like = programs.get(Kernel("te_like", dot_product,
+                                  deterministic_env={"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}), case)
+    assert not plain.reads_environment and te_like.reads_environment
+    args = make_inputs(case).device_args
+    plain(*args), te_like(*args)   # compiled
+    done = threading.Event()
+    with ENVIRONMENT_LOCK:         # as a trace under an environment does
+        plain(*args)               # does not wait
+        runner = threading.Thread(target=lambda: (te_like(*args), done.set()))
+        runner.start()
+        assert not done.wait(0.5), "the TE-like program ran during the environment's trace"
+    assert done.wait(30)
+    runner.join()
+    assert programs.report()["te_like"]["wait_s"] >= 0.4
+    programs.close()

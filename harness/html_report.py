@@ -14,7 +14,7 @@ from harness.markdown_report import _fmt, env_line, run_line
 from harness.summary import coverage_lines, grid, known_lines, not_judged_lines
 
 PLOTTED_CHECKS = tuple(c.name for c in judging.TENSORS if c.traced)
-MAX_PLOTS = 60
+MAX_PLOTS = 24
 
 _TEMPLATE = jinja2.Template("""<!doctype html>
 <html><head><meta charset="utf-8"><title>Attention harness report</title>
@@ -47,9 +47,9 @@ img { max-width: 100%; }
 {% if not_judged %}<ul>{% for line in not_judged %}<li>{{ line }}</li>{% endfor %}</ul>
 {% else %}<p>Every check was judged.</p>{% endif %}
 {% if coverage %}<p>Leak-probe coverage below 100%:</p><ul>{% for line in coverage %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
-{% if timing %}<h2>Where the time went</h2><table><tr><th>kernel</th><th>programs</th><th>lower s</th>
+{% if timing %}<h2>Where the time went</h2><table><tr><th>kernel</th><th>wall s</th><th>programs</th><th>lower s</th>
 <th>compile s</th><th>waited s</th><th>runs</th><th>execute s</th></tr>
-{% for k, t in timing %}<tr><td>{{ k }}</td><td>{{ t.programs }}</td><td>{{ "%.1f"|format(t.lower_s) }}</td>
+{% for k, t in timing %}<tr><td>{{ k }}</td><td>{{ "%.1f"|format(t.wall_s or 0) }}</td><td>{{ t.programs }}</td><td>{{ "%.1f"|format(t.lower_s) }}</td>
 <td>{{ "%.1f"|format(t.compile_s) }}</td><td>{{ "%.1f"|format(t.wait_s or 0) }}</td><td>{{ t.runs }}</td><td>{{ "%.1f"|format(t.execute_s) }}</td></tr>
 {% endfor %}</table>{% endif %}
 <h2>Error by token position (failing and near-failing rows)</h2>
@@ -157,7 +157,7 @@ def write_html(path: Path, header: dict, records: list[dict], traces: list[dict]
                                f"· {state}",
                       "css": {"fail": "bad", "missed": "bad", "caught": "caught"}.get(state, ""),
                       "png": _trace_plot(t)})
-    timing = sorted((header.get("timing") or {}).items(), key=lambda kv: -kv[1].get("compile_s", 0))
+    timing = sorted((header.get("timing") or {}).items(), key=lambda kv: -kv[1].get("wall_s", 0))
     path.write_text(_TEMPLATE.render(
         header=header, env_line=env_line(header.get("environment", {})), run_line=run_line(header),
         counts=", ".join(f"{k} {v}" for k, v in judging.counts(records).items()),

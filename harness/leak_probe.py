@@ -46,20 +46,26 @@ POWERLESS = 0.01
 
 
 @jax.jit
-def _changes(base, other):
-    """For each tensor: [B, T] bool, any value of the token differs (NaN equal to NaN, -0 equal
-    to +0); and [B, T] the largest change."""
+def _stacked_changes(base, other):
     def one(a, b):
         differs = ((a != b) & ~(jnp.isnan(a) & jnp.isnan(b))).any(axis=(2, 3))
-        return differs, jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)).max(axis=(2, 3))
-    return tuple(one(a, b) for a, b in zip(base, other))
+        change = jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)).max(axis=(2, 3))
+        return jnp.stack([differs.astype(jnp.float32), change])
+    return jnp.stack([one(a, b) for a, b in zip(base, other)])
+
+
+def _changes(base, other) -> list:
+    """For each tensor (numpy): [B, T] bool, any value of the token differs (NaN equal to NaN,
+    -0 equal to +0); and [B, T] the largest change. One transfer for all tensors."""
+    stacked = np.asarray(jax.device_get(_stacked_changes(base, other)))
+    return [(d > 0, c) for d, c in stacked]
 
 
 @jax.jit
-def _scales(base, valid):
-    """max |x| over valid tokens, for each tensor."""
-    return tuple(jnp.where(valid[:, :, None, None], jnp.abs(x.astype(jnp.float32)), 0).max()
-                 for x in base)
+def _scales(base, segment_ids):
+    """max |x| over valid tokens, for each tensor (stacked: one transfer)."""
+    valid = (segment_ids > 0)[:, :, None, None]
+    return jnp.stack([jnp.where(valid, jnp.abs(x.astype(jnp.float32)), 0).max() for x in base])
 
 
 def groups(case: Case) -> list[tuple[str, np.ndarray]]:
@@ -145,11 +151,11 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     valid = np.asarray(case.segment_ids > 0)
     noise = dict.fromkeys(names, 0.0)
     for _ in range(reruns):
-        changes = jax.device_get(_changes(base, program(*args)))
+        changes = _changes(base, program(*args))
         for name, (_, change) in zip(names, changes):
             if valid.any():
                 noise[name] = max(noise[name], float(change[valid].max()))
-    scale = dict(zip(names, (float(x) for x in jax.device_get(_scales(base, args[3] > 0)))))
+    scale = dict(zip(names, np.asarray(jax.device_get(_scales(base, args[3]))).tolist()))
     gated = {n: NOISE_FACTOR * noise[n] for n in names
              if noise[n] > 0 and noise[n] < POWERLESS * scale[n]}
     unprobed = [n for n in names if noise[n] > 0 and n not in gated]
@@ -163,9 +169,9 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
 
     runs = []
     for index, (group, redraw) in enumerate(groups(case)):
-        found = changed(jax.device_get(_changes(base, program(*perturbed(case, index)))))
+        found = changed(_changes(base, program(*perturbed(case, index))))
         if confirm or gated:
-            again = changed(jax.device_get(_changes(base, program(*perturbed(case, index)))))
+            again = changed(_changes(base, program(*perturbed(case, index))))
             found = {i: (c1 & again[i][0], np.maximum(m1, again[i][1]))
                      for i, (c1, m1) in found.items()}
         runs.append((group, redraw, found))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -46,6 +47,7 @@ DETERMINISTIC_COMPILER_OPTIONS = {"xla_gpu_deterministic_ops": True}
 # speed does not matter. Kernels' default builds compile as users compile them.
 NO_AUTOTUNING = {"xla_gpu_autotune_level": 0}
 ORACLE = "oracle"
+SWITCH_INTERVAL_S = 0.0005
 
 
 @contextlib.contextmanager
@@ -67,9 +69,10 @@ def _clear_abstract_eval_cache() -> None:
     pe._cached_abstract_eval.cache_clear()
 
 
-# Held while the environment is changed for a trace, and while a program executes: a library
-# that reads the environment when its kernels run (TE reads NVTE_* settings) must never see a
-# trace's temporary setting.
+# Held while the environment is changed for a trace, and while a program of a kernel that
+# declares a deterministic environment executes: a library that reads the environment when its
+# kernels run (TE reads NVTE_* settings) must never see a trace's temporary setting. Other
+# kernels' programs run without it (they need not wait for such a trace).
 ENVIRONMENT_LOCK = threading.Lock()
 
 
@@ -117,13 +120,15 @@ class Timing:
     lower_s: float = 0.0
     compile_s: float = 0.0
     execute_s: float = 0.0
-    wait_s: float = 0.0        # the run waited for this kernel's programs to be compiled
+    wait_s: float = 0.0        # the run waited for its programs (compiling; a trace's environment)
+    wall_s: float = 0.0        # the run's time on this kernel, checks and probe included
     programs: int = 0
     runs: int = 0
 
     def as_dict(self) -> dict:
         return {"lower_s": round(self.lower_s, 3), "compile_s": round(self.compile_s, 3),
                 "execute_s": round(self.execute_s, 3), "wait_s": round(self.wait_s, 3),
+                "wall_s": round(self.wall_s, 3),
                 "programs": self.programs, "runs": self.runs}
 
 
@@ -134,6 +139,7 @@ class Program:
     markers: tuple[str, ...]
     timing: Timing
     mode: str = DEFAULT
+    reads_environment: bool = False    # its library reads the environment (ENVIRONMENT_LOCK)
     text: str = ""                     # the lowered module: proof of which custom calls ran
     compiled: Future = field(default_factory=Future)
 
@@ -154,11 +160,18 @@ class Program:
             self.compiled.exception()
             self.timing.wait_s += time.perf_counter() - start
         compiled = self.compiled.result()
+        if not self.reads_environment:
+            return self._execute(compiled, args)
+        start = time.perf_counter()
         with ENVIRONMENT_LOCK:
-            start = time.perf_counter()
-            out = compiled(*args)
-            jax.block_until_ready(out)
-            self.timing.execute_s += time.perf_counter() - start
+            self.timing.wait_s += time.perf_counter() - start
+            return self._execute(compiled, args)
+
+    def _execute(self, compiled, args):
+        start = time.perf_counter()
+        out = compiled(*args)
+        jax.block_until_ready(out)
+        self.timing.execute_s += time.perf_counter() - start
         self.timing.runs += 1
         return out
 
@@ -172,6 +185,10 @@ class Programs:
         # Only GPUs need a separate deterministic build; elsewhere the probe's mode is default.
         self.probe_mode = DETERMINISTIC if deterministic_probe and self.platform == "gpu" \
             else DEFAULT
+        # The run's thread waits on the device dozens of times per kernel and case; each time
+        # it wants the GIL back while the tracer thread holds it, it waits up to the switch
+        # interval (5 ms by default): seconds per kernel and case while the tracer is busy.
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._pool = ThreadPoolExecutor(max_workers=workers or usable_cores(),
                                         thread_name_prefix="compile")
         self._tracer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trace")
@@ -187,7 +204,8 @@ class Programs:
 
     def get(self, kernel: Kernel, case: Case, mode: str = DEFAULT) -> Program:
         program, fresh = self._entry(("kernel", kernel, _shape(kernel, case), mode),
-                                     kernel.name, kernel.hlo_markers, mode)
+                                     kernel.name, kernel.hlo_markers, mode,
+                                     bool(kernel.deterministic_env))
         if fresh:
             self._build_kernel(program, kernel, case)
         return program
@@ -204,16 +222,18 @@ class Programs:
                     self._tracer.submit(self._build_oracle, program, case, truth)
             for mode in modes:
                 program, fresh = self._entry(("kernel", kernel, _shape(kernel, case), mode),
-                                             kernel.name, kernel.hlo_markers, mode)
+                                             kernel.name, kernel.hlo_markers, mode,
+                                             bool(kernel.deterministic_env))
                 if fresh:
                     self._tracer.submit(self._build_kernel, program, kernel, case)
 
-    def _entry(self, key, name, markers, mode) -> tuple[Program, bool]:
+    def _entry(self, key, name, markers, mode, reads_environment=False) -> tuple[Program, bool]:
         with self._lock:
             program = self._programs.get(key)
             if program is not None:
                 return program, False
-            program = self._programs[key] = Program(name, markers, self.timing[name], mode)
+            program = self._programs[key] = Program(name, markers, self.timing[name], mode,
+                                                    reads_environment)
             return program, True
 
     def _lower(self, key, fn, shapes, env, timing):

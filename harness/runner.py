@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-import jax
 import numpy as np
 
 from harness import judging, leak_probe
@@ -26,7 +25,7 @@ from harness.judging import KERNEL_LEVEL, LEAK, TENSORS
 from harness.kernel import Kernel, Platform
 from harness.metrics import segment_error, token_errors
 from harness.oracle import Reference, reference_for
-from harness.programs import DEFAULT, Programs
+from harness.programs import DEFAULT, Programs, device_memory_bytes
 
 # A row's per-token errors are kept for plotting when a segment in it gets this close to failing,
 # for the checks the HTML report plots, to 3 significant digits.
@@ -110,7 +109,7 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
                                f"{exc}") from exc
         program = programs.get(kernel, case, DEFAULT)
         results = program(*inputs.device_args)
-        errs = jax.device_get(token_errors(results, ref.truth[:len(results)]))
+        errs = token_errors(results, ref.truth[:len(results)])
         missing = program.missing_markers()
         if missing:
             raise AssertionError(f"program lacks {missing}: the fused kernel did not run")
@@ -210,12 +209,25 @@ def _probe_deterministic(program, inputs, case, confirm):
     except Exception as exc:
         if "RESOURCE_EXHAUSTED" not in str(exc):
             raise
+        asked, limit = requested_bytes(str(exc)), device_memory_bytes()
+        if asked is not None and limit is not None and asked > limit:
+            raise  # more than the whole device (TE asked for 128 GiB): letting go cannot help
     import gc
     leak_probe.perturbed.cache_clear()
     make_inputs.cache_clear()
     reference_for.cache_clear()
     gc.collect()
     return leak_probe.probe(program, inputs, case, confirm=confirm)
+
+
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def requested_bytes(message: str) -> int | None:
+    """The allocation an XLA out-of-memory error asked for ("...allocate 128.07GiB..")."""
+    import re
+    found = re.search(r"allocate ([0-9.]+)\s*(B|KiB|MiB|GiB|TiB)", message)
+    return int(float(found.group(1)) * _UNITS[found.group(2)]) if found else None
 
 
 _PROGRAMS: Programs | None = None
@@ -261,7 +273,9 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
             following = cases[i + INPUTS_AHEAD:i + INPUTS_AHEAD + 1]
             ahead.update({c: drawing.submit(draw, c) for c in following if c not in ahead})
             for kernel in kernels:
+                start = time.perf_counter()
                 result = run_kernel_case(kernel, case, platform, programs, leak)
+                programs.timing[kernel.name].wall_s += time.perf_counter() - start
                 total.records += result.records
                 total.traces += result.traces
                 if on_result:

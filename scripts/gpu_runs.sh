@@ -4,8 +4,9 @@
 # and 16 cores (what the one-H200 runner has), two lanes at a time:
 #   OUT=DIR bash scripts/gpu_runs.sh a   # GPU0: nightly cold, then warm | GPU1: op overhead,
 #                                        #   bench, 50-seed flake study
-#   OUT=DIR bash scripts/gpu_runs.sh b   # GPU0: pytest -n 2 on one GPU | GPU1: bench again;
-#                                        #   then pytest -n 2 --gpu-per-worker on both
+#   OUT=DIR bash scripts/gpu_runs.sh b   # GPU0: nightly cold, then warm (sampling profiles)
+#                                        #   | GPU1: bench, then pytest -n 2 on one GPU
+#   OUT=DIR bash scripts/gpu_runs.sh c   # pytest -n 2 --gpu-per-worker on both GPUs
 # Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit (the git commit).
 set -uo pipefail
 phase=${1:?usage: gpu_runs.sh a|b}
@@ -35,12 +36,18 @@ if [ "$phase" = a ]; then
     step flake 250 $G1 python3 -m harness run --suite nightly --seeds 50 --no-leak-probe \
       --cases '*-b4-t2048-h8kv2-d128-bf16-s0' --kernels "$PASSING" --report-dir "$r/flake" ) &
   wait
-else
-  ( step pytest-1gpu 300 $G0 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
+elif [ "$phase" = b ]; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$r/nvidia-smi.txt" 2>&1
+  ( step nightly-cold 320 $G0 python3 scripts/sample_profile.py "$r/profile-cold.txt" run \
+      --suite nightly --report-dir "$r/nightly-cold"
+    step nightly-warm 180 $G0 python3 scripts/sample_profile.py "$r/profile-warm.txt" run \
+      --suite nightly --report-dir "$r/nightly-warm" ) &
+  ( bench bench
+    step pytest-1gpu 300 $G1 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
       --suite nightly -n 2 --report-dir "$r/pytest-1gpu" --junitxml "$r/pytest-1gpu/junit.xml" ) &
-  ( bench bench-b ) &
   wait
-  step pytest-2gpu 220 env HARNESS_COMPILATION_CACHE=/tmp/jaxcache2 python3 -m pytest -q \
+else
+  step pytest-2gpu 240 env HARNESS_COMPILATION_CACHE=/tmp/jaxcache2 python3 -m pytest -q \
     -p no:cacheprovider cases/test_matrix.py --suite nightly -n 2 --gpu-per-worker \
     --report-dir "$r/pytest-2gpu" --junitxml "$r/pytest-2gpu/junit.xml"
 fi
@@ -50,7 +57,11 @@ cd /tmp/h200
 if [ "$phase" = a ]; then
   tar -cf - nightly-cold nightly-warm nvidia-smi.txt steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-a.tar.xz"
   tar -cf - flake bench.json op_overhead.txt* | xz -T0 -9 > "$OUT/h200-a2.tar.xz"
+elif [ "$phase" = b ]; then
+  tar -cf - nightly-cold nightly-warm profile-*.txt nvidia-smi.txt steps.txt *.log.txt \
+    | xz -T0 -6 > "$OUT/h200-b.tar.xz"
+  tar -cf - pytest-1gpu bench.json | xz -T0 -6 > "$OUT/h200-b2.tar.xz"
 else
-  tar -cf - pytest-1gpu pytest-2gpu bench-b.json steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-b.tar.xz"
+  tar -cf - pytest-2gpu steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-c.tar.xz"
 fi
 cat steps.txt
