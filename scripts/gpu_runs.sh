@@ -7,6 +7,9 @@
 #   OUT=DIR bash scripts/gpu_runs.sh b   # GPU0: nightly cold, then warm (sampling profiles)
 #                                        #   | GPU1: bench, then pytest -n 2 on one GPU
 #   OUT=DIR bash scripts/gpu_runs.sh c   # pytest -n 2 --gpu-per-worker on both GPUs
+# On the one-H200 runner (nvidia-h200), the same steps one after another:
+#   OUT=DIR bash scripts/gpu_runs.sh b1  # nightly cold, then warm (sampling profiles)
+#   OUT=DIR bash scripts/gpu_runs.sh b2  # bench, then pytest -n 2
 # Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit (the git commit).
 set -uo pipefail
 phase=${1:?usage: gpu_runs.sh a|b}
@@ -46,6 +49,16 @@ elif [ "$phase" = b ]; then
     step pytest-1gpu 300 $G1 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
       --suite nightly -n 2 --report-dir "$r/pytest-1gpu" --junitxml "$r/pytest-1gpu/junit.xml" ) &
   wait
+elif [ "$phase" = b1 ]; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$r/nvidia-smi.txt" 2>&1
+  step nightly-cold 320 $G0 python3 scripts/sample_profile.py "$r/profile-cold.txt" run \
+    --suite nightly --report-dir "$r/nightly-cold"
+  step nightly-warm 200 $G0 python3 scripts/sample_profile.py "$r/profile-warm.txt" run \
+    --suite nightly --report-dir "$r/nightly-warm"
+elif [ "$phase" = b2 ]; then
+  G1=$G0 bench bench
+  step pytest-1gpu 300 $G0 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
+    --suite nightly -n 2 --report-dir "$r/pytest-1gpu" --junitxml "$r/pytest-1gpu/junit.xml"
 else
   step pytest-2gpu 240 env HARNESS_COMPILATION_CACHE=/tmp/jaxcache2 python3 -m pytest -q \
     -p no:cacheprovider cases/test_matrix.py --suite nightly -n 2 --gpu-per-worker \
@@ -57,10 +70,12 @@ cd /tmp/h200
 if [ "$phase" = a ]; then
   tar -cf - nightly-cold nightly-warm nvidia-smi.txt steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-a.tar.xz"
   tar -cf - flake bench.json op_overhead.txt* | xz -T0 -9 > "$OUT/h200-a2.tar.xz"
-elif [ "$phase" = b ]; then
+elif [ "$phase" = b ] || [ "$phase" = b1 ]; then
   tar -cf - nightly-cold nightly-warm profile-*.txt nvidia-smi.txt steps.txt *.log.txt \
     | xz -T0 -6 > "$OUT/h200-b.tar.xz"
   tar -cf - pytest-1gpu bench.json | xz -T0 -6 > "$OUT/h200-b2.tar.xz"
+elif [ "$phase" = b2 ]; then
+  tar -cf - pytest-1gpu bench.json steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-b2.tar.xz"
 else
   tar -cf - pytest-2gpu steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-c.tar.xz"
 fi
