@@ -323,3 +323,21 @@ def test_a_deterministic_build_out_of_memory_is_retried_then_visibly_replaced(mo
     assert len(calls) == 2 and calls[-1]["reruns"] == leak_probe.RERUNS_UNCERTAIN
     assert {r["mode"] for r in leak} == {"default"}
     assert runner.requested_bytes("allocate 1.04TiB with") == int(1.04 * 2**40)
+
+
+def test_a_deterministic_build_that_cannot_fit_the_device_is_not_run(monkeypatch):
+    """XLA knows a program's workspace when it compiles it: a build that needs more than the
+    whole device is never run (an out-of-memory run is slow), and the record says why."""
+    from harness import leak_probe, programs as programs_module, runner
+    from harness.programs import Programs
+    calls = []
+    real = leak_probe.probe
+    monkeypatch.setattr(leak_probe, "probe", lambda *a, **k: (calls.append(k), real(*a, **k))[1])
+    monkeypatch.setattr(runner, "device_memory_bytes", lambda: 2**20)  # a 1 MiB device
+    monkeypatch.setattr(programs_module.Program, "memory_bytes", lambda self: 2**40)
+    case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
+    leak = [r for r in run_kernel_case(Kernel("dp", dot_product), case, CPU,
+                                       Programs(platform="gpu")).records if r["check"] == "leak"]
+    assert calls == [{"reruns": leak_probe.RERUNS_UNCERTAIN, "confirm": True}], calls
+    assert {r["mode"] for r in leak} == {"default"} and {r["outcome"] for r in leak} == {"ok"}
+    assert all("DoesNotFit: needs 1024.0 GiB of device memory" in r["message"] for r in leak)

@@ -154,6 +154,15 @@ class Program:
             text += compiled.as_text() or ""  # some backends name the call only there
         return [m for m in self.markers if m not in text]
 
+    def memory_bytes(self) -> int | None:
+        """What one run allocates beyond its arguments (XLA's temporaries, cuDNN's and TE's
+        workspaces included, and its outputs), as compiled; None if the backend does not say."""
+        try:
+            stats = self.compiled.result().memory_analysis()
+            return int(stats.temp_size_in_bytes + stats.output_size_in_bytes)
+        except Exception:
+            return None
+
     def __call__(self, *args):
         if not self.compiled.done():
             start = time.perf_counter()

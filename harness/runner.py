@@ -200,10 +200,20 @@ def _leak_records(kernel, case, programs: Programs, inputs, results) -> list[dic
     return records
 
 
+class DoesNotFit(RuntimeError):
+    """A program that needs more device memory than the device has: not run at all (an
+    out-of-memory run is slow: XLA logs its whole allocator state)."""
+
+
 def _probe_deterministic(program, inputs, case, confirm):
     """The probe on a deterministic build; where its workspace does not fit (cuDNN's and TE's
     deterministic backward passes ask for tens of GiB on long or many-segment rows), once more
-    after the harness lets go of the device buffers it keeps for other cases."""
+    after the harness lets go of the device buffers it keeps for other cases. A build that
+    needs more than the whole device (cuDNN: 1 TiB at 1 x 32768) is not run at all."""
+    need, limit = program.memory_bytes(), device_memory_bytes()
+    if need is not None and limit is not None and need > limit:
+        raise DoesNotFit(f"needs {need / 2**30:.1f} GiB of device memory (workspace included), "
+                         f"more than the {limit / 2**30:.1f} GiB this device has")
     try:
         return leak_probe.probe(program, inputs, case, confirm=confirm)
     except Exception as exc:
