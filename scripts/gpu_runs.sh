@@ -10,6 +10,8 @@
 # On the one-H200 runner (nvidia-h200), the same steps one after another:
 #   OUT=DIR bash scripts/gpu_runs.sh b1  # nightly cold, then warm (sampling profiles)
 #   OUT=DIR bash scripts/gpu_runs.sh b2  # bench, then pytest -n 2
+#   OUT=DIR bash scripts/gpu_runs.sh b3  # pytest -n 2 (cold), the CLI nightly on its cache
+#                                        #   (warm), then the bench
 # Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit (the git commit).
 set -uo pipefail
 phase=${1:?usage: gpu_runs.sh a|b}
@@ -59,6 +61,12 @@ elif [ "$phase" = b2 ]; then
   G1=$G0 bench bench
   step pytest-1gpu 300 $G0 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
     --suite nightly -n 2 --report-dir "$r/pytest-1gpu" --junitxml "$r/pytest-1gpu/junit.xml"
+elif [ "$phase" = b3 ]; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$r/nvidia-smi.txt" 2>&1
+  step pytest-1gpu 300 $G0 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
+    --suite nightly -n 2 --report-dir "$r/pytest-1gpu" --junitxml "$r/pytest-1gpu/junit.xml"
+  step nightly-warm 150 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-warm"
+  G1=$G0 bench bench
 else
   step pytest-2gpu 240 env HARNESS_COMPILATION_CACHE=/tmp/jaxcache2 python3 -m pytest -q \
     -p no:cacheprovider cases/test_matrix.py --suite nightly -n 2 --gpu-per-worker \
@@ -76,6 +84,9 @@ elif [ "$phase" = b ] || [ "$phase" = b1 ]; then
   tar -cf - pytest-1gpu bench.json | xz -T0 -6 > "$OUT/h200-b2.tar.xz"
 elif [ "$phase" = b2 ]; then
   tar -cf - pytest-1gpu bench.json steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-b2.tar.xz"
+elif [ "$phase" = b3 ]; then
+  tar -cf - pytest-1gpu nightly-warm bench.json nvidia-smi.txt steps.txt *.log.txt \
+    | xz -T0 -6 > "$OUT/h200-b3.tar.xz"
 else
   tar -cf - pytest-2gpu steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-c.tar.xz"
 fi
