@@ -119,8 +119,8 @@ def platform():
 
 @pytest.fixture(scope="session")
 def programs(request):
-    """This process's compiled programs; on a shape's first test, that shape's programs for
-    every selected kernel start compiling."""
+    """This process's compiled programs. Each test traces and compiles its own kernel's
+    programs (see run_case): no program of another test is traced ahead."""
     from harness.programs import DEFAULT_CACHE_DIR, Programs, enable_compilation_cache
     config = request.config
     if not config.getoption("--no-compilation-cache"):
