@@ -140,10 +140,13 @@ def run_case(request, platform, programs):
     config = request.config
 
     def run(kernel, case):
+        start = time.perf_counter()
         if not kernel.unsupported_reasons(case, platform):
             programs.prefetch([(kernel, case)])
-        return run_kernel_case(kernel, case, platform, programs,
-                               leak=not config.getoption("--no-leak-probe"))
+        result = run_kernel_case(kernel, case, platform, programs,
+                                 leak=not config.getoption("--no-leak-probe"))
+        programs.timing[kernel.name].wall_s += time.perf_counter() - start
+        return result
     return run
 
 

@@ -79,6 +79,16 @@ def test_compare_passes_an_unchanged_run_and_flags_planted_regressions(tmp_path)
     result = compare(grown, base, growth=2.0)
     assert result.regressed and len(result.grown) == 1 and not result.flips
 
+    # A known upstream bug's errors are compared too: no licence to get worse.
+    known_base = [dict(r) for r in base]
+    bug = next(r for r in known_base if r["kernel"] == "dot_product" and r["check"] == "dk")
+    bug.update(expected="known", verdict="fail", outcome="known", ratio=2.0)
+    known_new = [dict(r) for r in known_base]
+    worse = next(r for r in known_new if rec.record_key(r) == rec.record_key(bug))
+    worse.update(max_abs_err=bug["max_abs_err"] * 10, ratio=20.0)
+    result = compare(known_new, known_base, growth=2.0)
+    assert result.regressed and not result.flips and "error grew" in result.regressions[0]
+
     fewer = [r for r in base if r["kernel"] != "canary_ignores_segments"]
     result = compare(fewer, base)
     assert result.missing_cases == [("canary_ignores_segments", CASE.id)] and not result.regressed
@@ -128,6 +138,8 @@ def test_xdist_parts_survive_a_crashed_worker_and_junit_has_properties(tmp_path)
     assert ("dot_product", "unpacked/full-b4-t256-h4kv2-d64-bf16-s0") in ran
     props = {p.get("name") for p in ET.parse(junit).iter("property")}
     assert {"worst_ratio", "failing_segments"} <= props
+    header, _ = rec.read(tmp_path / "r" / "report.jsonl")
+    assert header["timing"]["dot_product"]["wall_s"] > 0, "pytest counts each kernel's wall time"
 
 
 def test_pytest_baseline_flags_grown_errors(tmp_path):
@@ -317,6 +329,9 @@ def test_a_known_numerical_bug_is_reported_as_known_in_every_view_never_as_ok(tm
     assert "## Known upstream bugs" in (tmp_path / "summary.md").read_text()
     assert line in (tmp_path / "report.html").read_text()
     assert judging.outcome("fail", "known") == "known" and judging.outcome("pass", "known") == "ok"
+    from harness.summary import grid
+    cell = grid(records)[2][("scaled_dq", CASE.layout)]
+    assert cell.status == "known" and cell.segments and cell.heat is not None, "a coloured cell"
     with pytest.raises(ValueError, match="needs its reason"):
         judging.expectation("known", "dq")
     with pytest.raises(ValueError, match="exact"):

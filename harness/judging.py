@@ -267,9 +267,12 @@ def unjudged(records: Iterable[Mapping]) -> Counter:
 
 
 def known(records: Iterable[Mapping]) -> Counter:
-    """(kernel, check, reason) -> segments failing a check as a known upstream bug predicts."""
-    return Counter((r["kernel"], r["check"], r.get("message", ""))
-                   for r in records if r["outcome"] == "known" and r.get("segment"))
+    """(kernel, check, reason) -> records showing a known upstream bug: segments failing a
+    check as an expectation predicts, and cases raising a declared upstream error (check
+    KERNEL_LEVEL, reason: the error's first line)."""
+    return Counter((r["kernel"], r["check"], (r.get("message") or "").splitlines()[0][:200]
+                    if not r.get("segment") else r.get("message", ""))
+                   for r in records if r["outcome"] == "known")
 
 
 def unprobed(records: Iterable[Mapping]) -> Counter:

@@ -31,7 +31,7 @@ class Cell:
     def heat(self) -> float | None:
         """log10 of the worst ratio for the heatmap's colour; a cell with a failing check is
         at least as red as a ratio of 10, whichever check failed (a leak has no ratio)."""
-        if self.status in ("skip", "ERROR", "known"):
+        if self.status in ("skip", "ERROR") or (self.status == "known" and not self.segments):
             return None
         if not self.has_ratio:
             value = -2.0
@@ -88,7 +88,9 @@ def describe_problem(r: dict) -> str:
 
 def known_lines(records: list[dict]) -> list[str]:
     """Failures a known upstream bug predicts, with the bug: reported, never counted as ok."""
-    return [f"{kernel} {check}: {n} segments fail as known ({reason})"
+    return [f"{kernel}: {n} cases raise the known upstream error ({reason})"
+            if check == judging.KERNEL_LEVEL else
+            f"{kernel} {check}: {n} segments fail as known ({reason})"
             for (kernel, check, reason), n in sorted(judging.known(records).items())]
 
 
