@@ -11,7 +11,7 @@
 #   case     custom/rows-b1-t2-h1kv1-d1-bf16-s0-r1.1
 #            (batch 1, seq_len 2, heads 1, kv heads 1, head_dim 1, bfloat16, causal, seed 0)
 #   from     packed/random-b4-t256-h4kv2-d64-bf16-s0, shrunk in 11 kernel runs
-#   harness  git commit 830116bbf6fb844bcbde8f1e4a9a74d7f5e82b4b (with uncommitted changes)
+#   harness  git commit 0d66e12cc80a8d6f7f6cbced521574358764b23b
 #
 # Run it with plain python; it needs jax and numpy:
 #     python repro_canary_ignores_segments.py
