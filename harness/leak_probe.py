@@ -32,6 +32,7 @@ import numpy as np
 from harness.cases import Case, Inputs, make_inputs
 from harness.judging import TENSORS
 from harness.layouts import Segment
+from harness.metrics import scales
 
 RERUNS = 2
 # Mixed into a case's seed for the perturbations (standalone repro scripts draw the same).
@@ -62,13 +63,6 @@ def _changes(base, other) -> list:
     -0 equal to +0); and [B, T] the largest change. One transfer for all tensors."""
     stacked = np.asarray(jax.device_get(_stacked_changes(base, other)))
     return [(d > 0, c) for d, c in stacked]
-
-
-@jax.jit
-def _scales(base, segment_ids):
-    """max |x| over valid tokens, for each tensor (stacked: one transfer)."""
-    valid = (segment_ids > 0)[:, :, None, None]
-    return jnp.stack([jnp.where(valid, jnp.abs(x.astype(jnp.float32)), 0).max() for x in base])
 
 
 def groups(case: Case) -> list[tuple[str, np.ndarray]]:
@@ -158,7 +152,7 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
         for name, (_, change) in zip(names, changes):
             if valid.any():
                 noise[name] = max(noise[name], float(change[valid].max()))
-    scale = dict(zip(names, np.asarray(jax.device_get(_scales(base, args[3]))).tolist()))
+    scale = dict(zip(names, np.asarray(jax.device_get(scales(base, args[3]))).tolist()))
     gated = {n: NOISE_FACTOR * noise[n] for n in names
              if noise[n] > 0 and noise[n] < POWERLESS * scale[n]}
     unprobed = [n for n in names if noise[n] > 0 and n not in gated]
