@@ -4,17 +4,14 @@
 # and 16 cores (what the one-H200 runner has), two lanes at a time:
 #   OUT=DIR bash scripts/gpu_runs.sh a   # GPU0: nightly cold, then warm | GPU1: op overhead,
 #                                        #   bench, 50-seed flake study
-#   OUT=DIR bash scripts/gpu_runs.sh b   # GPU0: nightly cold, then warm (sampling profiles)
-#                                        #   | GPU1: bench, then pytest -n 2 on one GPU
 #   OUT=DIR bash scripts/gpu_runs.sh c   # pytest -n 2 --gpu-per-worker on both GPUs
-# On the one-H200 runner (nvidia-h200), the same steps one after another:
+# On the one-H200 runner (nvidia-h200), one step after another:
 #   OUT=DIR bash scripts/gpu_runs.sh b1  # nightly cold, then warm (sampling profiles)
-#   OUT=DIR bash scripts/gpu_runs.sh b2  # bench, then pytest -n 2
 #   OUT=DIR bash scripts/gpu_runs.sh b3  # pytest -n 2 (cold), the CLI nightly on its cache
 #                                        #   (warm), then the bench
 # Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit (the git commit).
 set -uo pipefail
-phase=${1:?usage: gpu_runs.sh a|b}
+phase=${1:?usage: gpu_runs.sh a|b1|b3|c}
 source .gpu/te/activate.sh && source .gpu/maxtext/activate.sh
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
   HARNESS_GIT_DIRTY=0
@@ -30,8 +27,8 @@ step() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
 PASSING=dot_product,xla,pallas_mha,sut:dot_product,sut:cudnn_flash_jax,sut:cudnn_flash_jax:fallback,sut:cudnn_flash_te,te:thd,maxtext:dot_product,maxtext:cudnn_flash_te
 bench() { step "$1" 150 $G1 python3 -m harness bench --shapes hopper --repeats 20 \
   --output "$r/$1.json"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$r/nvidia-smi.txt" 2>&1
 if [ "$phase" = a ]; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$r/nvidia-smi.txt" 2>&1
   ( step nightly-cold 320 $G0 python3 -m harness run --suite nightly \
       --report-dir "$r/nightly-cold"
     step nightly-warm 180 $G0 python3 -m harness run --suite nightly \
@@ -41,28 +38,12 @@ if [ "$phase" = a ]; then
     step flake 250 $G1 python3 -m harness run --suite nightly --seeds 50 --no-leak-probe \
       --cases '*-b4-t2048-h8kv2-d128-bf16-s0' --kernels "$PASSING" --report-dir "$r/flake" ) &
   wait
-elif [ "$phase" = b ]; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$r/nvidia-smi.txt" 2>&1
-  ( step nightly-cold 320 $G0 python3 scripts/sample_profile.py "$r/profile-cold.txt" run \
-      --suite nightly --report-dir "$r/nightly-cold"
-    step nightly-warm 180 $G0 python3 scripts/sample_profile.py "$r/profile-warm.txt" run \
-      --suite nightly --report-dir "$r/nightly-warm" ) &
-  ( bench bench
-    step pytest-1gpu 300 $G1 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
-      --suite nightly -n 2 --report-dir "$r/pytest-1gpu" --junitxml "$r/pytest-1gpu/junit.xml" ) &
-  wait
 elif [ "$phase" = b1 ]; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$r/nvidia-smi.txt" 2>&1
   step nightly-cold 320 $G0 python3 scripts/sample_profile.py "$r/profile-cold.txt" run \
     --suite nightly --report-dir "$r/nightly-cold"
   step nightly-warm 200 $G0 python3 scripts/sample_profile.py "$r/profile-warm.txt" run \
     --suite nightly --report-dir "$r/nightly-warm"
-elif [ "$phase" = b2 ]; then
-  G1=$G0 bench bench
-  step pytest-1gpu 300 $G0 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
-    --suite nightly -n 2 --report-dir "$r/pytest-1gpu" --junitxml "$r/pytest-1gpu/junit.xml"
 elif [ "$phase" = b3 ]; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$r/nvidia-smi.txt" 2>&1
   step pytest-1gpu 300 $G0 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
     --suite nightly -n 2 --report-dir "$r/pytest-1gpu" --junitxml "$r/pytest-1gpu/junit.xml"
   step nightly-warm 150 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-warm"
@@ -78,12 +59,9 @@ cd /tmp/h200
 if [ "$phase" = a ]; then
   tar -cf - nightly-cold nightly-warm nvidia-smi.txt steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-a.tar.xz"
   tar -cf - flake bench.json op_overhead.txt* | xz -T0 -9 > "$OUT/h200-a2.tar.xz"
-elif [ "$phase" = b ] || [ "$phase" = b1 ]; then
+elif [ "$phase" = b1 ]; then
   tar -cf - nightly-cold nightly-warm profile-*.txt nvidia-smi.txt steps.txt *.log.txt \
     | xz -T0 -6 > "$OUT/h200-b.tar.xz"
-  tar -cf - pytest-1gpu bench.json | xz -T0 -6 > "$OUT/h200-b2.tar.xz"
-elif [ "$phase" = b2 ]; then
-  tar -cf - pytest-1gpu bench.json steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-b2.tar.xz"
 elif [ "$phase" = b3 ]; then
   tar -cf - pytest-1gpu nightly-warm bench.json nvidia-smi.txt steps.txt *.log.txt \
     | xz -T0 -6 > "$OUT/h200-b3.tar.xz"
