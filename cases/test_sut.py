@@ -98,6 +98,59 @@ def test_traced_representability_agrees_with_the_concrete_check(rows, max_segmen
         assert traced[r] == ok, seg[r]
 
 
+def _packed_reference(lengths, t, m, padding):
+    """cuDNN's packed form of a row of segments `lengths` then padding, from the definition."""
+    pad, n = t - sum(lengths), len(lengths)
+    seqlen, offsets = list(lengths), [sum(lengths[:i]) for i in range(n)]
+    if pad and padding == "merged":
+        if n:
+            seqlen[-1] += pad
+        else:
+            seqlen, offsets = [pad], [0]
+    elif pad and padding == "segment":
+        seqlen, offsets = seqlen + [pad], offsets + [t - pad]
+    slots = m + (padding == "segment")
+    return seqlen + [-1] * (slots - len(seqlen)), offsets + [-1] * (slots + 1 - len(offsets))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 4), max_size=4), min_size=1, max_size=3),
+       st.sampled_from([None, "merged", "segment"]))
+def test_the_packed_lowering_matches_its_definition(rows, padding):
+    t, m = 16, 4
+    seg = np.zeros((len(rows), t), np.int32)
+    for r, lengths in enumerate(rows):
+        seg[r, :sum(lengths)] = np.repeat(np.arange(1, len(lengths) + 1), lengths)
+    seqlen, offsets, ok = map(np.asarray, jax.jit(lowering.packed, static_argnums=(1, 2))(
+        jnp.asarray(seg), m, padding))
+    assert ok.all()
+    for r, lengths in enumerate(rows):
+        assert (seqlen[r].tolist(), offsets[r].tolist()) == _packed_reference(
+            lengths, t, m, padding), (lengths, padding)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(-1, 6), min_size=10, max_size=10),
+       st.sampled_from([None, "merged", "segment"]))
+def test_rows_the_lowering_cannot_represent_get_one_segment_over_the_row(row, padding):
+    """Whatever the ids, the lowering stays in bounds; a row it cannot represent is one
+    segment (the op poisons or refuses it anyway)."""
+    seqlen, offsets, ok = map(np.asarray, lowering.packed(jnp.array([row], jnp.int32), 3,
+                                                          padding))
+    try:
+        check_segment_ids(np.array([row]), max_segments=3)
+        expect_ok = True
+    except SegmentIdError:
+        expect_ok = False
+    assert ok[0] == expect_ok, row
+    used, starts = seqlen[0] > 0, offsets[0][:-1]
+    assert (starts[used] >= 0).all() and (starts[used] + seqlen[0][used] <= 10).all()
+    if not expect_ok:
+        slots = seqlen.shape[1]
+        assert seqlen[0].tolist() == [10] + [-1] * (slots - 1)
+        assert offsets[0].tolist() == [0] + [-1] * slots
+
+
 # ----- bad segment ids through the op: concrete raises, jitted is loud ------------------------
 
 def _op(**kw):

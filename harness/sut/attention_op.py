@@ -18,9 +18,9 @@ pass over the output to clean undefined values up, and (causal) no extra slot fo
 
 Segment ids the packed lowering cannot represent (an id above max_segments_per_seq, one id in
 two runs, padding before a segment) raise SegmentIdError when they are concrete. Inside jit
-they cannot raise: with segment_check="nan" each row that cannot be lowered gets a NaN (in the
-value of its first valid token, so that token's output, valid and kept by a loss masked at
-padding, is NaN), so the step's loss goes NaN (loud, never silently wrong); with
+they cannot raise: with segment_check="nan" each row that cannot be lowered gets NaNs (in the
+values of its valid tokens, so their outputs, valid and kept by a loss masked at padding, are
+NaN), so the step's loss goes NaN (loud, never silently wrong); with
 "checkify" a jax.experimental.checkify error names the problem when the step is wrapped in
 checkify.checkify.
 """
@@ -110,15 +110,21 @@ class AttentionOp:
         path = self.config.path()
         if path in ("dot_product", "xla_fallback"):
             return dot_product(query, key, value, segment_ids, causal=causal, scale=scale)
+        rows = path == "cudnn_packed" and not self.config.packing   # one sequence per row
+        # The packed lowering (one pass over the ids) also says which rows it represents.
+        seqlen, offsets, ok = lowering.packed(segment_ids, self.max_segments,
+                                              padding=_padding(causal))
         if not lowering.is_concrete(segment_ids):
-            value = self._guard(value, segment_ids)
+            value = self._guard(value, segment_ids, ok)
         if path == "cudnn_mask":
             out = self._cudnn_mask(query, key, value, segment_ids, scale, causal)
+        elif rows:
+            out = self._cudnn_rows(query, key, value, segment_ids, scale, causal)
         elif path == "cudnn_packed":
-            out = self._cudnn_packed(query, key, value, segment_ids, scale, causal)
+            out = self._cudnn_packed(query, key, value, seqlen, offsets, scale, causal)
         else:
-            out = self._te_thd(query, key, value, segment_ids, scale, causal)
-        if path == "cudnn_packed" and not self.config.packing:
+            out = self._te_thd(query, key, value, seqlen, offsets, scale, causal)
+        if rows:
             # Per-row lengths leave padding outputs undefined; zero them so that no NaN there
             # can reach a masked loss (0 * NaN is NaN). The packed paths compute padding as a
             # segment of its own (defined, no extra pass); the mask path attends padding to
@@ -126,37 +132,38 @@ class AttentionOp:
             out = jnp.where((segment_ids > 0)[:, :, None, None], out, 0)
         return out.astype(query.dtype)
 
-    def _guard(self, value, segment_ids):
-        ok = lowering.representable_rows(segment_ids, self.max_segments)
+    def _guard(self, value, segment_ids, ok):
+        """`ok` [B]: which rows the packed lowering represents (rows it cannot get one segment
+        over the whole row, in bounds, and are poisoned or refused here)."""
         if self.config.segment_check == "checkify":
             from jax.experimental import checkify
             checkify.check(ok.all(), "segment_ids cannot be lowered to the packed layout: a row "
                            f"has an id above max_segments_per_seq={self.max_segments}, an id in "
                            "two separate runs, or padding before a segment (rows ok: {ok})", ok=ok)
             return value
-        # One NaN per bad row in the value of its first valid token: every query that attends
-        # it (that token's own, at least: valid, so a loss masked at padding keeps it) gets a
-        # NaN output, and the step's loss goes NaN, loudly. In the value, not the output: the
-        # kernel keeps its output for the backward pass, so changing it costs a copy of the
-        # output; the value (kv heads only) is the smallest tensor to copy.
-        first = jnp.argmax(segment_ids > 0, axis=1)
-        rows = jnp.arange(value.shape[0])
-        return value.at[rows, first, 0, 0].add(jnp.where(ok, 0, jnp.nan).astype(value.dtype))
+        # A NaN in the value of every valid token of a bad row: each such token's query attends
+        # its own key at least, so its output (valid, kept by a loss masked at padding) is NaN
+        # and the step's loss goes NaN, loudly. In the value, not the output: the kernel keeps
+        # its output for the backward pass, so changing it costs a copy of the output, and the
+        # value (kv heads only) is the smallest tensor to copy. One elementwise pass, added (an
+        # add's gradient is the identity: no pass over dv in the backward).
+        poison = ~ok[:, None] & (segment_ids != 0)
+        return value + jnp.where(poison, jnp.nan, 0).astype(value.dtype)[:, :, None, None]
 
     def _sdpa(self):
         return cudnn_backend(self.config.cudnn_backend, self.config.compute_capability)
 
-    def _cudnn_packed(self, query, key, value, segment_ids, scale, causal):
+    def _cudnn_rows(self, query, key, value, segment_ids, scale, causal):
+        # One sequence per row, then padding: plain per-row lengths, no packed offsets.
         sdpa, mask_type = self._sdpa()
-        if not self.config.packing:
-            # One sequence per row, then padding: plain per-row lengths, no packed offsets.
-            lengths = (segment_ids > 0).sum(axis=1).astype(jnp.int32)
-            return sdpa(query, key, value, q_seqlen=lengths, kv_seqlen=lengths, scale=scale,
-                        dropout_rate=self.config.dropout_rate,
-                        mask_type=mask_type.PADDING_CAUSAL if causal else mask_type.PADDING,
-                        qkv_layout="BTNH")
-        seqlen, offsets = lowering.lengths_and_offsets(segment_ids, self.max_segments,
-                                                       padding=_padding(causal))
+        lengths = (segment_ids > 0).sum(axis=1).astype(jnp.int32)
+        return sdpa(query, key, value, q_seqlen=lengths, kv_seqlen=lengths, scale=scale,
+                    dropout_rate=self.config.dropout_rate,
+                    mask_type=mask_type.PADDING_CAUSAL if causal else mask_type.PADDING,
+                    qkv_layout="BTNH")
+
+    def _cudnn_packed(self, query, key, value, seqlen, offsets, scale, causal):
+        sdpa, mask_type = self._sdpa()
         repeat = (self.config.cudnn_backend == "cudnn" and key.shape[2] != query.shape[2]
                   and lowering.upstream_gqa_offsets_wrong())
         return cudnn_packed(sdpa, mask_type, query, key, value, seqlen, offsets, scale=scale,
@@ -171,11 +178,9 @@ class AttentionOp:
                     mask_type=mask_type.CAUSAL if causal else mask_type.NO_MASK,
                     qkv_layout="BTNH")
 
-    def _te_thd(self, query, key, value, segment_ids, scale, causal):
+    def _te_thd(self, query, key, value, seqlen, offsets, scale, causal):
         # The same lowering as the cuDNN path, handed to TE as lengths and offsets: TE would
         # otherwise derive them again from segment ids and positions, in more passes.
-        seqlen, offsets = lowering.lengths_and_offsets(segment_ids, self.max_segments,
-                                                       padding=_padding(causal))
         return te_fused_packed(query, key, value, seqlen, offsets, scale=scale, causal=causal,
                                dropout_rate=self.config.dropout_rate)
 

@@ -29,15 +29,25 @@ def check_concrete(segment_ids, max_segments: int | None) -> None:
 
 def representable_rows(segment_ids, max_segments: int):
     """[B] bool, traceable: the row is contiguous runs 1..n (n <= max_segments), then padding."""
-    seg = segment_ids
-    prev, cur = seg[:, :-1], seg[:, 1:]
-    step_ok = jnp.where(prev > 0, (cur == prev) | (cur == prev + 1) | (cur == 0), cur == 0)
-    return (step_ok.all(axis=1) & (seg[:, 0] <= 1) & (seg >= 0).all(axis=1)
-            & (seg <= max_segments).all(axis=1))
+    return packed(segment_ids, max_segments)[2]
 
 
 def lengths_and_offsets(segment_ids, max_segments: int, padding: str | None = None):
-    """(seqlen [B, M], offsets [B, M+1]) int32, -1 where a row has fewer segments.
+    """(seqlen [B, M], offsets [B, M+1]) int32, -1 where a row has fewer segments; see
+    `packed`, which also says which rows could be lowered."""
+    return packed(segment_ids, max_segments, padding)[:2]
+
+
+def packed(segment_ids, max_segments: int, padding: str | None = None):
+    """(seqlen [B, M], offsets [B, M+1], ok [B]): cuDNN's packed form of each row, -1 where a
+    row has fewer segments, and whether the row could be lowered at all.
+
+    One pass over the ids (a single reduction: for each m the tokens with 0 < id <= m, and the
+    steps that break the layout), then elementwise work on [B, M]: a few small kernels, not one
+    per quantity, since every kernel before the attention adds its launch to the step.
+
+    A row that cannot be lowered (ok False) gets one segment over the whole row: a lowering in
+    bounds whatever its ids, for a caller that poisons or refuses the row anyway.
 
     `padding` says what becomes of a row's trailing padding (None: nothing; cuDNN leaves
     those outputs undefined, so a NaN there could reach a masked loss as 0 * NaN):
@@ -48,33 +58,50 @@ def lengths_and_offsets(segment_ids, max_segments: int, padding: str | None = No
     - "segment": one more segment right after the row's last one (seqlen [B, M+1], offsets
       [B, M+2]), attending only itself: for bidirectional attention.
     Either way padding outputs are finite and no pass over the output cleans them up."""
-    ids = jnp.arange(1, max_segments + 1, dtype=segment_ids.dtype)
-    lengths = (segment_ids[:, :, None] == ids).sum(axis=1).astype(jnp.int32)     # [B, M]
-    # Segments are contiguous and in order, so segment m starts after all tokens of 1..m-1.
-    starts = jnp.cumsum(lengths, axis=1) - lengths
+    if padding not in (None, "merged", "segment"):
+        raise ValueError(f"padding must be None, 'merged' or 'segment', not {padding!r}")
+    seg = segment_ids
+    t = seg.shape[1]
+    m = jnp.arange(1, max_segments + 1, dtype=seg.dtype)
+    # A step from prev to cur keeps the layout if cur is prev, prev + 1 or padding after a
+    # segment, or padding after padding; the row starts with id 0 or 1; ids lie in 0..M.
+    prev = jnp.concatenate([jnp.zeros_like(seg[:, :1]), seg[:, :-1]], axis=1)
+    first = jnp.arange(t)[None] == 0
+    step_ok = jnp.where(first, seg <= 1,
+                        jnp.where(prev > 0, (seg == prev) | (seg == prev + 1) | (seg == 0),
+                                  seg == 0))
+    broken = ~step_ok | (seg < 0) | (seg > max_segments)
+    columns = jnp.concatenate([(seg[:, :, None] > 0) & (seg[:, :, None] <= m),
+                               broken[:, :, None]], axis=2)
+    counts = columns.sum(axis=1, dtype=jnp.int32)                              # [B, M+1]
+    up_to = counts[:, :max_segments]                   # tokens with 0 < id <= m, m = 1..M
+    ok = counts[:, max_segments] == 0
+    starts = jnp.concatenate([jnp.zeros_like(up_to[:, :1]), up_to[:, :-1]], axis=1)
+    lengths = up_to - starts
     present = lengths > 0
+    pad = t - up_to[:, -1:]                                                    # [B, 1]
+    index = jnp.arange(max_segments)[None]
     seqlen = jnp.where(present, lengths, -1)
     offsets = jnp.where(present, starts, -1)
-    if padding is not None:
-        if padding not in ("merged", "segment"):
-            raise ValueError(f"padding must be None, 'merged' or 'segment', not {padding!r}")
-        n = present.sum(axis=1)                                                   # [B]
-        pad = segment_ids.shape[1] - lengths.sum(axis=1)                         # [B]
-        if padding == "segment":
-            seqlen = jnp.pad(seqlen, ((0, 0), (0, 1)), constant_values=-1)
-            offsets = jnp.pad(offsets, ((0, 0), (0, 1)), constant_values=-1)
-            slot = jnp.arange(max_segments + 1)[None] == n[:, None]              # [B, M+1]
-            new_len, new_off = pad, segment_ids.shape[1] - pad
-        else:
-            slot = jnp.arange(max_segments)[None] == jnp.maximum(n - 1, 0)[:, None]
-            last = jnp.take_along_axis(lengths, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
-            new_len = jnp.where(n > 0, last + pad, pad)
-            new_off = jnp.where(n > 0, segment_ids.shape[1] - pad - last, 0)
-        slot = slot & (pad > 0)[:, None]
-        seqlen = jnp.where(slot, new_len[:, None], seqlen)
-        offsets = jnp.where(slot, new_off[:, None], offsets)
+    # The slot after the last present segment: segments of a lowerable row are 1..n, so it is
+    # where a present slot is followed by an absent one (slot 0 in a row of padding only).
+    after = jnp.concatenate([present[:, 1:], jnp.zeros_like(present[:, :1])], axis=1)
+    if padding == "merged":
+        slot = jnp.where(up_to[:, -1:] > 0, present & ~after, index == 0) & (pad > 0)
+        seqlen = jnp.where(slot, lengths + pad, seqlen)
+        offsets = jnp.where(slot, starts, offsets)
+    elif padding == "segment":
+        before = jnp.concatenate([jnp.ones_like(present[:, :1]), present], axis=1)
+        here = jnp.concatenate([present, jnp.zeros_like(present[:, :1])], axis=1)
+        slot = before & ~here & (pad > 0)                                      # [B, M+1]
+        seqlen = jnp.where(slot, pad, jnp.pad(seqlen, ((0, 0), (0, 1)), constant_values=-1))
+        offsets = jnp.where(slot, t - pad,
+                            jnp.pad(offsets, ((0, 0), (0, 1)), constant_values=-1))
+    whole = jnp.arange(seqlen.shape[1])[None] == 0
+    seqlen = jnp.where(ok[:, None], seqlen, jnp.where(whole, t, -1))
+    offsets = jnp.where(ok[:, None], offsets, jnp.where(whole, 0, -1))
     offsets = jnp.pad(offsets, ((0, 0), (0, 1)), constant_values=-1)
-    return seqlen, offsets
+    return seqlen.astype(jnp.int32), offsets.astype(jnp.int32), ok
 
 
 def positions(segment_ids):
