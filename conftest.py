@@ -65,13 +65,13 @@ def pytest_configure(config):
         count = int(config.workerinput.get("workercount", 1))
         if config.getoption("--gpu-per-worker"):
             # Before anything asks jax for a device: the CUDA backend reads this once, at start.
-            index = int(config.workerinput["workerid"].removeprefix("gw"))
-            os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(config.workerinput["harness_gpu"])
         elif count > 1 and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ:
             # Workers sharing a GPU must not each take jax's default 75% of its memory.
             os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(0.75, 0.9 / count):.2f}"
     else:
         config._harness_run = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        config._harness_gpus = {}  # xdist worker id -> its GPU (--gpu-per-worker)
         config._harness_start = time.monotonic()
     try:
         from harness import records as rec
@@ -88,8 +88,22 @@ def pytest_configure(config):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
-    """xdist (controller): tells each worker the run its parts belong to."""
-    node.workerinput["harness_run"] = node.config._harness_run
+    """xdist (controller): tells each worker the run its parts belong to and, with
+    --gpu-per-worker, the GPU that is its own: the lowest one no live worker holds. A worker
+    that replaces a crashed one has a new id (gw2, ...) but takes the GPU the crashed one
+    freed."""
+    config = node.config
+    node.workerinput["harness_run"] = config._harness_run
+    if config.getoption("--gpu-per-worker"):
+        held = config._harness_gpus
+        gpu = min(set(range(len(held) + 1)) - set(held.values()))
+        held[node.gateway.id] = node.workerinput["harness_gpu"] = gpu
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist (controller): a worker that is gone frees its GPU."""
+    node.config._harness_gpus.pop(node.gateway.id, None)
 
 
 def _matrix(config):

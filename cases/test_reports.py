@@ -106,6 +106,9 @@ def test_compare_cli_reads_gzip_baselines(tmp_path):
 CRASHER = """
 import os, harness
 from harness.kernels.reference import dot_product
+if "PYTEST_XDIST_WORKER" in os.environ:  # which GPU each worker was given
+    with open(os.environ["GPU_LOG"], "a") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"] + " " + os.environ["CUDA_VISIBLE_DEVICES"] + "\\n")
 def crash_on_many(q, k, v, seg, *, causal, scale):
     if q.shape[1] == 256 and seg.shape[0] == 4 and os.environ.get("CRASH_NOW") == "1":
         os._exit(3)  # the worker process dies mid-run
@@ -123,15 +126,23 @@ def _pytest(*args, env=None, cwd=ROOT):
 
 
 def test_xdist_parts_survive_a_crashed_worker_and_junit_has_properties(tmp_path):
+    """Also: with --gpu-per-worker the worker that replaces a crashed one (a new id, gw2)
+    takes the crashed one's GPU, not a GPU numbered after its id."""
     module = tmp_path / "crasher.py"
     module.write_text(CRASHER)
     junit = tmp_path / "junit.xml"
-    out = _pytest("-n", "2", "--kernel-module", str(module), "--kernels", "crasher,dot_product",
+    gpu_log = tmp_path / "gpus.txt"
+    out = _pytest("-n", "2", "--gpu-per-worker", "--kernel-module", str(module),
+                  "--kernels", "crasher,dot_product",
                   "--cases", "packed/random-*-bf16-*,unpacked/full-*-bf16-*",
                   "--report-dir", str(tmp_path / "r"), f"--junitxml={junit}",
-                  env={"CRASH_NOW": "1"})
+                  env={"CRASH_NOW": "1", "GPU_LOG": str(gpu_log)})
     assert out.returncode != 0
-    assert "crashed" in out.stdout.lower() or "worker" in out.stdout.lower(), out.stdout[-2000:]
+    assert "replacing crashed worker" in out.stdout, out.stdout[-2000:]
+    gpus = dict(line.split() for line in gpu_log.read_text().splitlines())
+    assert {gpus["gw0"], gpus["gw1"]} == {"0", "1"} and "gw2" in gpus, gpus
+    crashed = out.stdout.split("replacing crashed worker ")[1].split()[0]
+    assert gpus["gw2"] == gpus[crashed], (gpus, crashed)
     _, records = rec.read(tmp_path / "r" / "report.jsonl")
     ran = {(r["kernel"], r["case_id"]) for r in records}
     assert ("dot_product", "packed/random-b4-t256-h4kv2-d64-bf16-s0") in ran

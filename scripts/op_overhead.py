@@ -19,7 +19,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 
 
 def main(out_path: str | None = None) -> int:
