@@ -9,9 +9,10 @@
 #   OUT=DIR bash scripts/gpu_runs.sh b1  # nightly cold, then warm (sampling profiles)
 #   OUT=DIR bash scripts/gpu_runs.sh b3  # pytest -n 2 (cold), the CLI nightly on its cache
 #                                        #   (warm), then the bench
+#   OUT=DIR bash scripts/gpu_runs.sh d   # op overhead, bench, then the CLI nightly (cold)
 # Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit (the git commit).
 set -uo pipefail
-phase=${1:?usage: gpu_runs.sh a|b1|b3|c}
+phase=${1:?usage: gpu_runs.sh a|b1|b3|c|d}
 source .gpu/te/activate.sh && source .gpu/maxtext/activate.sh
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
   HARNESS_GIT_DIRTY=0
@@ -48,6 +49,10 @@ elif [ "$phase" = b3 ]; then
     --suite nightly -n 2 --report-dir "$r/pytest-1gpu" --junitxml "$r/pytest-1gpu/junit.xml"
   step nightly-warm 150 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-warm"
   G1=$G0 bench bench
+elif [ "$phase" = d ]; then
+  step op-overhead 100 $G0 python3 scripts/op_overhead.py "$r/op_overhead.txt"
+  G1=$G0 bench bench
+  step nightly-cold 320 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-cold"
 else
   step pytest-2gpu 240 env HARNESS_COMPILATION_CACHE=/tmp/jaxcache2 python3 -m pytest -q \
     -p no:cacheprovider cases/test_matrix.py --suite nightly -n 2 --gpu-per-worker \
@@ -65,6 +70,9 @@ elif [ "$phase" = b1 ]; then
 elif [ "$phase" = b3 ]; then
   tar -cf - pytest-1gpu nightly-warm bench.json nvidia-smi.txt steps.txt *.log.txt \
     | xz -T0 -6 > "$OUT/h200-b3.tar.xz"
+elif [ "$phase" = d ]; then
+  tar -cf - nightly-cold bench.json op_overhead.txt* nvidia-smi.txt steps.txt *.log.txt \
+    | xz -T0 -6 > "$OUT/h200-d.tar.xz"
 else
   tar -cf - pytest-2gpu steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-c.tar.xz"
 fi
