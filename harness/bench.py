@@ -33,10 +33,14 @@ Transformer Engine. Entries a device cannot run are listed as skipped, with the 
 
 Timing: jax.vjp of each entry (output and dq, dk, dv), compiled ahead (compilation excluded),
 every argument on the device before the clock starts, two warm-up calls, then --repeats rounds
-in which every entry takes one sample in turn (interleaved, so clock or thermal drift hits all
-alike). A sample is one call on CPUs; on GPUs it is K back-to-back calls (K sized from the
-warm-up so a sample lasts about 20 ms, at most 20 calls) divided by K, so that the per-call
-sync and launch cost, the same for every entry, does not pull the ratios towards 1. Reported:
+in which every entry takes one sample, in an order shuffled anew each round (interleaved, so
+clock or thermal drift hits all alike; shuffled, so that no entry always follows the same one:
+in a fixed order the op, always right after XLA's 16 ms dense call, measured 3.0% and 5.4% over
+the raw call on the H200 where scripts/op_overhead.py, timing each program on its own, measured
+2.5% and 1.7%). A sample is one call on CPUs; on GPUs it is one untimed call, then K
+back-to-back calls (K sized from the warm-up so a sample lasts about 20 ms, at most 20 calls)
+divided by K, so that the per-call sync and launch cost, the same for every entry, does not
+pull the ratios towards 1. Reported:
 median, min and spread ((max - min) / median) of the samples per entry; ratios against
 raw:cudnn_packed where it ran (else the first entry that ran), and the op against causal-only.
 
@@ -539,11 +543,15 @@ def time_shape(shape: Shape, plans: list[Plan], repeats: int) -> list[Run]:
             delta = jnp.abs(out[0].astype(jnp.float32) - reference.astype(jnp.float32))
             r.diff = float(jnp.max(jnp.where(valid, delta, 0.0)))
         del out
+    order = np.random.default_rng(0)
     for _ in range(repeats):
-        for r in runs:
+        for i in order.permutation(len(runs)):  # no entry always follows the same one
+            r = runs[i]
             if r.compiled is None:
                 continue
             try:
+                if r.calls > 1:  # an untimed call first: the sample starts in this entry's stride
+                    jax.block_until_ready(r.compiled(*r.args))
                 start = time.perf_counter()
                 for _ in range(r.calls):
                     out = r.compiled(*r.args)  # the last one done: all done (one stream)
@@ -736,8 +744,10 @@ def main(args) -> int:
             json.dump({"environment": describe(), "shapes": args.shapes, "repeats": args.repeats,
                        "method": {"timing": "jax.vjp forward+backward, compiled ahead, arguments "
                                             "on device, two warm-ups, repeats interleaved across "
-                                            "entries, a sample = calls_per_sample back-to-back "
-                                            "calls / calls_per_sample (1 on CPUs); spread = "
+                                            "entries in an order shuffled each round, a sample "
+                                            "= one untimed call, then calls_per_sample "
+                                            "back-to-back calls / calls_per_sample (1 call, "
+                                            "none untimed, on CPUs); spread = "
                                             "(max - min) / median",
                                   "useful_flops": "same-segment causal only: forward "
                                                   "4*L(L+1)/2*head_dim*heads per segment, "
