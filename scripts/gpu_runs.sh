@@ -10,9 +10,11 @@
 #   OUT=DIR bash scripts/gpu_runs.sh b3  # pytest -n 2 (cold), the CLI nightly on its cache
 #                                        #   (warm), then the bench
 #   OUT=DIR bash scripts/gpu_runs.sh d   # op overhead, bench, then the CLI nightly (cold)
+#   OUT=DIR bash scripts/gpu_runs.sh e   # bench, 50-seed flake study, the CLI nightly cold
+#                                        #   then warm
 # Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit (the git commit).
 set -uo pipefail
-phase=${1:?usage: gpu_runs.sh a|b1|b3|c|d}
+phase=${1:?usage: gpu_runs.sh a|b1|b3|c|d|e}
 source .gpu/te/activate.sh && source .gpu/maxtext/activate.sh
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
   HARNESS_GIT_DIRTY=0
@@ -53,6 +55,12 @@ elif [ "$phase" = d ]; then
   step op-overhead 100 $G0 python3 scripts/op_overhead.py "$r/op_overhead.txt"
   G1=$G0 bench bench
   step nightly-cold 320 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-cold"
+elif [ "$phase" = e ]; then
+  G1=$G0 bench bench
+  step flake 200 $G0 python3 -m harness run --suite nightly --seeds 50 --no-leak-probe \
+    --cases '*-b4-t2048-h8kv2-d128-bf16-s0' --kernels "$PASSING" --report-dir "$r/flake"
+  step nightly-cold 200 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-cold"
+  step nightly-warm 120 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-warm"
 else
   step pytest-2gpu 240 env HARNESS_COMPILATION_CACHE=/tmp/jaxcache2 python3 -m pytest -q \
     -p no:cacheprovider cases/test_matrix.py --suite nightly -n 2 --gpu-per-worker \
@@ -73,6 +81,9 @@ elif [ "$phase" = b3 ]; then
 elif [ "$phase" = d ]; then
   tar -cf - nightly-cold bench.json op_overhead.txt* nvidia-smi.txt steps.txt *.log.txt \
     | xz -T0 -6 > "$OUT/h200-d.tar.xz"
+elif [ "$phase" = e ]; then
+  tar -cf - nightly-cold nightly-warm flake bench.json nvidia-smi.txt steps.txt *.log.txt \
+    | xz -T0 -6 > "$OUT/h200-e.tar.xz"
 else
   tar -cf - pytest-2gpu steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-c.tar.xz"
 fi
