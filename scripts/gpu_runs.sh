@@ -57,7 +57,8 @@ elif [ "$phase" = d ]; then
   step nightly-cold 320 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-cold"
 elif [ "$phase" = e ]; then
   G1=$G0 bench bench
-  step flake 200 $G0 python3 -m harness run --suite nightly --seeds 50 --no-leak-probe \
+  step flake 200 env CUDA_VISIBLE_DEVICES=0 HARNESS_COMPILATION_CACHE=/tmp/jaxcache-flake \
+    python3 -m harness run --suite nightly --seeds 50 --no-leak-probe \
     --cases '*-b4-t2048-h8kv2-d128-bf16-s0' --kernels "$PASSING" --report-dir "$r/flake"
   step nightly-cold 200 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-cold"
   step nightly-warm 120 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-warm"
