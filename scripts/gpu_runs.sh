@@ -5,6 +5,8 @@
 #   OUT=DIR bash scripts/gpu_runs.sh a   # GPU0: nightly cold, then warm | GPU1: op overhead,
 #                                        #   bench, 50-seed flake study
 #   OUT=DIR bash scripts/gpu_runs.sh c   # pytest -n 2 --gpu-per-worker on both GPUs
+#   OUT=DIR bash scripts/gpu_runs.sh f   # the bench on GPU0 alone, then as c
+#   OUT=DIR bash scripts/gpu_runs.sh g   # pytest -n 2 on GPU0 and 16 cores (a one-H200 runner)
 # On the one-H200 runner (nvidia-h200), one step after another:
 #   OUT=DIR bash scripts/gpu_runs.sh b1  # nightly cold, then warm (sampling profiles)
 #   OUT=DIR bash scripts/gpu_runs.sh b3  # pytest -n 2 (cold), the CLI nightly on its cache
@@ -14,7 +16,7 @@
 #                                        #   then warm
 # Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit (the git commit).
 set -uo pipefail
-phase=${1:?usage: gpu_runs.sh a|b1|b3|c|d|e}
+phase=${1:?usage: gpu_runs.sh a|b1|b3|c|d|e|f|g}
 source .gpu/te/activate.sh && source .gpu/maxtext/activate.sh
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
   HARNESS_GIT_DIRTY=0
@@ -62,7 +64,11 @@ elif [ "$phase" = e ]; then
     --cases '*-b4-t2048-h8kv2-d128-bf16-s0' --kernels "$PASSING" --report-dir "$r/flake"
   step nightly-cold 200 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-cold"
   step nightly-warm 120 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-warm"
+elif [ "$phase" = g ]; then
+  step pytest-1gpu 300 $G0 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
+    --suite nightly -n 2 --report-dir "$r/pytest-1gpu" --junitxml "$r/pytest-1gpu/junit.xml"
 else
+  [ "$phase" = f ] && G1=$G0 bench bench
   step pytest-2gpu 240 env HARNESS_COMPILATION_CACHE=/tmp/jaxcache2 python3 -m pytest -q \
     -p no:cacheprovider cases/test_matrix.py --suite nightly -n 2 --gpu-per-worker \
     --report-dir "$r/pytest-2gpu" --junitxml "$r/pytest-2gpu/junit.xml"
@@ -85,7 +91,10 @@ elif [ "$phase" = d ]; then
 elif [ "$phase" = e ]; then
   tar -cf - nightly-cold nightly-warm flake bench.json nvidia-smi.txt steps.txt *.log.txt \
     | xz -T0 -6 > "$OUT/h200-e.tar.xz"
+elif [ "$phase" = g ]; then
+  tar -cf - pytest-1gpu steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-g.tar.xz"
 else
-  tar -cf - pytest-2gpu steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-c.tar.xz"
+  tar -cf - pytest-2gpu $([ "$phase" = f ] && echo bench.json) nvidia-smi.txt steps.txt \
+    *.log.txt | xz -T0 -6 > "$OUT/h200-$phase.tar.xz"
 fi
 cat steps.txt
