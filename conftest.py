@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -36,7 +37,7 @@ def pytest_addoption(parser):
     group.addoption("--growth", type=float, default=2.0,
                     help="error growth over the baseline that counts as a regression")
     group.addoption("--gpu-per-worker", action="store_true",
-                    help="pin each xdist worker to its own GPU (CUDA_VISIBLE_DEVICES=worker index)")
+                    help="give each xdist worker a GPU of its own (-n = the number of GPUs)")
     group.addoption("--no-leak-probe", action="store_true", help="tolerance checks only")
     group.addoption("--no-deterministic-probe", action="store_true",
                     help="probe the kernels' default builds on GPUs too")
@@ -74,6 +75,8 @@ def pytest_configure(config):
         config._harness_gpus = {}  # xdist worker id -> its GPU (--gpu-per-worker)
         config._harness_start = time.monotonic()
     try:
+        if config.getoption("--gpu-per-worker") and not _is_worker(config):
+            config._harness_gpu_ids = _gpu_per_worker_ids(config)
         from harness import records as rec
         from harness.registry import load_kernel_module, mark_absl_flags_parsed
         mark_absl_flags_parsed()
@@ -86,6 +89,35 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
 
 
+def _gpu_per_worker_ids(config) -> list[str] | None:
+    """The GPUs --gpu-per-worker hands out: CUDA_VISIBLE_DEVICES's list where it is set (so a
+    runner's own selection holds), else nvidia-smi's; None where neither is there (no NVIDIA
+    driver: nothing to check). More workers than GPUs is a usage error: a worker without a GPU
+    would fall back to the CPU, where the GPU kernels skip."""
+    from harness.errors import UsageError
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids, where = [g.strip() for g in visible.split(",") if g.strip()], \
+            f"CUDA_VISIBLE_DEVICES={visible!r}"
+    elif shutil.which("nvidia-smi"):
+        try:
+            listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                     timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        ids = [str(i) for i in range(sum(line.startswith("GPU ")
+                                         for line in listing.splitlines()))]
+        where = "nvidia-smi -L"
+    else:
+        return None
+    workers = config.getoption("numprocesses", None)  # xdist's -n, "auto" already resolved
+    if isinstance(workers, int) and workers > len(ids):
+        raise UsageError(f"--gpu-per-worker with -n {workers}: {len(ids)} GPU(s) visible "
+                         f"({where}); use -n {len(ids)} or fewer")
+    return ids
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     """xdist (controller): tells each worker the run its parts belong to and, with
@@ -95,9 +127,10 @@ def pytest_configure_node(node):
     config = node.config
     node.workerinput["harness_run"] = config._harness_run
     if config.getoption("--gpu-per-worker"):
-        held = config._harness_gpus
-        gpu = min(set(range(len(held) + 1)) - set(held.values()))
-        held[node.gateway.id] = node.workerinput["harness_gpu"] = gpu
+        held, ids = config._harness_gpus, config._harness_gpu_ids
+        slot = min(set(range(len(held) + 1)) - set(held.values()))
+        held[node.gateway.id] = slot
+        node.workerinput["harness_gpu"] = ids[slot] if ids and slot < len(ids) else str(slot)
 
 
 @pytest.hookimpl(optionalhook=True)

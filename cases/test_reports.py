@@ -126,8 +126,9 @@ def _pytest(*args, env=None, cwd=ROOT):
 
 
 def test_xdist_parts_survive_a_crashed_worker_and_junit_has_properties(tmp_path):
-    """Also: with --gpu-per-worker the worker that replaces a crashed one (a new id, gw2)
-    takes the crashed one's GPU, not a GPU numbered after its id."""
+    """Also: --gpu-per-worker hands out the GPUs of CUDA_VISIBLE_DEVICES, one per worker, and
+    the worker that replaces a crashed one (a new id, gw2) takes the crashed one's GPU, not a
+    GPU numbered after its id."""
     module = tmp_path / "crasher.py"
     module.write_text(CRASHER)
     junit = tmp_path / "junit.xml"
@@ -136,11 +137,11 @@ def test_xdist_parts_survive_a_crashed_worker_and_junit_has_properties(tmp_path)
                   "--kernels", "crasher,dot_product",
                   "--cases", "packed/random-*-bf16-*,unpacked/full-*-bf16-*",
                   "--report-dir", str(tmp_path / "r"), f"--junitxml={junit}",
-                  env={"CRASH_NOW": "1", "GPU_LOG": str(gpu_log)})
+                  env={"CRASH_NOW": "1", "GPU_LOG": str(gpu_log), "CUDA_VISIBLE_DEVICES": "5,7"})
     assert out.returncode != 0
     assert "replacing crashed worker" in out.stdout, out.stdout[-2000:]
     gpus = dict(line.split() for line in gpu_log.read_text().splitlines())
-    assert {gpus["gw0"], gpus["gw1"]} == {"0", "1"} and "gw2" in gpus, gpus
+    assert {gpus["gw0"], gpus["gw1"]} == {"5", "7"} and "gw2" in gpus, gpus
     crashed = out.stdout.split("replacing crashed worker ")[1].split()[0]
     assert gpus["gw2"] == gpus[crashed], (gpus, crashed)
     _, records = rec.read(tmp_path / "r" / "report.jsonl")
@@ -151,6 +152,15 @@ def test_xdist_parts_survive_a_crashed_worker_and_junit_has_properties(tmp_path)
     assert {"worst_ratio", "failing_segments"} <= props
     header, _ = rec.read(tmp_path / "r" / "report.jsonl")
     assert header["timing"]["dot_product"]["wall_s"] > 0, "pytest counts each kernel's wall time"
+
+
+def test_more_workers_than_gpus_is_a_usage_error(tmp_path):
+    out = _pytest("-n", "3", "--gpu-per-worker", "--kernels", "dot_product",
+                  "--report-dir", str(tmp_path / "r"), env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert out.returncode == 4, out.stdout[-2000:] + out.stderr[-2000:]
+    assert ("--gpu-per-worker with -n 3: 2 GPU(s) visible (CUDA_VISIBLE_DEVICES='0,1'); use -n 2 "
+            "or fewer") in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
 
 
 def test_pytest_baseline_flags_grown_errors(tmp_path):
