@@ -106,7 +106,7 @@ def test_compare_cli_reads_gzip_baselines(tmp_path):
 CRASHER = """
 import os, harness
 from harness.kernels.reference import dot_product
-if "PYTEST_XDIST_WORKER" in os.environ:  # which GPU each worker was given
+if "," not in os.environ.get("CUDA_VISIBLE_DEVICES", ","):  # a worker: the GPU it was given
     with open(os.environ["GPU_LOG"], "a") as f:
         f.write(os.environ["PYTEST_XDIST_WORKER"] + " " + os.environ["CUDA_VISIBLE_DEVICES"] + "\\n")
 def crash_on_many(q, k, v, seg, *, causal, scale):

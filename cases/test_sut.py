@@ -179,18 +179,58 @@ def test_concrete_bad_segment_ids_raise(bad, message):
 LEFT_PADDED = [0, 0, 1, 1, 1, 2, 2, 2]       # padding before a segment
 
 
-@pytest.mark.parametrize("bad", [TOO_MANY, SPLIT, LEFT_PADDED])
-def test_jitted_bad_rows_make_the_loss_nan(bad):
+ONE_SEQUENCE = [1, 1, 1, 1, 1, 0, 0, 0]
+ROWS_LEFT_PADDED = [0, 0, 0, 0, 0, 0, 1, 1]  # its valid tokens lie past its length (2)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("packing, good, bad", [
+    (True, GOOD, TOO_MANY), (True, GOOD, SPLIT), (True, GOOD, LEFT_PADDED),
+    (False, ONE_SEQUENCE, GOOD), (False, ONE_SEQUENCE, ROWS_LEFT_PADDED)])
+def test_jitted_bad_rows_make_the_loss_nan(packing, good, bad, causal):
     q, k, v = _qkv()
-    step = jax.jit(lambda q, k, v, s: _op()(q, k, v, s, scale=0.35))
-    seg = jnp.array([GOOD, bad], jnp.int32)
+    op = _op(packing=packing, max_segments_per_seq=2 if packing else None)
+    step = jax.jit(lambda q, k, v, s: op(q, k, v, s, scale=0.35, causal=causal))
+    seg = jnp.array([good, bad], jnp.int32)
     out = np.asarray(step(q, k, v, seg), np.float32)
     assert np.isfinite(out[0]).all() and np.isnan(out[1]).any(), "the bad row carries a NaN"
     # A loss masked at padding (jnp.where, as training code does) keeps it.
     masked = np.where(np.asarray(seg > 0)[:, :, None, None], out, 0.0)
-    assert np.isnan(masked.sum()), "so the loss is NaN"
-    good = np.asarray(step(q, k, v, jnp.array([GOOD, GOOD], jnp.int32)), np.float32)
-    assert np.isfinite(good).all()
+    assert np.isnan(masked[1].sum()), "so the loss is NaN"
+    # Good rows: finite, and exactly what the op computes outside jit (where no guard runs).
+    both_good = jnp.array([good, good], jnp.int32)
+    jitted = np.asarray(step(q, k, v, both_good))
+    assert np.isfinite(jitted.astype(np.float32)).all()
+    eager = np.asarray(op(q, k, v, both_good, scale=0.35, causal=causal))
+    assert np.array_equal(jitted.view(np.uint16), eager.view(np.uint16))
+    # The guard's gradient is the identity: a good row's dv is what it is without the guard.
+    loss = lambda v, s: (op(q, k, v, s, scale=0.35, causal=causal).astype(jnp.float32) ** 2).sum()
+    dv = np.asarray(jax.jit(jax.grad(loss))(v, seg), np.float32)
+    assert np.isfinite(dv[0]).all()
+    assert np.array_equal(dv[0], np.asarray(jax.grad(loss)(v, both_good), np.float32)[0])
+
+
+def test_the_guard_changes_nothing_but_the_poisoned_tokens():
+    """Bit for bit: -0.0 and subnormals in good tokens stay (an added 0 would change them)."""
+    from harness.sut.attention_op import _poisoned
+    tiny = float(jnp.finfo(jnp.bfloat16).smallest_subnormal)
+    v = jnp.array([-0.0, tiny, -tiny, 1.5], jnp.bfloat16).reshape(1, 4, 1, 1)
+    poison = jnp.array([[False, False, False, True]])
+    out = np.asarray(jax.jit(_poisoned)(v, poison)).reshape(-1)
+    assert out[:3].view(np.uint16).tolist() == np.asarray(v).reshape(-1)[:3].view(np.uint16).tolist()
+    assert np.isnan(float(out[3]))
+    g = jax.grad(lambda v: (_poisoned(v, poison) * 2.0).astype(jnp.float32).sum())(v)
+    assert np.asarray(g, np.float32).reshape(-1).tolist() == [2.0] * 4, "identity gradient"
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.uint8, jnp.int16])
+def test_the_packed_lowering_takes_narrow_integer_ids(dtype):
+    seg = np.array([GOOD, [1, 1, 1, 1, 1, 1, 1, 1]])
+    for m in (3, 200, 40000):
+        want = [np.asarray(a) for a in lowering.packed(jnp.asarray(seg, jnp.int32), m, "merged")]
+        got = [np.asarray(a) for a in lowering.packed(jnp.asarray(seg, dtype), m, "merged")]
+        for w, g in zip(want, got):
+            assert np.array_equal(w, g), (dtype, m)
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -111,15 +111,18 @@ class AttentionOp:
         if path in ("dot_product", "xla_fallback"):
             return dot_product(query, key, value, segment_ids, causal=causal, scale=scale)
         rows = path == "cudnn_packed" and not self.config.packing   # one sequence per row
-        # The packed lowering (one pass over the ids) also says which rows it represents.
-        seqlen, offsets, ok = lowering.packed(segment_ids, self.max_segments,
-                                              padding=_padding(causal))
-        if not lowering.is_concrete(segment_ids):
+        traced = not lowering.is_concrete(segment_ids)
+        if path in ("cudnn_packed", "te_thd") or traced:
+            # The packed lowering (one pass over the ids) also says which rows it represents
+            # (concrete ids: all of them, check_concrete has passed).
+            seqlen, offsets, ok = lowering.packed(segment_ids, self.max_segments,
+                                                  padding=_padding(causal))
+        if traced:
             value = self._guard(value, segment_ids, ok)
         if path == "cudnn_mask":
             out = self._cudnn_mask(query, key, value, segment_ids, scale, causal)
         elif rows:
-            out = self._cudnn_rows(query, key, value, segment_ids, scale, causal)
+            out = self._cudnn_rows(query, key, value, segment_ids, ok, scale, causal)
         elif path == "cudnn_packed":
             out = self._cudnn_packed(query, key, value, seqlen, offsets, scale, causal)
         else:
@@ -141,22 +144,25 @@ class AttentionOp:
                            f"has an id above max_segments_per_seq={self.max_segments}, an id in "
                            "two separate runs, or padding before a segment (rows ok: {ok})", ok=ok)
             return value
-        # A NaN in the value of every valid token of a bad row: each such token's query attends
-        # its own key at least, so its output (valid, kept by a loss masked at padding) is NaN
-        # and the step's loss goes NaN, loudly. In the value, not the output: the kernel keeps
-        # its output for the backward pass, so changing it costs a copy of the output, and the
-        # value (kv heads only) is the smallest tensor to copy. One elementwise pass, added (an
-        # add's gradient is the identity: no pass over dv in the backward).
-        poison = ~ok[:, None] & (segment_ids != 0)
-        return value + jnp.where(poison, jnp.nan, 0).astype(value.dtype)[:, :, None, None]
+        # A NaN in the value of every valid token of a bad row: every path lowers a bad row so
+        # that each token's query attends its own key at least (the packed lowering gives it
+        # one segment over the whole row, the rows path its full length), so its output (valid,
+        # kept by a loss masked at padding) is NaN and the step's loss goes NaN, loudly. In the
+        # value, not the output: the kernel keeps its output for the backward pass, so changing
+        # it costs a copy of the output, and the value (kv heads only) is the smallest tensor
+        # to copy. One elementwise select, exact elsewhere, with an identity gradient (no pass
+        # over dv in the backward).
+        return _poisoned(value, ~ok[:, None] & (segment_ids != 0))
 
     def _sdpa(self):
         return cudnn_backend(self.config.cudnn_backend, self.config.compute_capability)
 
-    def _cudnn_rows(self, query, key, value, segment_ids, scale, causal):
-        # One sequence per row, then padding: plain per-row lengths, no packed offsets.
+    def _cudnn_rows(self, query, key, value, segment_ids, ok, scale, causal):
+        # One sequence per row, then padding: plain per-row lengths, no packed offsets. A row
+        # that is not one (ok False; poisoned by the guard) is computed over its full length.
         sdpa, mask_type = self._sdpa()
-        lengths = (segment_ids > 0).sum(axis=1).astype(jnp.int32)
+        lengths = jnp.where(ok, (segment_ids > 0).sum(axis=1), segment_ids.shape[1])
+        lengths = lengths.astype(jnp.int32)
         return sdpa(query, key, value, q_seqlen=lengths, kv_seqlen=lengths, scale=scale,
                     dropout_rate=self.config.dropout_rate,
                     mask_type=mask_type.PADDING_CAUSAL if causal else mask_type.PADDING,
@@ -183,6 +189,23 @@ class AttentionOp:
         # otherwise derive them again from segment ids and positions, in more passes.
         return te_fused_packed(query, key, value, seqlen, offsets, scale=scale, causal=causal,
                                dropout_rate=self.config.dropout_rate)
+
+
+@jax.custom_vjp
+def _poisoned(value, poison):
+    """value with NaN where poison [B, T] is set (every head and feature of those tokens)."""
+    return jnp.where(poison[:, :, None, None], jnp.asarray(jnp.nan, value.dtype), value)
+
+
+def _poisoned_fwd(value, poison):
+    return _poisoned(value, poison), None
+
+
+def _poisoned_bwd(_, g):
+    return g, None
+
+
+_poisoned.defvjp(_poisoned_fwd, _poisoned_bwd)
 
 
 def _padding(causal: bool) -> str:

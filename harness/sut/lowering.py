@@ -60,9 +60,9 @@ def packed(segment_ids, max_segments: int, padding: str | None = None):
     Either way padding outputs are finite and no pass over the output cleans them up."""
     if padding not in (None, "merged", "segment"):
         raise ValueError(f"padding must be None, 'merged' or 'segment', not {padding!r}")
-    seg = segment_ids
+    seg = segment_ids.astype(jnp.int32)  # narrow ids (int8) would wrap M and the id range
     t = seg.shape[1]
-    m = jnp.arange(1, max_segments + 1, dtype=seg.dtype)
+    m = jnp.arange(1, max_segments + 1, dtype=jnp.int32)
     # A step from prev to cur keeps the layout if cur is prev, prev + 1 or padding after a
     # segment, or padding after padding; the row starts with id 0 or 1; ids lie in 0..M.
     prev = jnp.concatenate([jnp.zeros_like(seg[:, :1]), seg[:, :-1]], axis=1)
