@@ -14,9 +14,10 @@
 #   OUT=DIR bash scripts/gpu_runs.sh d   # op overhead, bench, then the CLI nightly (cold)
 #   OUT=DIR bash scripts/gpu_runs.sh e   # bench, 50-seed flake study, the CLI nightly cold
 #                                        #   then warm
+#   OUT=DIR bash scripts/gpu_runs.sh h   # bench, then the nightly of the op's kernels (cold)
 # Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit (the git commit).
 set -uo pipefail
-phase=${1:?usage: gpu_runs.sh a|b1|b3|c|d|e|f|g}
+phase=${1:?usage: gpu_runs.sh a|b1|b3|c|d|e|f|g|h}
 source .gpu/te/activate.sh && source .gpu/maxtext/activate.sh
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
   HARNESS_GIT_DIRTY=0
@@ -64,6 +65,10 @@ elif [ "$phase" = e ]; then
     --cases '*-b4-t2048-h8kv2-d128-bf16-s0' --kernels "$PASSING" --report-dir "$r/flake"
   step nightly-cold 200 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-cold"
   step nightly-warm 120 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-warm"
+elif [ "$phase" = h ]; then
+  G1=$G0 bench bench
+  step nightly-op 200 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-op" \
+    --kernels sut:cudnn_flash_jax,sut:cudnn_flash_jax:fallback,sut:cudnn_flash_te,sut:dot_product
 elif [ "$phase" = g ]; then
   step pytest-1gpu 300 $G0 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
     --suite nightly -n 2 --report-dir "$r/pytest-1gpu" --junitxml "$r/pytest-1gpu/junit.xml"
@@ -91,6 +96,8 @@ elif [ "$phase" = d ]; then
 elif [ "$phase" = e ]; then
   tar -cf - nightly-cold nightly-warm flake bench.json nvidia-smi.txt steps.txt *.log.txt \
     | xz -T0 -6 > "$OUT/h200-e.tar.xz"
+elif [ "$phase" = h ]; then
+  tar -cf - nightly-op bench.json nvidia-smi.txt steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-h.tar.xz"
 elif [ "$phase" = g ]; then
   tar -cf - pytest-1gpu steps.txt *.log.txt | xz -T0 -6 > "$OUT/h200-g.tar.xz"
 else
