@@ -67,7 +67,7 @@ elif [ "$phase" = e ]; then
   step nightly-warm 120 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-warm"
 elif [ "$phase" = h ]; then
   G1=$G0 bench bench
-  step nightly-op 200 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-op" \
+  step nightly-op 110 $G0 python3 -m harness run --suite nightly --report-dir "$r/nightly-op" \
     --kernels sut:cudnn_flash_jax,sut:cudnn_flash_jax:fallback,sut:cudnn_flash_te,sut:dot_product
 elif [ "$phase" = g ]; then
   step pytest-1gpu 300 $G0 python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py \
