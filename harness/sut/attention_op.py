@@ -150,8 +150,12 @@ class AttentionOp:
         # kept by a loss masked at padding) is NaN and the step's loss goes NaN, loudly. In the
         # value, not the output: the kernel keeps its output for the backward pass, so changing
         # it costs a copy of the output, and the value (kv heads only) is the smallest tensor
-        # to copy. One elementwise select, exact elsewhere, with an identity gradient (no pass
-        # over dv in the backward).
+        # to copy. One elementwise pass, added: an add's gradient is the identity (no pass over
+        # dv in the backward). Elsewhere it adds +0, which leaves every value but the sign of a
+        # zero (and, on XLA:CPU, subnormals, flushed) as it was. An exact select with an
+        # identity gradient (a custom_vjp) is the cleaner form, but its first H200 run crashed
+        # (an XLA CUDA-graph capture error in cuDNN, cause not established), while this form
+        # ran clean in every H200 report: it stays until the select is shown clean there.
         return _poisoned(value, ~ok[:, None] & (segment_ids != 0))
 
     def _sdpa(self):
@@ -191,21 +195,9 @@ class AttentionOp:
                                dropout_rate=self.config.dropout_rate)
 
 
-@jax.custom_vjp
 def _poisoned(value, poison):
     """value with NaN where poison [B, T] is set (every head and feature of those tokens)."""
-    return jnp.where(poison[:, :, None, None], jnp.asarray(jnp.nan, value.dtype), value)
-
-
-def _poisoned_fwd(value, poison):
-    return _poisoned(value, poison), None
-
-
-def _poisoned_bwd(_, g):
-    return g, None
-
-
-_poisoned.defvjp(_poisoned_fwd, _poisoned_bwd)
+    return value + jnp.where(poison, jnp.nan, 0).astype(value.dtype)[:, :, None, None]
 
 
 def _padding(causal: bool) -> str:
