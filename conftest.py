@@ -77,8 +77,8 @@ def pytest_configure(config):
     try:
         if config.getoption("--gpu-per-worker") and not _is_worker(config):
             config._harness_gpu_ids = _gpu_per_worker_ids(config)
-        from harness import records as rec
-        from harness.registry import load_kernel_module, mark_absl_flags_parsed
+        from harness.views import report_file as rec
+        from harness.engine.registry import load_kernel_module, mark_absl_flags_parsed
         mark_absl_flags_parsed()
         for path in config.getoption("--kernel-module"):
             load_kernel_module(path)
@@ -140,8 +140,8 @@ def pytest_testnodedown(node, error):
 
 
 def _matrix(config):
-    from harness.registry import select_kernels
-    from harness.suites import parse_shard, shard, suite_cases
+    from harness.engine.registry import select_kernels
+    from harness.model.suites import parse_shard, shard, suite_cases
     kernels = select_kernels(config.getoption("--kernels"))
     cases = suite_cases(config.getoption("--suite"), config.getoption("--cases"),
                         seeds=config.getoption("--seeds"))
@@ -160,7 +160,7 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(scope="session")
 def platform():
-    from harness.environment import current_platform
+    from harness.engine.environment import current_platform
     return current_platform()
 
 
@@ -168,7 +168,7 @@ def platform():
 def programs(request):
     """This process's compiled programs. Each test traces and compiles its own kernel's
     programs (see run_case): no program of another test is traced ahead."""
-    from harness.programs import DEFAULT_CACHE_DIR, Programs, enable_compilation_cache
+    from harness.engine.programs import DEFAULT_CACHE_DIR, Programs, enable_compilation_cache
     config = request.config
     if not config.getoption("--no-compilation-cache"):
         enable_compilation_cache(config.getoption("--compilation-cache") or DEFAULT_CACHE_DIR)
@@ -183,7 +183,7 @@ def run_case(request, platform, programs):
     """Runs one kernel x case of the matrix. Its default and probe builds compile side by side;
     other tests' programs are left alone: a kernel that kills its process while being traced
     must take only its own test with it."""
-    from harness.runner import run_kernel_case
+    from harness.engine.runner import run_kernel_case
     config = request.config
 
     def run(kernel, case):
@@ -200,7 +200,7 @@ def run_case(request, platform, programs):
 @pytest.fixture(scope="session")
 def record_sink(request):
     """Appends records and traces to this process's part file."""
-    from harness import records as rec
+    from harness.views import report_file as rec
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     parts = _parts(request.config)
     parts.mkdir(parents=True, exist_ok=True)
@@ -227,7 +227,7 @@ def pytest_sessionfinish(session, exitstatus):
     if not any(p.stat().st_size for p in parts.glob("*.jsonl")):
         shutil.rmtree(parts, ignore_errors=True)
         return  # no matrix test ran
-    from harness.reporting import merge_parts
+    from harness.views.report_dir import merge_parts
     status = merge_parts(
         _report_dir(config),
         header_info={"suite": config.getoption("--suite"), "seeds": config.getoption("--seeds"),

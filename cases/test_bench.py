@@ -11,10 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness import bench, cli
-from harness.cases import Case
-from harness.kernel import Platform
-from harness.layouts import CUSTOM
+from harness.tools import bench
+from harness import cli
+from harness.model.case import Case
+from harness.engine.kernel import Platform
+from harness.model.layouts import CUSTOM
 from harness.sut.lowering import lengths_and_offsets
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,12 +4,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness.cases import Case
-from harness.kernel import Kernel, Platform
+from harness.model.case import Case
+from harness.engine.kernel import Kernel, Platform
 from harness.kernels.reference import dot_product
-from harness.registry import select_kernels
-from harness.runner import run_kernel_case
-from harness.suites import suite_cases
+from harness.engine.registry import select_kernels
+from harness.engine.runner import run_kernel_case
+from harness.model.suites import suite_cases
 
 CPU = Platform("cpu")
 CANARY = select_kernels("canary_ignores_segments")[0]
@@ -215,7 +215,7 @@ def test_a_tensor_with_small_run_to_run_noise_is_probed_above_it():
 def test_a_leak_that_turns_a_noisy_tensor_nan_is_caught():
     """NaN where the base value was a number is a change above any noise threshold (a leak that
     reads padding poison in float16 can end that way); NaN against NaN is no change."""
-    from harness.cases import make_inputs
+    from harness.model.case import make_inputs
     case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
     later = case.segment_ids > 1
     base = (make_inputs(case).query[:, :, 0, 0].astype(np.float32) * later).sum(axis=1)
@@ -289,9 +289,9 @@ def _rarely_noisy(token):
 def test_a_leak_on_an_uncertain_build_must_show_twice():
     """Noise that slipped past the reruns lands on one run's token, not on the same token of
     a confirming run; a real leak changes its tokens every time."""
-    from harness import leak_probe
-    from harness.cases import make_inputs
-    from harness.programs import Programs
+    from harness.judge import leak_probe
+    from harness.model.case import make_inputs
+    from harness.engine.programs import Programs
     case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
     second = next(s for s in case.segments if s.row == 0 and s.number == 2)  # untouched in run 4
     inputs = make_inputs(case)
@@ -311,8 +311,8 @@ def test_a_deterministic_build_out_of_memory_is_retried_then_visibly_replaced(mo
     """cuDNN's and TE's deterministic backward passes ask for tens of GiB on some rows (H200:
     64-128 GiB): retried once with the harness's caches let go, then the default build is
     probed with more reruns, and every record says so. Never a crash of the run."""
-    from harness import leak_probe
-    from harness.programs import Programs
+    from harness.judge import leak_probe
+    from harness.engine.programs import Programs
     real, calls = leak_probe.probe, []
 
     def out_of_memory(times):
@@ -339,7 +339,7 @@ def test_a_deterministic_build_out_of_memory_is_retried_then_visibly_replaced(mo
     assert all("deterministic build failed (RuntimeError: RESOURCE_EXHAUSTED" in r["message"]
                and "128.00GiB" in r["message"] for r in leak)
     # More than the whole device: no retry (letting the caches go cannot make 128 GiB fit).
-    from harness import runner
+    from harness.engine import runner
     monkeypatch.setattr(runner, "device_memory_bytes", lambda: 100 * 2**30)
     calls.clear()
     monkeypatch.setattr(leak_probe, "probe", out_of_memory(1))
@@ -353,8 +353,9 @@ def test_a_deterministic_build_out_of_memory_is_retried_then_visibly_replaced(mo
 def test_a_deterministic_build_that_cannot_fit_the_device_is_not_run(monkeypatch):
     """XLA knows a program's workspace when it compiles it: a build that needs more than the
     whole device is never run (an out-of-memory run is slow), and the record says why."""
-    from harness import leak_probe, programs as programs_module, runner
-    from harness.programs import Programs
+    from harness.judge import leak_probe
+    from harness.engine import programs as programs_module, runner
+    from harness.engine.programs import Programs
     calls = []
     real = leak_probe.probe
     monkeypatch.setattr(leak_probe, "probe", lambda *a, **k: (calls.append(k), real(*a, **k))[1])

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from harness.cases import PADDING_POISON_SCALE, Case, make_inputs
-from harness.suites import suite_cases
+from harness.model.case import PADDING_POISON_SCALE, Case, make_inputs
+from harness.model.suites import suite_cases
 
 
 @pytest.mark.parametrize("case", suite_cases("smoke") + suite_cases("nightly"), ids=lambda c: c.id)

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.layouts import LAYOUTS, SegmentIdError, check_segment_ids, segment_ids_from_rows
+from harness.model.layouts import LAYOUTS, SegmentIdError, check_segment_ids, segment_ids_from_rows
 
 
 def segments_of(layout, batch=6, seq_len=256, seed=0):
@@ -121,7 +121,7 @@ def test_rows_round_trip_through_segment_ids(rows, pad):
 @given(st.lists(st.lists(st.integers(-5, 30).filter(bool), min_size=1, max_size=8)
                 .filter(lambda r: any(n > 0 for n in r)), min_size=1, max_size=4))
 def test_runs_with_padding_round_trip(rows):
-    from harness.layouts import rows_of
+    from harness.model.layouts import rows_of
     seq_len = max(sum(abs(n) for n in r) for r in rows)
     ids = segment_ids_from_rows(rows, seq_len)
     merged = []

@@ -1,8 +1,8 @@
 """The kernel x case matrix: every registered kernel on every case of the suite, per segment."""
 import pytest
 
-from harness import judging
-from harness.summary import describe_problem
+from harness.judge import judging
+from harness.views.summary import describe_problem
 
 pytestmark = pytest.mark.matrix
 

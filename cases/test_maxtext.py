@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
-from harness.cases import Case
-from harness.kernel import Platform
-from harness.registry import select_kernels
-from harness.runner import run_kernel_case
+from harness.model.case import Case
+from harness.engine.kernel import Platform
+from harness.engine.registry import select_kernels
+from harness.engine.runner import run_kernel_case
 
 HAVE_MAXTEXT = importlib.util.find_spec("maxtext") is not None and sys.version_info >= (3, 12)
 CASES = [Case("packed/random", 2, 256, 4, 2, 32, "bfloat16", 0),
@@ -56,7 +56,7 @@ def test_maxtext_releases_with_the_bug_are_expected_to_be_caught(monkeypatch):
 
 def test_float16_softmax_sum_bug_is_known_only_where_it_can_show(monkeypatch):
     from harness.kernels import maxtext_adapter
-    from harness.layouts import Segment
+    from harness.model.layouts import Segment
     kernel = select_kernels("maxtext:dot_product")[0]
     monkeypatch.setattr(maxtext_adapter, "installed_version", lambda: (0, 2, 5))
     f16 = Case("unaligned/block-edges", 4, 2048, 8, 8, 128, "float16", 2)

@@ -5,9 +5,9 @@ agreement over every layout, head grouping, input dtype and mask checks both. Th
 import numpy as np
 import pytest
 
-from harness.cases import Case, make_inputs
-from harness.layouts import LAYOUTS
-from harness.oracle import dense_attention, reference_for, segment_loop_attention
+from harness.model.case import Case, make_inputs
+from harness.model.layouts import LAYOUTS
+from harness.judge.oracle import dense_attention, reference_for, segment_loop_attention
 
 
 def _agree(case, rtol):
@@ -54,7 +54,7 @@ def test_oracles_agree_on_low_precision_inputs(dtype, layout, causal):
 def test_blockwise_oracle_is_the_dense_one(causal, truth):
     import jax
     import jax.numpy as jnp
-    from harness.oracle import with_gradients
+    from harness.judge.oracle import with_gradients
 
     # The truth in float32; the peer in bf16, where summing dk/dv over blocks rounds differently.
     case = Case("packed/many", 2, 200, 4, 2, 16, "float32" if truth else "bfloat16", seed=2,

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness.cases import Case, make_inputs
-from harness.kernel import Kernel
+from harness.model.case import Case, make_inputs
+from harness.engine.kernel import Kernel
 from harness.kernels.reference import dot_product
-from harness.programs import DEFAULT, DETERMINISTIC, Programs, _environment, traced_under
+from harness.engine.programs import DEFAULT, DETERMINISTIC, Programs, _environment, traced_under
 
 WIDTH = "HARNESS_TEST_WIDTH"
 
@@ -102,7 +102,7 @@ def test_a_kernel_that_fails_to_trace_errors_when_run():
 
 def test_on_gpus_the_harness_own_programs_skip_autotuning_and_kernels_compile_as_users_do(
         monkeypatch):
-    from harness import programs as programs_module
+    from harness.engine import programs as programs_module
     options = {}
     real = programs_module.Programs._compile
 
@@ -133,7 +133,7 @@ def test_only_programs_of_kernels_that_read_the_environment_wait_for_an_environm
     """A trace under a temporary environment holds ENVIRONMENT_LOCK: a TE-like kernel's program
     must not run meanwhile (it could read the temporary setting); any other program runs."""
     import threading
-    from harness.programs import ENVIRONMENT_LOCK
+    from harness.engine.programs import ENVIRONMENT_LOCK
     case = Case("packed/random", 1, 32, 1, 1, 8, "float32", 0)
     programs = Programs()
     plain = programs.get(Kernel("plain", dot_product), case)

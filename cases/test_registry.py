@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases import Case
+from harness.model.case import Case
 from harness.errors import UsageError
-from harness.kernel import Kernel, Platform
-from harness.registry import register_kernel, select_kernels
-from harness.runner import run_kernel_case
+from harness.engine.kernel import Kernel, Platform
+from harness.engine.registry import register_kernel, select_kernels
+from harness.engine.runner import run_kernel_case
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "my_kernel.py"

@@ -9,14 +9,14 @@ from pathlib import Path
 import jax
 import pytest
 
-from harness import records as rec
-from harness.baseline import compare
-from harness.cases import Case
-from harness.environment import describe
-from harness.kernel import Platform
-from harness.registry import select_kernels
-from harness.reporting import ReportWriter
-from harness.runner import run_matrix
+from harness.views import report_file as rec
+from harness.judge.regression import compare
+from harness.model.case import Case
+from harness.engine.environment import describe
+from harness.engine.kernel import Platform
+from harness.engine.registry import select_kernels
+from harness.views.report_dir import ReportWriter
+from harness.engine.runner import run_matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE = Case("packed/random", 2, 256, 4, 2, 32, "bfloat16", 0)
@@ -45,7 +45,7 @@ def test_views_show_the_canary_down_to_segment_and_token(tmp_path):
 
 
 def test_a_failing_kernel_is_listed_by_segment_in_markdown(tmp_path):
-    from harness.kernel import Kernel
+    from harness.engine.kernel import Kernel
     from harness.kernels.reference import ignores_segments as causal_only
 
     writer = ReportWriter(tmp_path, describe(), suite="test")
@@ -182,7 +182,7 @@ def test_pytest_baseline_flags_grown_errors(tmp_path):
 
 
 def test_merge_keeps_one_copy_of_a_kernel_case_run_in_two_shards(tmp_path):
-    from harness.reporting import merge_reports
+    from harness.views.report_dir import merge_reports
     for shard in ("a", "b"):
         _report(tmp_path / shard, kernels="canary_ignores_segments").finish()
     merge_reports(tmp_path / "m", [tmp_path / "a", tmp_path / "b"])
@@ -226,7 +226,7 @@ def _record(check, verdict, outcome, ratio=None, expected="pass", segment=1, **e
 
 
 def test_a_cell_failing_only_the_leak_check_is_red():
-    from harness.summary import grid
+    from harness.views.summary import grid
     records = [_record(c, "pass", "ok", ratio=0.05) for c in ("out", "dq", "dk", "dv")]
     records.append(_record("leak", "fail", "fail"))
     cell = grid(records)[2][("k", CASE.layout)]
@@ -236,7 +236,7 @@ def test_a_cell_failing_only_the_leak_check_is_red():
 
 
 def test_largest_caught_line_names_a_tolerance_check_with_its_ratio():
-    from harness.markdown_report import render
+    from harness.views.markdown import render
     records = [_record("leak", "fail", "caught", expected="fail"),
                _record("out", "fail", "caught", ratio=31.5, expected="fail"),
                _record("dq", "fail", "caught", ratio=2.5, expected="fail")]
@@ -249,7 +249,7 @@ def test_largest_caught_line_names_a_tolerance_check_with_its_ratio():
 
 
 def test_summary_lists_every_caught_segment_it_says_it_lists():
-    from harness.markdown_report import render
+    from harness.views.markdown import render
     records = [_record(c, "fail", "caught", ratio=5.0, expected="fail", segment=n)
                for n in range(1, 401) for c in ("out", "leak")]
     md = render({"suite": "t", "environment": {}}, records)
@@ -271,7 +271,7 @@ def test_gpu_nightly_script_fails_when_the_nightly_fails(tmp_path):
 
 
 def test_the_commit_a_runner_is_told_wins_over_a_stale_git(monkeypatch):
-    from harness.environment import git_state
+    from harness.engine.environment import git_state
     monkeypatch.setenv("HARNESS_GIT_COMMIT", "feedbeef")
     monkeypatch.setenv("HARNESS_GIT_DIRTY", "0")
     assert git_state() == ("feedbeef", False), "this checkout's .git must not override it"
@@ -282,7 +282,7 @@ def test_header_names_the_commit_on_a_copy_without_git(tmp_path):
     copy = tmp_path / "tree"
     shutil.copytree(ROOT / "harness", copy / "harness")
     base = {k: v for k, v in __import__("os").environ.items() if not k.startswith("HARNESS_GIT")}
-    ask = [sys.executable, "-c", "from harness.environment import git_state; print(git_state())"]
+    ask = [sys.executable, "-c", "from harness.engine.environment import git_state; print(git_state())"]
     unknown = subprocess.run(ask, cwd=tmp_path, capture_output=True, text=True, timeout=120,
                              env={**base, "PYTHONPATH": str(copy)})
     assert unknown.stdout.strip() == "(None, None)", unknown.stderr
@@ -293,7 +293,7 @@ def test_header_names_the_commit_on_a_copy_without_git(tmp_path):
 
 
 def test_merged_header_keeps_versions_each_source_knew(tmp_path):
-    from harness.reporting import merge_reports
+    from harness.views.report_dir import merge_reports
     for name, maxtext in (("a", None), ("b", "0.2.5")):
         env = {**describe(), "maxtext": maxtext}
         writer = ReportWriter(tmp_path / name, env, suite="nightly")
@@ -325,8 +325,8 @@ def test_a_known_numerical_bug_is_reported_as_known_in_every_view_never_as_ok(tm
     record is `known` (the run stays green) and every view lists it with its reason; where it
     passes, ok; on a check the expectation does not name, a failure is still a FAIL."""
     import jax.numpy as jnp
-    from harness import judging
-    from harness.kernel import Kernel
+    from harness.judge import judging
+    from harness.engine.kernel import Kernel
     from harness.kernels.reference import dot_product
 
     def scaled_dq(q, k, v, seg, *, causal, scale):  # dq 10% off on row 1, output right
@@ -350,7 +350,7 @@ def test_a_known_numerical_bug_is_reported_as_known_in_every_view_never_as_ok(tm
     assert "## Known upstream bugs" in (tmp_path / "summary.md").read_text()
     assert line in (tmp_path / "report.html").read_text()
     assert judging.outcome("fail", "known") == "known" and judging.outcome("pass", "known") == "ok"
-    from harness.summary import grid
+    from harness.views.summary import grid
     cell = grid(records)[2][("scaled_dq", CASE.layout)]
     assert cell.status == "known" and cell.segments and cell.heat is not None, "a coloured cell"
     with pytest.raises(ValueError, match="needs its reason"):

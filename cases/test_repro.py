@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness.cases import Case
+from harness.model.case import Case
 from harness.cli import main as cli_main
-from harness.kernel import Platform
-from harness.registry import select_kernels
-from harness.runner import run_kernel_case
+from harness.engine.kernel import Platform
+from harness.engine.registry import select_kernels
+from harness.engine.runner import run_kernel_case
 
 ORIGINAL = "packed/random-b4-t256-h4kv2-d64-bf16-s0"
 CPU = Platform("cpu")
@@ -266,15 +266,15 @@ def test_maxtext_standalone_source_mirrors_the_adapter(name, fake_maxtext):
 
 
 def test_repro_scripts_are_named_after_the_kernel():
-    from harness.repro import default_output
+    from harness.tools.repro import default_output
     assert default_output("maxtext:cudnn_flash_jax") == "repro_maxtext_cudnn_flash_jax.py"
     assert default_output("a/b:c") == "repro_a_b_c.py"
 
 
 def test_a_lambda_kernel_is_refused_before_any_work():
     from harness.errors import UsageError
-    from harness.kernel import Kernel
-    from harness.repro import kernel_source
+    from harness.engine.kernel import Kernel
+    from harness.tools.repro import kernel_source
     with pytest.raises(UsageError, match="standalone="):
         kernel_source(Kernel("lam", lambda q, k, v, s, *, causal, scale: q))
     source, needs_harness = kernel_source(select_kernels("maxtext_original:cudnn_flash_jax:"

@@ -6,11 +6,12 @@ import io
 import pytest
 from rich.console import Console
 
-from harness import cli, selftest, zoo
-from harness.cases import Case
+from harness import cli
+from harness.tools import selftest, zoo
+from harness.model.case import Case
 from harness.errors import UsageError
-from harness.kernel import Kernel
-from harness.registry import select_kernels
+from harness.engine.kernel import Kernel
+from harness.engine.registry import select_kernels
 
 SMALL = (Case("packed/random", 2, 64, 2, 1, 16, "float32", seed=0),)
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.cases import Case, make_inputs
-from harness.layouts import LAYOUTS, SegmentIdError, check_segment_ids
+from harness.model.case import Case, make_inputs
+from harness.model.layouts import LAYOUTS, SegmentIdError, check_segment_ids
 from harness.sut import AttentionConfig, AttentionOp, ConfigError
 from harness.sut import cudnn_emulator as emu
 from harness.sut import lowering
@@ -356,7 +356,7 @@ def test_emulator_padding_mask_uses_seqlens():
 def test_original_call_through_the_emulator_leaks_and_the_fix_does_not():
     case = Case("packed/random", 2, 128, 4, 2, 32, "bfloat16", 0)
     x = make_inputs(case)
-    from harness.kernels.sut import original_cudnn_flash_jax
+    from harness.kernels.op import original_cudnn_flash_jax
     fixed = AttentionOp(cfg(cudnn_backend="emulator", max_segments_per_seq=case.max_segments))
     a = np.asarray(fixed(x.query, x.key, x.value, x.segment_ids, scale=case.scale), np.float32)
     b = np.asarray(original_cudnn_flash_jax(x.query, x.key, x.value, x.segment_ids, causal=True,

@@ -18,7 +18,7 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
 
 
 def _add_compilation(p: argparse.ArgumentParser) -> None:
-    from harness.programs import DEFAULT_CACHE_DIR
+    from harness.engine.programs import DEFAULT_CACHE_DIR
     p.add_argument("--compilation-cache", default=DEFAULT_CACHE_DIR, metavar="DIR",
                    help="jax's persistent compilation cache (default %(default)s; "
                         "HARNESS_COMPILATION_CACHE sets it too)")
@@ -27,24 +27,24 @@ def _add_compilation(p: argparse.ArgumentParser) -> None:
 
 
 def _load_modules(paths) -> None:
-    from harness.registry import load_kernel_module
+    from harness.engine.registry import load_kernel_module
     for path in paths:
         load_kernel_module(path)
 
 
 def _programs(args):
-    from harness.programs import Programs, enable_compilation_cache
+    from harness.engine.programs import Programs, enable_compilation_cache
     enable_compilation_cache(None if args.no_compilation_cache else args.compilation_cache)
     return Programs(deterministic_probe=not args.no_deterministic_probe)
 
 
 def cmd_run(args) -> int:
-    from harness import reporting
-    from harness import records as rec
-    from harness.environment import current_platform, describe
-    from harness.registry import select_kernels
-    from harness.runner import run_matrix
-    from harness.suites import parse_shard, shard, suite_cases
+    from harness.views import report_dir as reporting
+    from harness.views import report_file as rec
+    from harness.engine.environment import current_platform, describe
+    from harness.engine.registry import select_kernels
+    from harness.engine.runner import run_matrix
+    from harness.model.suites import parse_shard, shard, suite_cases
 
     _load_modules(args.kernel_module)
     kernels = select_kernels(args.kernels)
@@ -63,7 +63,7 @@ def cmd_run(args) -> int:
         report_dir, describe(), suite=args.suite, kernels=[k.name for k in kernels],
         cases=len(cases), seeds=args.seeds, shard=args.shard, probe_mode=programs.probe_mode,
         leak_probe=not args.no_leak_probe)
-    from harness.progress import progress
+    from harness.views.progress import progress
     interrupted = False
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout` and CI cancellations: keep the report
     try:
@@ -88,9 +88,9 @@ def _interrupt(signum, frame):
 
 
 def cmd_list(args) -> int:
-    from harness.environment import current_platform
-    from harness.registry import select_kernels
-    from harness.suites import suite_cases
+    from harness.engine.environment import current_platform
+    from harness.engine.registry import select_kernels
+    from harness.model.suites import suite_cases
 
     _load_modules(args.kernel_module)
     platform = current_platform()
@@ -105,19 +105,19 @@ def cmd_list(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from harness import judging
-    from harness.reporting import write_views
-    from harness.summary import print_console
+    from harness.judge import judging
+    from harness.views.report_dir import write_views
+    from harness.views.summary import print_console
     _, records = write_views(Path(args.report_dir))
     print_console(records)
     return 1 if judging.bad(records) else 0
 
 
 def cmd_merge(args) -> int:
-    from harness import judging
-    from harness import records as rec
-    from harness.reporting import merge_reports
-    from harness.summary import print_console
+    from harness.judge import judging
+    from harness.views import report_file as rec
+    from harness.views.report_dir import merge_reports
+    from harness.views.summary import print_console
     for source in args.sources:
         rec.resolve(source)
     merge_reports(Path(args.out), [Path(s) for s in args.sources], rejudged=args.rejudge)
@@ -127,26 +127,26 @@ def cmd_merge(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from harness import records as rec
-    from harness.baseline import compare_files
+    from harness.views import report_file as rec
+    from harness.judge.regression import compare_files
     rec.read(args.new)
     rec.read(args.baseline, what="baseline")
     return compare_files(args.new, args.baseline, growth=args.growth)
 
 
 def cmd_bench(args) -> int:
-    from harness.bench import main as bench_main
+    from harness.tools.bench import main as bench_main
     _load_modules(args.kernel_module)
     return bench_main(args)
 
 
 def cmd_selftest(args) -> int:
-    from harness.selftest import main as selftest_main
+    from harness.tools.selftest import main as selftest_main
     return selftest_main(args)
 
 
 def cmd_repro(args) -> int:
-    from harness.repro import main as repro_main
+    from harness.tools.repro import main as repro_main
     _load_modules(args.kernel_module)
     return repro_main(args)
 
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        from harness.registry import mark_absl_flags_parsed
+        from harness.engine.registry import mark_absl_flags_parsed
         mark_absl_flags_parsed()
         return args.func(args)
     except UsageError as exc:

@@ -22,9 +22,9 @@ import jax
 
 
 def main(out_path: str | None = None) -> int:
-    from harness.bench import SHAPE_SETS
-    from harness.cases import make_inputs
-    from harness.oracle import with_gradients
+    from harness.tools.bench import SHAPE_SETS
+    from harness.model.case import make_inputs
+    from harness.judge.oracle import with_gradients
     from harness.sut import lowering
     from harness.sut.attention_op import AttentionOp, cudnn_backend, cudnn_packed
     from harness.sut.config import AttentionConfig

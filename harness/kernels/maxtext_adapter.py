@@ -21,8 +21,8 @@ from __future__ import annotations
 import functools
 import sys
 
-from harness.kernel import Kernel
-from harness.kernels.sut import CUDNN, CUDNN_MARKER
+from harness.engine.kernel import Kernel
+from harness.kernels.op import CUDNN, CUDNN_MARKER
 from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
 
 

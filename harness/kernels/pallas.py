@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 
-from harness.kernel import Kernel
+from harness.engine.kernel import Kernel
 
 
 def pallas_mha(query, key, value, segment_ids, *, causal, scale):

@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness.judging import DQ, LEAK, OUT
-from harness.kernel import Kernel
+from harness.judge.judging import DQ, LEAK, OUT
+from harness.engine.kernel import Kernel
 from harness.sut.dot_product import dot_product, segment_mask
 
 
@@ -92,7 +92,7 @@ def _visible_length(case, check) -> float:
     1/sqrt(L1) of the gradients' scale, while the floor is floor_eps * eps of it; with a factor
     2 margin, L1 <= (1 / (2 * floor_eps * eps))^2: 256 tokens in bf16, 16384 in fp16. (H200:
     bf16 rows with L1 of 512 to 1970 gave dk/dv ratios 0.6-1.0.)"""
-    from harness.judging import check as check_named
+    from harness.judge.judging import check as check_named
     fraction = check_named(check).floor_eps * float(jnp.finfo(case.dtype).eps)
     return (1.0 / (2.0 * fraction)) ** 2
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 
-from harness.kernel import Kernel
-from harness.kernels.sut import CUDNN, CUDNN_HEAD_DIMS, op_kernel
+from harness.engine.kernel import Kernel
+from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, op_kernel
 from harness.sut.attention_op import te_fused_thd
 
 TE_MARKERS = ("te_fused_attn_forward_ffi", "te_fused_attn_backward_ffi")

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness.layouts import check_segment_ids
+from harness.model.layouts import check_segment_ids
 
 
 def is_concrete(x) -> bool:

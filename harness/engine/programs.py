@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 
-from harness.cases import Case
-from harness.kernel import Kernel
-from harness.oracle import reference_fn, with_gradients
+from harness.model.case import Case
+from harness.engine.kernel import Kernel
+from harness.judge.oracle import reference_fn, with_gradients
 
 DEFAULT = "default"
 DETERMINISTIC = "deterministic"

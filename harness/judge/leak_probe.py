@@ -10,7 +10,7 @@ what rounding noise hides from the tolerance checks (a single token's dq after t
 keys, dk/dv of a long first segment), and valid queries that read padding keys.
 
 Bitwise comparisons need a reproducible kernel. The probe runs the kernel's deterministic build
-(harness.programs) and first checks, on valid tokens only (padding outputs of packed kernels
+(harness.engine.programs) and first checks, on valid tokens only (padding outputs of packed kernels
 are undefined), that two reruns on the same inputs reproduce every tensor. A tensor that still
 differs run to run (some of TE's backward passes even with its deterministic setting) is probed
 above its noise: a token counts as changed only where the change exceeds NOISE_FACTOR times the
@@ -29,10 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness.cases import Case, Inputs, make_inputs
-from harness.judging import TENSORS
-from harness.layouts import Segment
-from harness.metrics import scales
+from harness.model.case import Case, Inputs, make_inputs
+from harness.judge.judging import TENSORS
+from harness.model.layouts import Segment
+from harness.judge.metrics import scales
 
 RERUNS = 2
 # Mixed into a case's seed for the perturbations (standalone repro scripts draw the same).

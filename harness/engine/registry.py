@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.errors import UsageError
-from harness.kernel import ALL_DTYPES, Kernel
+from harness.engine.kernel import ALL_DTYPES, Kernel
 
 _USER: dict[str, Kernel] = {}
 _BUILTIN: dict[str, Kernel] | None = None
@@ -24,7 +24,7 @@ def _builtins() -> dict[str, Kernel]:
 
 
 def register_kernel(name: str, fn: Callable, *, replace: bool = False, **capabilities) -> Kernel:
-    """Adds a kernel to the matrix. Capabilities are the fields of `harness.kernel.Kernel`."""
+    """Adds a kernel to the matrix. Capabilities are the fields of `harness.engine.kernel.Kernel`."""
     if not replace and (name in _USER or name in _builtins()):
         raise ValueError(f"kernel {name!r} is already registered")
     dtypes = capabilities.get("dtypes")

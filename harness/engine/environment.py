@@ -13,11 +13,11 @@ from pathlib import Path
 
 import jax
 
-from harness.kernel import Platform
+from harness.engine.kernel import Platform
 
 
 def current_platform() -> Platform:
-    from harness.programs import device_memory_bytes
+    from harness.engine.programs import device_memory_bytes
 
     device = jax.devices()[0]
     cc = getattr(device, "compute_capability", None)

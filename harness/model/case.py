@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 
-from harness.layouts import CUSTOM, LAYOUTS, Segment, check_segment_ids, segment_ids_from_rows
+from harness.model.layouts import CUSTOM, LAYOUTS, Segment, check_segment_ids, segment_ids_from_rows
 
 DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 _SHORT = {v: k for k, v in DTYPES.items()}

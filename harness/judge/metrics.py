@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness.layouts import Segment
+from harness.model.layouts import Segment
 
 
 def _token_errors(x, ref):

@@ -1,6 +1,6 @@
 """python -m harness selftest: the harness's proof of detection power.
 
-Every broken kernel of the zoo (harness.zoo) must be caught and no correct kernel flagged, on a
+Every broken kernel of the zoo (harness.tools.zoo) must be caught and no correct kernel flagged, on a
 compact list of cases (SELFTEST_CASES) small enough for CPU CI. Broken kernels are judged as
 if they were expected to pass: a bug is caught when one of its records is bad (a tolerance
 check or the leak probe fails). A broken kernel stops at the case that catches it; correct
@@ -17,12 +17,12 @@ import math
 import time
 from dataclasses import dataclass
 
-from harness import judging
-from harness.cases import Case
+from harness.judge import judging
+from harness.model.case import Case
 from harness.errors import UsageError
-from harness.judging import LEAK, TENSORS
-from harness.kernel import Platform
-from harness.zoo import Entry, entries as zoo_entries
+from harness.judge.judging import LEAK, TENSORS
+from harness.engine.kernel import Platform
+from harness.tools.zoo import Entry, entries as zoo_entries
 
 # Small shapes, kept few (programs compile once per shape): rows of 256 tokens with 4 query
 # heads over 2 kv heads (GQA), and rows of 1152 (MQA, float32) for boundaries at 511-513 and
@@ -91,9 +91,9 @@ def _errors(records: list[dict]) -> list[dict]:
 def run(entries: list[Entry], cases=SELFTEST_CASES, programs=None,
         platform: Platform = CPU, on_case=None) -> list[Result]:
     """Runs the zoo over the cases (cases outermost: one reference per case)."""
-    from harness.programs import Programs
-    from harness.oracle import reference_for
-    from harness.runner import run_kernel_case
+    from harness.engine.programs import Programs
+    from harness.judge.oracle import reference_for
+    from harness.engine.runner import run_kernel_case
 
     own = programs is None
     programs = programs or Programs()
@@ -221,7 +221,7 @@ def main(args, zoo: list[Entry] | None = None, cases=None) -> int:
     start = time.perf_counter()
     chosen = select(getattr(args, "bugs", None), zoo_entries() if zoo is None else zoo)
     cases = tuple(SELFTEST_CASES if cases is None else cases)
-    from harness.progress import progress
+    from harness.views.progress import progress
     with progress(len(cases), "selftest case") as step:
         results = run(chosen, cases, on_case=lambda index, case: step(case.id))
     report(results, cases, time.perf_counter() - start)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from harness import judging
-from harness.summary import coverage_lines, grid, known_lines, margin_rows, not_judged_lines
+from harness.judge import judging
+from harness.views.summary import coverage_lines, grid, known_lines, margin_rows, not_judged_lines
 
 _MARK = {"ok": "🟢", "caught": "🔵", "known": "🟠", "FAIL": "🔴", "MISSED": "🔴", "ERROR": "❌",
          "skip": "⚪"}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import jinja2
 
-from harness import judging
-from harness.markdown_report import _fmt, env_line, run_line
-from harness.summary import coverage_lines, grid, known_lines, not_judged_lines
+from harness.judge import judging
+from harness.views.markdown import _fmt, env_line, run_line
+from harness.views.summary import coverage_lines, grid, known_lines, not_judged_lines
 
 PLOTTED_CHECKS = tuple(c.name for c in judging.TENSORS if c.traced)
 MAX_PLOTS = 24

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import fnmatch
 
-from harness.cases import Case
+from harness.model.case import Case
 from harness.errors import UsageError
-from harness.layouts import LAYOUTS
+from harness.model.layouts import LAYOUTS
 
 # Layouts every suite covers at its main shapes; the long-row layouts have shapes of their own.
 _LONG = ("unaligned/long-edges", "packed/dozens")

@@ -1,11 +1,11 @@
 """The bug zoo: broken attention kernels, each a bug class seen in real kernels, and correct
-kernels written with different math. `python -m harness selftest` (harness.selftest) runs them
+kernels written with different math. `python -m harness selftest` (harness.tools.selftest) runs them
 all and proves that the harness catches every bug and flags no correct kernel.
 
 Zoo kernels are never registered: they do not appear in `python -m harness list` or in the
 kernel x case matrix.
 
-Every kernel follows harness.kernel: `fn(query, key, value, segment_ids, *, causal, scale)`,
+Every kernel follows harness.engine.kernel: `fn(query, key, value, segment_ids, *, causal, scale)`,
 [batch, seq, heads, head_dim], query head h reads kv head h // (heads // kv_heads). Masks are
 [batch, seq_q, seq_k] booleans built from the segment ids. Valid queries never read padding;
 padding queries (never compared) read something harmless so that nothing is NaN.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from harness.kernel import Kernel
+from harness.engine.kernel import Kernel
 
 _MASKED = -1e30     # a finite minus infinity: fully masked rows stay NaN-free
 

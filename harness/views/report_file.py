@@ -3,11 +3,11 @@
 Schema 2. Line 1: {"type": "run", "schema": 2, "environment": {...}, "suite": ..., "kernels":
 [...], "cases": N, "seeds": N, "probe_mode": ..., and once the run finished "wall_s" and
 "timing" (per kernel: wall, lower, compile, wait and execute seconds)}. Every other line: {"type":
-"record", ...} with the fields written by harness.runner: kernel, case_id, layout, family,
+"record", ...} with the fields written by harness.engine.runner: kernel, case_id, layout, family,
 dtype, batch, seq_len, heads, kv_heads, head_dim, causal, seed, check (out|dq|dk|dv|leak, or *
 for a kernel-level skip/error), row, segment (1-based), segment_label (r<row>s<segment>), start,
 length, max_abs_err, mean_abs_err, worst_token, nonfinite, peer_err, tolerance, ratio, verdict,
-expected, outcome (harness.judging has the vocabulary), message, mode (default or
+expected, outcome (harness.judge.judging has the vocabulary), message, mode (default or
 deterministic: the build that produced it), and for leak records probed/unprobed (tensors) and
 gated (tensor -> the change that counts, where a tensor is probed above its run-to-run noise).
 Schema 1 reports (before the leak probe's modes) are read too.

@@ -11,9 +11,9 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Callable
 
-from harness import judging
-from harness.cases import Case
-from harness.layouts import Segment
+from harness.judge import judging
+from harness.model.case import Case
+from harness.model.layouts import Segment
 
 ALL_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -53,7 +53,7 @@ class Kernel:
     materializes_scores: bool = False
     # Environment under which the kernel's library picks deterministic algorithms while it is
     # traced (Transformer Engine: NVTE_ALLOW_NONDETERMINISTIC_ALGO=0): its deterministic build
-    # for the leak probe is traced afresh under it (harness.programs).
+    # for the leak probe is traced afresh under it (harness.engine.programs).
     deterministic_env: dict[str, str] | None = None
     # Pass max_segments (static): for kernels configured like MaxText's max_segments_per_seq.
     takes_max_segments: bool = False

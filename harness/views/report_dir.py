@@ -7,15 +7,15 @@ import json
 import time
 from pathlib import Path
 
-from harness import judging
-from harness import records as rec
-from harness.summary import print_console
+from harness.judge import judging
+from harness.views import report_file as rec
+from harness.views.summary import print_console
 
 
 def write_views(report_dir: Path) -> tuple[dict, list[dict]]:
     """summary.md and report.html from the folder's report.jsonl and traces.jsonl."""
-    from harness.html_report import write_html
-    from harness.markdown_report import write_markdown
+    from harness.views.html import write_html
+    from harness.views.markdown import write_markdown
 
     header, records = rec.read(report_dir)
     traces = rec.read_traces(report_dir / rec.TRACES_FILE)
@@ -50,7 +50,7 @@ class ReportWriter:
               "summary.md, report.html)")
         status = 1 if judging.bad(records) else 0
         if baseline:
-            from harness.baseline import compare_files
+            from harness.judge.regression import compare_files
             status |= compare_files(self.dir / rec.RECORDS_FILE, baseline, growth=growth)
         return status
 
@@ -71,7 +71,7 @@ def merge_parts(report_dir: Path, parts: Path, header_info: dict, wall_s: float,
     """Joins the per-worker part files of a pytest run (records, traces, and each worker's
     probe mode and timing) into one report; returns 1 on a regression against the baseline
     (problems themselves already failed their tests)."""
-    from harness.environment import describe
+    from harness.engine.environment import describe
 
     records_path, traces_path = report_dir / rec.RECORDS_FILE, report_dir / rec.TRACES_FILE
     runs = [json.loads(p.read_text()) for p in sorted(parts.glob("*.run.json"))]
@@ -86,7 +86,7 @@ def merge_parts(report_dir: Path, parts: Path, header_info: dict, wall_s: float,
     _, records = write_views(report_dir)
     print(f"\nharness report: {report_dir}/ ({len(records)} records, wall time {wall_s:.0f} s)")
     if baseline:
-        from harness.baseline import compare_files
+        from harness.judge.regression import compare_files
         return compare_files(records_path, baseline, growth=growth)
     return 0
 
@@ -126,7 +126,7 @@ def merge_reports(out_dir: Path, sources: list[Path], rejudged: bool = False) ->
         traces.update(fresh_traces)
     records = [r for rows in by_case.values() for r in rows]
     if rejudged:
-        from harness.registry import all_kernels
+        from harness.engine.registry import all_kernels
         records = judging.rejudge(records, all_kernels())
     out_dir.mkdir(parents=True, exist_ok=True)
     facts = merged_environment([{k: h.get(k) for k in RUN_FACTS} for h in headers])

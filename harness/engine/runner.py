@@ -3,8 +3,8 @@
 The data path, one kernel on one case:
 
     case -> inputs (made once) -> kernel program (default build) -> oracle (reference_for)
-         -> per-segment metrics (harness.metrics) -> verdicts (harness.judging) -> records
-         -> leak probe (deterministic build, harness.leak_probe) -> leak records
+         -> per-segment metrics (harness.judge.metrics) -> verdicts (harness.judge.judging) -> records
+         -> leak probe (deterministic build, harness.judge.leak_probe) -> leak records
 
 One record per kernel, case, check and segment. Inputs and segment ids are arguments of
 compiled programs, so a kernel compiles once per shape, not per layout or seed.
@@ -19,13 +19,13 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from harness import judging, leak_probe
-from harness.cases import Case, make_inputs
-from harness.judging import KERNEL_LEVEL, LEAK, TENSORS
-from harness.kernel import Kernel, Platform
-from harness.metrics import segment_error, token_errors
-from harness.oracle import Reference, reference_for
-from harness.programs import DEFAULT, Programs, device_memory_bytes
+from harness.judge import judging, leak_probe
+from harness.model.case import Case, make_inputs
+from harness.judge.judging import KERNEL_LEVEL, LEAK, TENSORS
+from harness.engine.kernel import Kernel, Platform
+from harness.judge.metrics import segment_error, token_errors
+from harness.judge.oracle import Reference, reference_for
+from harness.engine.programs import DEFAULT, Programs, device_memory_bytes
 
 # A row's per-token errors are kept for plotting when a segment in it gets this close to failing,
 # for the checks the HTML report plots, to 3 significant digits.
@@ -138,7 +138,7 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
 
 
 def _leak_records(kernel, case, programs: Programs, inputs, results) -> list[dict]:
-    """The tolerance-free leak probe (harness.leak_probe), one record per segment, from the
+    """The tolerance-free leak probe (harness.judge.leak_probe), one record per segment, from the
     kernel's deterministic build where the platform needs one."""
     mode, note = programs.probe_mode, ""
     # On GPUs even a deterministic build is not reproducible by construction everywhere (TE's

@@ -36,11 +36,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from harness.cases import Case
+from harness.model.case import Case
 from harness.errors import UsageError
-from harness.judging import CHECKS, FLOAT32_FLOOR_FACTOR, LEAK, TENSORS
-from harness.kernel import Kernel, Platform
-from harness.layouts import CUSTOM, rows_of, segment_ids_from_rows
+from harness.judge.judging import CHECKS, FLOAT32_FLOOR_FACTOR, LEAK, TENSORS
+from harness.engine.kernel import Kernel, Platform
+from harness.model.layouts import CUSTOM, rows_of, segment_ids_from_rows
 
 MAX_RUNS = 150
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +94,7 @@ class Runner:
         return not self.kernel.unsupported_reasons(case, self.platform)
 
     def run(self, case: Case, leak: bool) -> Run:
-        from harness.runner import run_kernel_case
+        from harness.engine.runner import run_kernel_case
         if self.runs >= self.max_runs:
             raise Budget
         self.runs += 1
@@ -636,7 +636,7 @@ def script_text(kernel: Kernel, original: Case, run: Run, check: str, runs: int,
     """(the script, whether it needs the harness importable: a harness-defined kernel)."""
     import jax
 
-    from harness.environment import _version, git_state
+    from harness.engine.environment import _version, git_state
     case = run.case
     failing = run.failing(check)
     worst = failing[0]
@@ -771,8 +771,8 @@ def script_text(kernel: Kernel, original: Case, run: Run, check: str, runs: int,
         _FOOTER,
     ]
     text = "\n\n\n".join(c.strip("\n") for c in chunks) + "\n"
-    from harness.cases import INPUT_SALT, PADDING_POISON_SCALE
-    from harness.leak_probe import PERTURB_SALT
+    from harness.model.case import INPUT_SALT, PADDING_POISON_SCALE
+    from harness.judge.leak_probe import PERTURB_SALT
     for mark, value in (("@INPUT_SALT@", hex(INPUT_SALT)), ("@POISON@", repr(PADDING_POISON_SCALE)),
                         ("@PERTURB_SALT@", hex(PERTURB_SALT))):
         text = text.replace(mark, value)
@@ -816,9 +816,9 @@ def default_output(kernel_name: str) -> str:
 
 
 def main(args) -> int:
-    from harness.environment import current_platform
-    from harness.programs import Programs
-    from harness.registry import select_kernels
+    from harness.engine.environment import current_platform
+    from harness.engine.programs import Programs
+    from harness.engine.registry import select_kernels
 
     kernel = select_kernels([args.kernel])[0]
     try:

@@ -4,7 +4,7 @@ verdict, expectation and outcome mean. Every view, `compare` and `rejudge` read 
 Checks (typed descriptors, not string literals):
 
     out, dq, dk, dv   tolerance checks of the forward output and the three gradients
-    leak              the leak probe: bitwise, no tolerance (harness.leak_probe)
+    leak              the leak probe: bitwise, no tolerance (harness.judge.leak_probe)
 
 Tolerance (tolerance checks), for each check and segment:
 
@@ -202,8 +202,8 @@ def rejudge(records: Iterable[dict], kernels: Mapping) -> list[dict]:
     """Each record's expectation and outcome recomputed from the kernels as registered now.
     Errors, ratios and verdicts stay as measured: for reports measured before an expectation
     was corrected."""
-    from harness.cases import Case
-    from harness.layouts import Segment
+    from harness.model.case import Case
+    from harness.model.layouts import Segment
 
     groups: dict[tuple, list[dict]] = {}
     for r in records:

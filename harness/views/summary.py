@@ -1,5 +1,5 @@
 """Summaries of a run's records, shared by every view: the kernel x layout grid, the problems,
-what was not judged, and the console print-out. Verdicts come from harness.judging; nothing
+what was not judged, and the console print-out. Verdicts come from harness.judge.judging; nothing
 here re-derives one."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 
-from harness import judging
+from harness.judge import judging
 
 
 @dataclass

@@ -52,7 +52,7 @@ counted as 2.5 times the forward (FlashAttention's convention: five matmuls to t
 two), whatever the entry actually computes: a call that attends across segments or over padding
 gets no credit for it.
 
-Memory: before any work, each entry's peak is estimated (dense kernels: harness.kernel.
+Memory: before any work, each entry's peak is estimated (dense kernels: harness.engine.kernel.
 scores_bytes, doubled on CPUs, where XLA keeps more float32 [B, H, T, T] temporaries alive: a
 hopper run on a CPU was killed at 24 GB where scores_bytes says 16 GiB; fused kernels: inputs,
 outputs, gradients, a float32 dq accumulator and softmax statistics) against the device's limit
@@ -79,14 +79,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness.cases import Case, make_inputs
+from harness.model.case import Case, make_inputs
 from harness.errors import UsageError
-from harness.kernel import Kernel, Platform, scores_bytes
-from harness.kernels.sut import CUDNN as CUDNN_DTYPES
-from harness.kernels.sut import CUDNN_MARKER as CUDNN_MARKERS
+from harness.engine.kernel import Kernel, Platform, scores_bytes
+from harness.kernels.op import CUDNN as CUDNN_DTYPES
+from harness.kernels.op import CUDNN_MARKER as CUDNN_MARKERS
 from harness.kernels.te import TE_MARKERS
-from harness.layouts import CUSTOM
-from harness.oracle import with_gradients
+from harness.model.layouts import CUSTOM
+from harness.judge.oracle import with_gradients
 
 GiB = 2 ** 30
 PACKED_MIN_CC = 9.0                 # cuDNN's packed layout and TE's THD fused attention
@@ -196,7 +196,7 @@ def useful_flops(lengths, heads: int, head_dim: int) -> tuple[int, int]:
 def packed_lengths_offsets(segment_ids, max_segments: int) -> tuple[np.ndarray, np.ndarray]:
     """cuDNN's packed layout from segment ids, in numpy (outside any program): seqlen [B, M]
     and offsets [B, M+1], int32, -1 where a row has fewer segments. Each positive run of a row
-    is a segment (rows are contiguous runs 1..n; harness.layouts.check_segment_ids)."""
+    is a segment (rows are contiguous runs 1..n; harness.model.layouts.check_segment_ids)."""
     seg = np.asarray(segment_ids)
     b, t = seg.shape
     seqlen = np.full((b, max_segments), -1, np.int32)
@@ -234,7 +234,7 @@ def raw_te_thd_offsets(query, key, value, seqlen, offsets, *, scale, max_segment
 
 
 def _gqa_offsets_bug() -> tuple[bool, str]:
-    from harness.environment import gqa_offsets_bug
+    from harness.engine.environment import gqa_offsets_bug
     bug = gqa_offsets_bug()
     if bug is None:  # the private jax function moved: as the op would, go on
         return False, "GQA offsets probe failed; kv not repeated"
@@ -244,12 +244,12 @@ def _gqa_offsets_bug() -> tuple[bool, str]:
 # ----- entries --------------------------------------------------------------------------------
 
 def _registered(name: str) -> Kernel:
-    from harness.registry import all_kernels
+    from harness.engine.registry import all_kernels
     return all_kernels()[name]
 
 
 def _emulated_fallback() -> Kernel:
-    from harness.kernels.sut import _op
+    from harness.kernels.op import _op
     return dataclasses.replace(
         _registered("sut:cudnn_flash_jax:fallback"), name="sut:cudnn_flash_jax:fallback:emulated",
         fn=_op(attention="cudnn_flash_jax", force_fallback=True, cudnn_backend="emulator"),
@@ -289,7 +289,7 @@ def select_entries(names) -> list[Entry]:
     """The bench entries, or those named (bench entries or any registered kernel)."""
     if not names:
         return list(ENTRIES)
-    from harness.registry import all_kernels
+    from harness.engine.registry import all_kernels
     known = {e.name: e for e in ENTRIES}
     wanted = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)
               if n.strip()]
@@ -346,7 +346,7 @@ def peak_bytes(case: Case, dense: bool, platform: Platform, te_segment_ids: bool
                mask_bias: bool = False) -> int:
     """A program's estimated peak: inputs (q, k, v, cotangent), outputs (out, dq, dk, dv), a
     float32 dq accumulator and softmax statistics; dense kernels add their float32 scores
-    (harness.kernel.scores_bytes, doubled on CPUs); TE's segment-id path may add [B, T, T]
+    (harness.engine.kernel.scores_bytes, doubled on CPUs); TE's segment-id path may add [B, T, T]
     masks; cuDNN with a mask bias (the fallback) its [B, 1, T, T] boolean mask and bias."""
     itemsize = jnp.dtype(case.dtype).itemsize
     btd = case.batch * case.seq_len * case.head_dim
@@ -715,7 +715,7 @@ def print_shape(res: dict, repeats: int, out=None) -> None:
 
 
 def main(args) -> int:
-    from harness.environment import current_platform, describe
+    from harness.engine.environment import current_platform, describe
 
     if args.repeats < 1:
         raise UsageError(f"--repeats {args.repeats}: must be at least 1")

@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness.cases import Case, make_inputs
-from harness.judging import TENSORS
-from harness.layouts import check_segment_ids
-from harness.metrics import scales, token_errors
+from harness.model.case import Case, make_inputs
+from harness.judge.judging import TENSORS
+from harness.model.layouts import check_segment_ids
+from harness.judge.metrics import scales, token_errors
 
 # A finite "minus infinity": rows that attend to nothing (padding queries) stay NaN-free.
 _MASKED = -1e30
@@ -161,7 +161,7 @@ class Reference:
 
 @functools.lru_cache(maxsize=2)
 def reference_for(case: Case, programs=None) -> Reference:
-    """The case's reference, from `programs` (harness.programs.Programs: compiled ahead, timed)
+    """The case's reference, from `programs` (harness.engine.programs.Programs: compiled ahead, timed)
     or from plain jit."""
     args = make_inputs(case).device_args
     if programs is not None:

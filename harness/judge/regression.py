@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from harness import judging
-from harness import records as rec
+from harness.judge import judging
+from harness.views import report_file as rec
 
 NOISE_RATIO = 0.1
 
