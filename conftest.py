@@ -35,7 +35,8 @@ def pytest_addoption(parser):
     group.addoption("--report-dir", default="reports/pytest", help="where the report goes")
     group.addoption("--baseline", default=None, help="baseline report (folder or file)")
     group.addoption("--growth", type=float, default=2.0,
-                    help="error growth over the baseline that counts as a regression")
+                    help="error growth beyond a check's spread that counts as a regression "
+                         "(above 1)")
     group.addoption("--gpu-per-worker", action="store_true",
                     help="give each xdist worker a GPU of its own (-n = the number of GPUs)")
     group.addoption("--no-leak-probe", action="store_true", help="tolerance checks only")
@@ -74,6 +75,7 @@ def pytest_configure(config):
         config._harness_run = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         config._harness_gpus = {}  # xdist worker id -> its GPU (--gpu-per-worker)
         config._harness_start = time.monotonic()
+        config._harness_started_utc = _now_utc()
     try:
         if config.getoption("--gpu-per-worker") and not _is_worker(config):
             config._harness_gpu_ids = _gpu_per_worker_ids(config)
@@ -82,11 +84,27 @@ def pytest_configure(config):
         mark_absl_flags_parsed()
         for path in config.getoption("--kernel-module"):
             load_kernel_module(path)
-        if config.getoption("--baseline") and not _is_worker(config):
-            rec.read(config.getoption("--baseline"), what="baseline")
+        if not _is_worker(config):
+            if config.getoption("--baseline"):
+                rec.read(config.getoption("--baseline"), what="baseline")
+            if not config.getoption("--growth") > 1:
+                raise UsageError(f"--growth {config.getoption('--growth')}: must be above 1 "
+                                 "(a factor of growth)")
+            if config.getoption("--seeds") < 1:
+                raise UsageError(f"--seeds {config.getoption('--seeds')}: must be at least 1")
+            rec.check_writable(_report_dir(config))
+            if not config.getoption("--no-compilation-cache"):
+                from harness.engine.programs import DEFAULT_CACHE_DIR, enable_compilation_cache
+                enable_compilation_cache(config.getoption("--compilation-cache")
+                                         or DEFAULT_CACHE_DIR)
         config._harness_matrix = _matrix(config)
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _now_utc() -> str:
+    import datetime
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _gpu_per_worker_ids(config) -> list[str] | None:
@@ -228,13 +246,21 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(parts, ignore_errors=True)
         return  # no matrix test ran
     from harness.views.report_dir import merge_parts
+    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop is not False
     status = merge_parts(
         _report_dir(config),
         header_info={"suite": config.getoption("--suite"), "seeds": config.getoption("--seeds"),
                      "shard": config.getoption("--shard"),
                      "kernels": sorted({k.name for k, _ in config._harness_matrix}),
                      "cases": len({c for _, c in config._harness_matrix}),
-                     "leak_probe": not config.getoption("--no-leak-probe")},
+                     "leak_probe": not config.getoption("--no-leak-probe"),
+                     "selection": {"suite": config.getoption("--suite"),
+                                   "cases": config.getoption("--cases"),
+                                   "seeds": config.getoption("--seeds"),
+                                   "shard": config.getoption("--shard"),
+                                   "kernels": config.getoption("--kernels")},
+                     "started_utc": config._harness_started_utc,
+                     **({"interrupted": True} if interrupted else {})},
         wall_s=time.monotonic() - config._harness_start, parts=parts,
         baseline=config.getoption("--baseline"), growth=config.getoption("--growth"))
     shutil.rmtree(parts, ignore_errors=True)

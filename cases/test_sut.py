@@ -8,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.model.case import Case, make_inputs
-from harness.model.layouts import LAYOUTS, SegmentIdError, check_segment_ids
+from harness.model.layouts import LAYOUTS, check_segment_ids
+from harness.model.layouts import SegmentIdError as LayoutError
+from harness.sut import SegmentIdError
 from harness.sut import AttentionConfig, AttentionOp, ConfigError
 from harness.sut import cudnn_emulator as emu
 from harness.sut import lowering
@@ -93,9 +95,11 @@ def test_traced_representability_agrees_with_the_concrete_check(rows, max_segmen
         try:
             check_segment_ids(seg[r:r + 1], max_segments=max_segments)
             ok = True
-        except SegmentIdError:
+        except LayoutError:
             ok = False
         assert traced[r] == ok, seg[r]
+        # The op's own concrete check (it stands alone, without the harness's) agrees too.
+        assert (lowering.row_problem(seg[r], max_segments) is None) == ok, seg[r]
 
 
 def _packed_reference(lengths, t, m, padding):
@@ -140,7 +144,7 @@ def test_rows_the_lowering_cannot_represent_get_one_segment_over_the_row(row, pa
     try:
         check_segment_ids(np.array([row]), max_segments=3)
         expect_ok = True
-    except SegmentIdError:
+    except LayoutError:
         expect_ok = False
     assert ok[0] == expect_ok, row
     used, starts = seqlen[0] > 0, offsets[0][:-1]

@@ -1,7 +1,7 @@
 """An outside kernel, plugged in by path:
 
     python -m harness run --kernel-module examples/my_kernel.py --kernels my_attention
-    pytest --kernel-module examples/my_kernel.py --kernels my_attention
+    pytest cases/test_matrix.py --kernel-module examples/my_kernel.py --kernels my_attention
 
 The function takes MaxText-layout arrays [batch, seq, heads, head_dim] and int32 segment ids
 [batch, seq] (1..M per row, 0 = padding) and returns the output shaped like the query.

@@ -1,4 +1,4 @@
-"""python -m harness run | list | report | merge | compare | bench | selftest | repro
+"""python -m harness run | list | report | merge | compare | baseline | bench | selftest | repro
 
 Every user mistake (a path, a kernel or suite name, a glob, a module, a baseline, a shape too
 big for the device) is one line on stderr and exit status 2, found before any work starts."""
@@ -11,10 +11,38 @@ import sys
 from pathlib import Path
 
 
+def growth_factor(text: str) -> float:
+    """--growth: an error grown by more than this factor is a regression; above 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 1:
+        raise argparse.ArgumentTypeError(f"{text} must be above 1 (a factor of growth)")
+    return value
+
+
+def seed_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
 def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", help="comma-separated kernel names (default: all registered)")
     p.add_argument("--kernel-module", action="append", default=[], metavar="PATH",
-                   help="a Python file that calls harness.register_kernel (repeatable)")
+                   help="a Python file (or an importable module name) that calls "
+                        "harness.register_kernel (repeatable)")
+
+
+def _add_growth(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--growth", type=growth_factor, default=2.0,
+                   help="an error grown by more than this factor beyond its measured spread is "
+                        "a regression (default %(default)s; see harness/judge/regression.py)")
 
 
 def _add_compilation(p: argparse.ArgumentParser) -> None:
@@ -38,6 +66,13 @@ def _programs(args):
     return Programs(deterministic_probe=not args.no_deterministic_probe)
 
 
+def _selection(args) -> dict:
+    """What the run selected, in its header: two runs that selected alike are compared pair for
+    pair (a missing pair is then a regression)."""
+    return {"suite": args.suite, "cases": args.cases, "seeds": args.seeds, "shard": args.shard,
+            "kernels": args.kernels}
+
+
 def cmd_run(args) -> int:
     from harness.views import report_dir as reporting
     from harness.views import report_file as rec
@@ -58,11 +93,12 @@ def cmd_run(args) -> int:
     if (report_dir / rec.RECORDS_FILE).exists():
         print(f"replacing the report in {report_dir}/ (--report-dir DIR writes elsewhere)",
               file=sys.stderr)
+    rec.check_writable(report_dir)
     programs = _programs(args)
     writer = reporting.ReportWriter(
         report_dir, describe(), suite=args.suite, kernels=[k.name for k in kernels],
         cases=len(cases), seeds=args.seeds, shard=args.shard, probe_mode=programs.probe_mode,
-        leak_probe=not args.no_leak_probe)
+        leak_probe=not args.no_leak_probe, selection=_selection(args))
     from harness.views.progress import progress
     interrupted = False
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout` and CI cancellations: keep the report
@@ -105,33 +141,50 @@ def cmd_list(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from harness.judge import judging
-    from harness.views.report_dir import write_views
+    from harness.views import report_file as rec
+    from harness.views.report_dir import run_status, write_views
     from harness.views.summary import print_console
+    rec.resolve(args.report_dir)
     _, records = write_views(Path(args.report_dir))
     print_console(records)
-    return 1 if judging.bad(records) else 0
+    return run_status(records)
 
 
 def cmd_merge(args) -> int:
-    from harness.judge import judging
     from harness.views import report_file as rec
-    from harness.views.report_dir import merge_reports
+    from harness.views.report_dir import merge_reports, run_status
     from harness.views.summary import print_console
     for source in args.sources:
         rec.resolve(source)
-    merge_reports(Path(args.out), [Path(s) for s in args.sources], rejudged=args.rejudge)
+    rec.check_writable(args.out, option="merge OUT")
+    overlaps = merge_reports(Path(args.out), [Path(s) for s in args.sources],
+                             rejudged=args.rejudge)
     _, records = rec.read(args.out)
     print_console(records)
-    return 1 if judging.bad(records) else 0
+    for source, n in overlaps:
+        print(f"note: {source} repeats {n} kernel x case pairs of an earlier source; its "
+              "records replace theirs", file=sys.stderr)
+    print(f"merged {len(args.sources)} reports into {args.out}/ (report.jsonl, summary.md, "
+          "report.html)")
+    return run_status(records)
 
 
 def cmd_compare(args) -> int:
     from harness.views import report_file as rec
-    from harness.judge.regression import compare_files
+    from harness.views.compare import compare_files
     rec.read(args.new)
     rec.read(args.baseline, what="baseline")
     return compare_files(args.new, args.baseline, growth=args.growth)
+
+
+def cmd_baseline(args) -> int:
+    from harness.views import report_file as rec
+    from harness.views.compare import write_baseline
+    for source in args.sources:
+        rec.read(source)
+    parent = Path(args.out).parent
+    rec.check_writable(parent, option="baseline OUT")
+    return write_baseline(args.out, args.sources)
 
 
 def cmd_bench(args) -> int:
@@ -147,8 +200,18 @@ def cmd_selftest(args) -> int:
 
 def cmd_repro(args) -> int:
     from harness.tools.repro import main as repro_main
+    from harness.views import report_file as rec
     _load_modules(args.kernel_module)
+    if args.output:  # a path it cannot write: now, not after minutes of shrinking
+        rec.check_writable(Path(args.output).parent, option="--output")
+        if Path(args.output).is_dir():
+            raise _usage(f"--output {args.output}: a folder; give the script's file name")
     return repro_main(args)
+
+
+def _usage(message: str):
+    from harness.errors import UsageError
+    return UsageError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,14 +220,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the kernel x case matrix and write a report")
-    run.add_argument("--suite", default="smoke", help="smoke (CPU, minutes) or nightly (GPU)")
-    run.add_argument("--cases", help="glob(s) over case ids, comma-separated, to narrow the suite")
-    run.add_argument("--seeds", type=int, default=1, help="run every case under N seeds")
+    run.add_argument("--suite", default="smoke",
+                     help="smoke (CPU, minutes) or nightly (GPU) (default %(default)s)")
+    run.add_argument("--cases", help="glob(s) over case ids, comma-separated, to narrow the "
+                                     "suite; a case id with another seed (…-s1) is taken as is")
+    run.add_argument("--seeds", type=seed_count, default=1,
+                     help="run every case under N seeds (default %(default)s)")
     run.add_argument("--shard", metavar="I/N", help="run shard I of N (join them: harness merge)")
-    run.add_argument("--report-dir", default="reports/latest")
+    run.add_argument("--report-dir", default="reports/latest", metavar="DIR",
+                     help="where the report goes (default %(default)s)")
     run.add_argument("--baseline", help="a baseline report (folder or file) to compare with")
-    run.add_argument("--growth", type=float, default=2.0,
-                     help="error growth over the baseline that counts as a regression")
+    _add_growth(run)
     run.add_argument("--no-leak-probe", action="store_true",
                      help="tolerance checks only (the views then say the probe did not run)")
     run.add_argument("--no-deterministic-probe", action="store_true",
@@ -175,28 +241,35 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     lst = sub.add_parser("list", help="list kernels (and with -v the suite's case ids)")
-    lst.add_argument("--suite", default="smoke")
-    lst.add_argument("--cases")
-    lst.add_argument("-v", "--verbose", action="store_true")
+    lst.add_argument("--suite", default="smoke", help="the suite whose cases are counted and "
+                                                       "listed (default %(default)s)")
+    lst.add_argument("--cases", help="glob(s) over case ids, comma-separated")
+    lst.add_argument("-v", "--verbose", action="store_true", help="also list the case ids")
     _add_selection(lst)
     lst.set_defaults(func=cmd_list)
 
     rep = sub.add_parser("report", help="rewrite summary.md and report.html of a report folder")
-    rep.add_argument("report_dir")
+    rep.add_argument("report_dir", help="a report folder (with report.jsonl)")
     rep.set_defaults(func=cmd_report)
 
     mrg = sub.add_parser("merge", help="merge report folders (shards of one suite) into one")
-    mrg.add_argument("out")
-    mrg.add_argument("sources", nargs="+")
+    mrg.add_argument("out", help="the folder the merged report goes to")
+    mrg.add_argument("sources", nargs="+", help="report folders (or report.jsonl files)")
     mrg.add_argument("--rejudge", action="store_true",
                      help="recompute expectations/outcomes from the kernels as registered now")
     mrg.set_defaults(func=cmd_merge)
 
     cmp_ = sub.add_parser("compare", help="compare a report with a baseline (folders or files)")
-    cmp_.add_argument("new")
-    cmp_.add_argument("baseline")
-    cmp_.add_argument("--growth", type=float, default=2.0)
+    cmp_.add_argument("new", help="the report to judge (folder or file)")
+    cmp_.add_argument("baseline", help="the baseline report or baseline file")
+    _add_growth(cmp_)
     cmp_.set_defaults(func=cmd_compare)
+
+    base = sub.add_parser("baseline", help="make one baseline from several runs of the same "
+                                           "cases (each check's error range over them)")
+    base.add_argument("out", help="the baseline file to write (.jsonl or .jsonl.gz)")
+    base.add_argument("sources", nargs="+", help="report folders or files of the runs")
+    base.set_defaults(func=cmd_baseline)
 
     bench = sub.add_parser("bench", help="time the op's packed path beside raw cuDNN, TE, the "
                                          "causal-only call, the fallback and XLA (fwd+bwd)")
@@ -222,12 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_selftest)
 
     rp = sub.add_parser("repro", help="shrink a failing case and write a standalone script")
-    rp.add_argument("kernel")
-    rp.add_argument("case_id")
+    rp.add_argument("kernel", help="a registered kernel name")
+    rp.add_argument("case_id", help="the failing case's id (from a report)")
     rp.add_argument("--check", help="the check that must keep failing (default: the first "
                                     "that fails)")
     rp.add_argument("--output", help="where the script goes (default repro_<kernel>.py)")
-    rp.add_argument("--kernel-module", action="append", default=[], metavar="PATH")
+    rp.add_argument("--kernel-module", action="append", default=[], metavar="PATH",
+                    help="a Python file (or module) that registers the kernel (repeatable)")
     rp.set_defaults(func=cmd_repro)
     return parser
 

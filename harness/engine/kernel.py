@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from harness.judge import judging
+from harness.judge import vocabulary as v
 from harness.model.case import Case
 from harness.model.layouts import Segment
 
@@ -22,6 +23,9 @@ ALL_DTYPES = ("float32", "bfloat16", "float16")
 # the leak probe then must judge the segment, see judging.cover_unjudged; "known": a named
 # upstream numerical bug that fails on some data only, reported as known when it does).
 Expectation = Callable[[Case, str, Segment], object]
+# expect_padding(case, row) -> "pass" | "fail": what the padding check must conclude on a row
+# (a kernel meant to read padding keys writes gradients there).
+PaddingExpectation = Callable[[Case, int], object]
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,24 @@ class Kernel:
     standalone: str | None = None
     description: str = ""
     tags: tuple[str, ...] = field(default=())
+    # What the kernel writes at padding positions: "zero", "finite" (any finite value) or
+    # "undefined" (not looked at). Gradients there must be exactly zero whatever it declares.
+    padding_output: str = v.PAD_FINITE
+    expect_padding: PaddingExpectation | None = None
+    # The output's dtype where it is not the query's (None: the query's, the contract).
+    output_dtype: str | None = None
+    # False: the library says its backward is not reproducible run to run, and no setting
+    # changes that (atomics): the leak probe never trusts a bitwise rerun of it and decides
+    # statistically (harness.judge.leak_probe). None: find out by rerunning.
+    reproducible: bool | None = None
+    # Kernels of different non-None groups must not share a process (libraries that register
+    # the same FFI targets, or crash their process): they run in worker processes of their own.
+    isolation: str | None = None
+
+    def __post_init__(self):
+        if self.padding_output not in v.PADDING_OUTPUTS:
+            raise ValueError(f"padding_output must be one of {', '.join(v.PADDING_OUTPUTS)}, "
+                             f"not {self.padding_output!r}")
 
     def unsupported_reasons(self, case: Case, platform: Platform) -> list[str]:
         reasons = []
@@ -110,8 +132,13 @@ class Kernel:
 
     def expected(self, case: Case, check: str, segment: Segment) -> tuple[str, str]:
         """(expected, reason): what this kernel must show on that check of that segment."""
-        return judging.expectation(self.expect(case, check, segment) if self.expect else "pass",
+        return judging.expectation(self.expect(case, check, segment) if self.expect else v.PASS,
                                    check)
+
+    def expected_padding(self, case: Case, row: int) -> tuple[str, str]:
+        """(expected, reason): what the padding check must show on that row."""
+        value = self.expect_padding(case, row) if self.expect_padding else v.PASS
+        return judging.expectation(value, v.PADDING.name)
 
 
 def scores_bytes(case: Case) -> int:

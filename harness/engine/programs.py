@@ -342,8 +342,14 @@ def enable_compilation_cache(path: str | None) -> str | None:
     compiled); None leaves it off. Every program is cached, however fast it compiled."""
     if not path:
         return None
+    from harness.errors import UsageError
     path = os.path.expanduser(path)
-    os.makedirs(path, exist_ok=True)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--compilation-cache {path}: a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--compilation-cache {path}: cannot create it ({exc.strerror})") from None
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -2,7 +2,10 @@
 `register_kernel`, directly or from a file (`--kernel-module PATH`)."""
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
+import inspect
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -37,8 +40,31 @@ def register_kernel(name: str, fn: Callable, *, replace: bool = False, **capabil
         kernel = Kernel(name=name, fn=fn, **capabilities)
     except TypeError as exc:
         raise ValueError(f"kernel {name!r}: {exc}") from None
+    problem = signature_problem(fn, kernel.takes_max_segments)
+    if problem:
+        raise ValueError(f"kernel {name!r}: {problem}")
     _USER[name] = kernel
     return kernel
+
+
+def signature_problem(fn: Callable, takes_max_segments: bool = False) -> str | None:
+    """Why `fn` cannot be called as a kernel (query, key, value, segment_ids, *, causal,
+    scale[, max_segments]), or None. Found when it is registered, not once per case."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None  # a builtin or C function: cannot tell, let the first call say
+    args = [object()] * 4
+    kwargs = {"causal": True, "scale": 1.0}
+    if takes_max_segments:
+        kwargs["max_segments"] = 4
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as exc:
+        wanted = "fn(query, key, value, segment_ids, *, causal, scale" + (
+            ", max_segments)" if takes_max_segments else ")")
+        return f"signature {sig} cannot be called as {wanted}: {exc}"
+    return None
 
 
 def mark_absl_flags_parsed() -> None:
@@ -53,30 +79,65 @@ def mark_absl_flags_parsed() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
 def load_kernel_module(path: str | Path) -> None:
-    """Imports a user's Python file that calls register_kernel; a missing or broken file is a
-    UsageError of one line."""
-    shown = path
-    path = Path(path).resolve()
-    if not path.is_file():
+    """Imports a user's Python file (any name: `my_kernels.py`, `kernels_conf`) or an importable
+    module (`my_pkg.kernels`) that calls register_kernel. A missing or broken file, a folder, or
+    a module that registers no kernel is a UsageError of one line."""
+    shown = str(path)
+    file = Path(path).resolve()
+    if file.is_dir():
+        raise UsageError(f"--kernel-module {shown}: a folder; give a Python file that calls "
+                         "harness.register_kernel")
+    if not file.is_file():
+        if _DOTTED.match(shown) and not shown.endswith(".py"):
+            _import_module(shown)
+            return
         raise UsageError(f"--kernel-module {shown}: no such file")
-    module_name = f"harness_user_kernels_{path.stem}"
+    module_name = f"harness_user_kernels_{file.stem}"
     if module_name in sys.modules:
         return
     mark_absl_flags_parsed()
-    spec = importlib.util.spec_from_file_location(module_name, path)
+    # An explicit source loader: a file need not end in .py.
+    loader = importlib.machinery.SourceFileLoader(module_name, str(file))
+    spec = importlib.util.spec_from_loader(module_name, loader)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
+    before = len(_USER)
     try:
-        spec.loader.exec_module(module)
+        loader.exec_module(module)
     except SyntaxError as exc:
         del sys.modules[module_name]
         raise UsageError(f"--kernel-module {shown}:{exc.lineno}: SyntaxError: {exc.msg}") from None
+    except UsageError:
+        del sys.modules[module_name]
+        raise
     except Exception as exc:
         del sys.modules[module_name]
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(file)]
         where = f":{frames[-1].lineno}" if frames else ""
         raise UsageError(f"--kernel-module {shown}{where}: {type(exc).__name__}: {exc}") from None
+    if len(_USER) == before:
+        raise UsageError(f"--kernel-module {shown}: the module registered no kernel (call "
+                         "harness.register_kernel(name, fn, ...) in it)")
+
+
+def _import_module(name: str) -> None:
+    mark_absl_flags_parsed()
+    before = len(_USER)
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"--kernel-module {name}: no such file, and no importable module "
+                         f"({exc})") from None
+    except Exception as exc:
+        raise UsageError(f"--kernel-module {name}: {type(exc).__name__}: {exc}") from None
+    if len(_USER) == before and not getattr(module, "_harness_registered", False):
+        raise UsageError(f"--kernel-module {name}: the module registered no kernel (call "
+                         "harness.register_kernel(name, fn, ...) in it)")
+    module._harness_registered = True  # imported once per process: a second load is a no-op
 
 
 def all_kernels() -> dict[str, Kernel]:

@@ -1,12 +1,9 @@
-"""The one place that judges: what the checks are, how each is judged, and what a record's
-verdict, expectation and outcome mean. Every view, `compare` and `rejudge` read from here.
+"""The one place that judges: how each check's verdict is decided, what a record expects and
+what its outcome is. The runner hands measurements in; every record that leaves comes from
+here. Views, `compare`, the selftest and repro only read what this module decided (the
+summaries they share are in harness.judge.tallies, the words in harness.judge.vocabulary).
 
-Checks (typed descriptors, not string literals):
-
-    out, dq, dk, dv   tolerance checks of the forward output and the three gradients
-    leak              the leak probe: bitwise, no tolerance (harness.judge.leak_probe)
-
-Tolerance (tolerance checks), for each check and segment:
+Tolerance (tolerance checks out, dq, dk, dv), for each check and segment:
 
     tolerance = peer_factor * peer_err + floor_eps * eps(dtype) * max|truth|
     ratio     = kernel_err / tolerance          (pass iff finite and ratio <= 1)
@@ -21,74 +18,38 @@ Tolerance (tolerance checks), for each check and segment:
   its dq is zero in exact arithmetic), which would demand bitwise equality. The floor allows a
   couple of roundings of the largest value of that check: 2 eps for the output; 4 eps for the
   gradients, whose kernels recompute softmax statistics from a rounded output (four times
-  that in float32, see FLOAT32_FLOOR_FACTOR). It uses the
-  largest |truth| over the whole check tensor, not the segment, because a tiny segment-local
-  scale (dq of a single token is 0) says nothing about the kernel's rounding.
+  that in float32, see FLOAT32_FLOOR_FACTOR). It uses the largest |truth| over the whole check
+  tensor, not the segment, because a tiny segment-local scale (dq of a single token is 0) says
+  nothing about the kernel's rounding.
 
 A leak across a segment boundary moves outputs by O(1) of the values' scale, while the
-tolerances are O(eps) of it: a bf16 leak shows ratios in the tens to hundreds.
-
-The vocabulary of a record:
-
-    verdict   what was measured: pass | fail | unprobed (leak probe: no tensor reproducible)
-              | skip | error
-    expected  what a correct harness must conclude: pass | fail | either (not judged by this
-              check; the leak probe must judge the segment) | known (a known upstream numerical
-              bug that shows on some data only: a failure is reported as known, with its
-              reason, and a pass is ok) | error (a known upstream crash)
-    outcome   the two together:
-              ok, caught, known            good
-              unjudged, skip               neither good nor bad; every view counts them apart
-              fail, missed, error          bad: the run is red
+tolerances are O(eps) of it: a bf16 leak shows ratios in the tens to hundreds. A ratio above
+NEAR_RATIO passes, but close: the views mark it, and keep its row's per-token errors.
 """
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 import numpy as np
 
-# ----- checks ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    heads: str            # "query" or "kv": whose heads the tensor has ("" for the leak probe)
-    traced: bool          # per-token errors kept for the HTML plots
-    bitwise: bool         # judged bitwise (no tolerance, no ratio) rather than by tolerance
-    peer_factor: float = 0.0
-    floor_eps: float = 0.0
-
-    def __str__(self) -> str:
-        return self.name
-
-
-OUT = Check("out", "query", traced=True, bitwise=False, peer_factor=2.0, floor_eps=2.0)
-DQ = Check("dq", "query", traced=True, bitwise=False, peer_factor=3.0, floor_eps=4.0)
-DK = Check("dk", "kv", traced=False, bitwise=False, peer_factor=3.0, floor_eps=4.0)
-DV = Check("dv", "kv", traced=False, bitwise=False, peer_factor=3.0, floor_eps=4.0)
-LEAK = Check("leak", "", traced=False, bitwise=True)
-
-TENSORS = (OUT, DQ, DK, DV)      # a kernel program's results, in this order
-GRADIENTS = (DQ, DK, DV)
-CHECKS = {c.name: c for c in (*TENSORS, LEAK)}
-KERNEL_LEVEL = "*"               # the check of a record about a whole kernel x case (skip, error)
-
-
-def check(name: str) -> Check:
-    try:
-        return CHECKS[name]
-    except KeyError:
-        raise KeyError(f"unknown check {name!r}; known: {', '.join(CHECKS)}") from None
-
+from harness.judge import vocabulary as v
+from harness.judge.metrics import segment_error
+from harness.judge.record import Record
+from harness.judge.vocabulary import KERNEL_LEVEL, LEAK, Check
 
 # In float32 the peer computes in the truth's own precision, so its error shows almost none of
 # the reordering noise of a blocked kernel (online softmax, split accumulations): a few eps of
 # the largest value, where Pallas's flash kernel lands on bidirectional rows (1e-6 at |out| 3).
 # The floor is four times wider there; a leak still moves values by O(1).
 FLOAT32_FLOOR_FACTOR = 4.0
+# A passing check past this share of its tolerance is "near": marked in the views, and its row's
+# per-token errors kept for the plots.
+NEAR_RATIO = 0.5
+# Non-finite positions a record names (the rest are counted).
+POSITIONS_SHOWN = 8
+
+EITHER_REASON = ("this check cannot see the leak reliably (it can hide in rounding noise); "
+                 "the leak probe judges the segment")
 
 
 def tolerance(chk: Check, dtype: str, peer_err: float, truth_scale: float) -> float:
@@ -106,108 +67,195 @@ def ratio(kernel_err: float, tol: float, nonfinite: int = 0) -> float | None:
 
 
 def tolerance_verdict(r: float | None) -> str:
-    return "pass" if r is not None and r <= 1.0 else "fail"
+    return v.PASS if r is not None and r <= 1.0 else v.FAIL
+
+
+def within(err: float | None, tol: float) -> bool:
+    """One token's error inside its tolerance (None: non-finite, never)."""
+    return err is not None and np.isfinite(err) and err <= tol
+
+
+def near(r: float | None) -> bool:
+    """A ratio worth a closer look: non-finite, or past NEAR_RATIO of the tolerance."""
+    return r is None or r > NEAR_RATIO
+
+
+def failed(record: Record) -> bool:
+    """The check measured a failure (whatever was expected)."""
+    return record.verdict == v.FAIL
 
 
 # ----- expectations and outcomes --------------------------------------------------------------
 
-EITHER_REASON = ("this check cannot see the leak reliably (it can hide in rounding noise); "
-                 "the leak probe judges the segment")
-
-GOOD = frozenset({"ok", "caught", "known"})
-NEUTRAL = frozenset({"unjudged", "skip"})
-BAD = frozenset({"fail", "missed", "error"})
-OUTCOMES = ("ok", "caught", "known", "unjudged", "skip", "fail", "missed", "error")
-
-
 def expectation(value, check_name: str = "") -> tuple[str, str]:
     """(expected, reason) from what an expectation function returned: "pass", "fail",
-    "either", ("either", reason) or ("known", reason). The leak probe is exact: never "either"
-    nor "known". A known bug names itself: "known" needs its reason."""
-    if isinstance(value, tuple):
-        expected, reason = value
-    else:
-        expected, reason = value, ""
-    if expected not in ("pass", "fail", "either", "known"):
+    "either", ("either", reason) or ("known", reason). The bitwise checks are exact: never
+    "either" nor "known". A known bug names itself: "known" needs its reason."""
+    expected, reason = value if isinstance(value, tuple) else (value, "")
+    if expected not in (v.PASS, v.FAIL, v.EITHER, v.KNOWN):
         raise ValueError(f"an expectation must be pass, fail, either or known, not {expected!r}")
-    if expected in ("either", "known") and check_name == LEAK.name:
-        raise ValueError(f"the leak probe is exact: its expectation is pass or fail, not "
-                         f"{expected}")
-    if expected == "known" and not reason:
+    chk = v.CHECKS.get(check_name)
+    if expected in (v.EITHER, v.KNOWN) and chk is not None and chk.bitwise:
+        raise ValueError(f"the {check_name} check is exact: its expectation is pass or fail, "
+                         f"not {expected}")
+    if expected == v.KNOWN and not reason:
         raise ValueError("a known bug needs its reason: return ('known', 'what and where')")
-    if expected == "either":
+    if expected == v.EITHER:
         return expected, reason or EITHER_REASON
-    return expected, reason if expected == "known" else ""
+    return expected, reason if expected == v.KNOWN else ""
 
 
 def outcome(verdict: str, expected: str) -> str:
-    if verdict in ("skip", "error"):
-        return verdict  # an expected error is "known" only when its message matches: see known()
-    if expected == "error":
-        return "missed"  # a known upstream crash that did not happen
-    if verdict == "unprobed":
+    if verdict in (v.SKIP, v.ERROR):
+        return verdict  # an expected error is "known" only when its message matches
+    if expected == v.ERROR:
+        return v.MISSED  # a known upstream crash that did not happen
+    if verdict == v.UNPROBED:
         # A kernel expected to leak that could not be probed is not ok.
-        return "missed" if expected == "fail" else "unjudged"
-    if expected == "either":
-        return "unjudged"
-    if expected == "known":
-        return "known" if verdict == "fail" else "ok"
+        return v.MISSED if expected == v.FAIL else v.UNJUDGED
+    if expected == v.EITHER:
+        return v.UNJUDGED
+    if expected == v.KNOWN:
+        return v.KNOWN if verdict == v.FAIL else v.OK
     if verdict == expected:
-        return "ok" if verdict == "pass" else "caught"
-    return "fail" if verdict == "fail" else "missed"
+        return v.OK if verdict == v.PASS else v.CAUGHT
+    return v.FAIL if verdict == v.FAIL else v.MISSED
 
 
 def error_outcome(message: str, expect_error: str | None) -> tuple[str, str]:
-    """(expected, outcome) of a kernel that raised."""
+    """(expected, outcome) of a kernel that raised: a declared upstream crash whose text shows
+    is known; anything else is an error."""
     if expect_error is None:
-        return "pass", "error"
-    return "error", "known" if expect_error in message else "error"
+        return v.PASS, v.ERROR
+    return v.ERROR, v.KNOWN if expect_error in message else v.ERROR
 
 
-def is_bad(record: Mapping) -> bool:
-    return record["outcome"] in BAD
+# ----- records ----------------------------------------------------------------------------------
+
+def case_fields(case) -> dict:
+    return dict(case_id=case.id, layout=case.layout, family=case.family, dtype=case.dtype,
+                batch=case.batch, seq_len=case.seq_len, heads=case.heads,
+                kv_heads=case.kv_heads, head_dim=case.head_dim, causal=case.causal,
+                seed=case.seed)
 
 
-def is_good(record: Mapping) -> bool:
-    return record["outcome"] in GOOD
+def segment_fields(seg) -> dict:
+    return dict(row=seg.row, segment=seg.number, segment_label=seg.label, start=seg.start,
+                length=seg.length)
 
 
-def measured(record: Mapping) -> bool:
-    return record["verdict"] in ("pass", "fail")
+def status_record(kernel, case, verdict: str, message: str, check: str = KERNEL_LEVEL,
+                  expected: str = v.PASS, outcome_: str | None = None, **more) -> Record:
+    """A record without a segment: a skip, an error, a kernel-level expectation."""
+    return Record(kernel=kernel.name, check=check, verdict=verdict, expected=expected,
+                  outcome=outcome_ or outcome(verdict, expected), message=message,
+                  **case_fields(case), **more)
+
+
+def skip_record(kernel, case, reasons: list[str], check: str = KERNEL_LEVEL) -> Record:
+    return status_record(kernel, case, v.SKIP, "; ".join(reasons), check=check)
+
+
+def error_record(kernel, case, message: str, traceback: str | None = None,
+                 check: str = KERNEL_LEVEL) -> Record:
+    """A kernel that raised: an error, never a skip (known where it declared that crash)."""
+    expected, result = error_outcome(message, kernel.expect_error)
+    return status_record(kernel, case, v.ERROR, message[:2000], check=check, expected=expected,
+                         outcome_=result, traceback=traceback)
+
+
+def kernel_level_records(kernel, case) -> list[Record]:
+    """What a kernel that ran declares about the whole case: a declared upstream crash that did
+    not happen is missed; a declared missing backward leaves its gradient checks skipped."""
+    out = []
+    if kernel.expect_error is not None:
+        out.append(status_record(kernel, case, v.PASS, f"expected upstream error "
+                                 f"{kernel.expect_error!r} did not occur", expected=v.ERROR))
+    if not kernel.backward:
+        out += [status_record(kernel, case, v.SKIP, "kernel declares no backward", check=c.name)
+                for c in v.TENSORS[1:]]
+    return out
+
+
+def contract_record(kernel, case, out_dtype: str) -> Record:
+    """The output contract: the output's dtype is the query's unless the kernel declares
+    another (`Kernel.output_dtype`)."""
+    want = kernel.output_dtype or case.dtype
+    verdict = v.PASS if out_dtype == want else v.FAIL
+    message = (f"output dtype {out_dtype}" if verdict == v.PASS else
+               f"output dtype {out_dtype}, expected {want} (the query's dtype"
+               f"{'' if kernel.output_dtype is None else ', as the kernel declares'})")
+    return status_record(kernel, case, verdict, message, check=v.CONTRACT.name)
+
+
+def nonfinite_positions(bad_tokens: np.ndarray, start: int) -> str:
+    """'tokens 5, 7 (+3 more)' for a segment's per-token non-finite counts."""
+    where = np.flatnonzero(bad_tokens) + start
+    shown = ", ".join(str(int(p)) for p in where[:POSITIONS_SHOWN])
+    more = f" (+{where.size - POSITIONS_SHOWN} more)" if where.size > POSITIONS_SHOWN else ""
+    return f"tokens {shown}{more}"
+
+
+def tensor_records(kernel, case, chk: Check, errors, reference, mode: str
+                   ) -> tuple[list[Record], dict]:
+    """The tolerance check `chk` on every segment, from the tensor's per-token errors
+    (harness.judge.metrics.token_errors) and the case's reference; also each segment's
+    tolerance (for the plots)."""
+    per_token = (case.heads if chk.heads == "query" else case.kv_heads) * case.head_dim
+    records, tolerances = [], {}
+    for seg in case.segments:
+        m = segment_error(errors, reference.peer_token_err[chk.name], seg, per_token)
+        tol = tolerances[seg] = tolerance(chk, case.dtype, m.peer_err,
+                                          reference.scale[chk.name])
+        r = ratio(m.max_abs_err, tol, m.nonfinite)
+        verdict = tolerance_verdict(r)
+        expected, reason = kernel.expected(case, chk.name, seg)
+        message = reason
+        if m.nonfinite:
+            bad = errors[2][seg.row, seg.start:seg.stop]
+            message = (f"{chk.name} non-finite (NaN/Inf) in row {seg.row} at "
+                       f"{nonfinite_positions(bad, seg.start)}" + (f"; {reason}" if reason else ""))
+        records.append(Record(
+            kernel=kernel.name, check=chk.name, **case_fields(case), **segment_fields(seg),
+            max_abs_err=m.max_abs_err if m.nonfinite == 0 else None,
+            mean_abs_err=m.mean_abs_err, worst_token=m.worst_token, nonfinite=m.nonfinite,
+            peer_err=m.peer_err, tolerance=tol, ratio=r, verdict=verdict, expected=expected,
+            outcome=outcome(verdict, expected), message=message, mode=mode))
+    return records, tolerances
 
 
 # ----- rules across the records of one kernel x case ------------------------------------------
 
-def cover_unjudged(records: list[dict]) -> list[dict]:
+def cover_unjudged(records: list[Record]) -> list[Record]:
     """Every check an expectation leaves `either` must be judged by the leak probe on the same
     segment. Where it is, the record says so (outcome unjudged); where it is not, nothing judged
     that segment, and the record is `missed`: the harness would otherwise count it silently."""
-    leak = {(r["row"], r["segment"]): r for r in records
-            if r["check"] == LEAK.name and measured(r) and r["expected"] in ("pass", "fail")}
+    leak = {(r.row, r.segment): r for r in records
+            if r.check == LEAK.name and r.measured and r.expected in (v.PASS, v.FAIL)}
     out = []
     for r in records:
-        if r["check"] != LEAK.name and r["expected"] == "either":
-            probe = leak.get((r["row"], r["segment"]))
+        if r.check != LEAK.name and r.expected == v.EITHER:
+            probe = leak.get((r.row, r.segment))
             if probe is None:
-                r = {**r, "outcome": "missed",
-                     "message": "left unjudged by the expectation, and the leak probe did not "
-                                "judge this segment"}
+                r = r.replace(outcome=v.MISSED,
+                              message="left unjudged by the expectation, and the leak probe did "
+                                      "not judge this segment")
             else:
-                r = {**r, "judged_by": f"leak:{probe['outcome']}"}
+                r = r.replace(judged_by=f"leak:{probe.outcome}")
         out.append(r)
     return out
 
 
-def rejudge(records: Iterable[dict], kernels: Mapping) -> list[dict]:
+def rejudge(records: Iterable[Record], kernels: Mapping) -> list[Record]:
     """Each record's expectation and outcome recomputed from the kernels as registered now.
     Errors, ratios and verdicts stay as measured: for reports measured before an expectation
     was corrected."""
     from harness.model.case import Case
     from harness.model.layouts import Segment
 
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[Record]] = {}
     for r in records:
-        groups.setdefault((r["kernel"], r["case_id"]), []).append(r)
+        groups.setdefault(r.pair, []).append(r)
     out = []
     for (name, case_id), rows in groups.items():
         kernel = kernels.get(name)
@@ -217,105 +265,127 @@ def rejudge(records: Iterable[dict], kernels: Mapping) -> list[dict]:
         case = Case.from_id(case_id)
         fresh = []
         for r in rows:
-            if r["verdict"] in ("pass", "fail", "unprobed") and r.get("segment"):
-                seg = Segment(r["row"], r["segment"], r["start"], r["length"])
-                expected, reason = kernel.expected(case, r["check"], seg)
-                r = {k: v for k, v in r.items() if k != "judged_by"}
-                r.update(expected=expected, outcome=outcome(r["verdict"], expected))
-                if r["check"] != LEAK.name:  # a tolerance check's message is its reason
-                    r["message"] = reason
-            elif r["verdict"] == "error":
-                r = {**r, **dict(zip(("expected", "outcome"),
-                                     error_outcome(r.get("message", ""), kernel.expect_error)))}
+            if r.verdict in (v.PASS, v.FAIL, v.UNPROBED) and r.segment:
+                seg = Segment(r.row, r.segment, r.start, r.length)
+                expected, reason = kernel.expected(case, r.check, seg)
+                changes = dict(expected=expected, outcome=outcome(r.verdict, expected),
+                               judged_by=None)
+                if v.has_ratio(r.check):  # a tolerance check's message is its reason
+                    changes["message"] = reason
+                r = r.replace(**changes)
+            elif r.verdict == v.ERROR:
+                expected, result = error_outcome(r.message, kernel.expect_error)
+                r = r.replace(expected=expected, outcome=result)
             fresh.append(r)
         out += cover_unjudged(fresh)
     return out
 
 
-# ----- summaries every view shares ------------------------------------------------------------
+# ----- the leak probe's verdicts ------------------------------------------------------------
 
-def worst_ratio(records: Iterable[Mapping]) -> tuple[bool, float | None]:
-    """(any tolerance check measured, worst ratio): None for a non-finite one (reported inf).
-    Bitwise checks have no ratio: their verdicts count, not their numbers."""
-    ratios = [r["ratio"] for r in records
-              if measured(r) and r["check"] in CHECKS and not CHECKS[r["check"]].bitwise]
-    if not ratios:
-        return False, None
-    if any(x is None for x in ratios):
-        return True, None
-    return True, max(ratios)
-
-
-def ratio_text(r: float | None) -> str:
-    return "inf" if r is None else f"{r:.3g}"
-
-
-def counts(records: Iterable[Mapping]) -> dict[str, int]:
-    c = Counter(r["outcome"] for r in records)
-    return {k: c[k] for k in OUTCOMES if c[k]}
-
-
-def bad(records: Iterable[Mapping]) -> list:
-    """Records a run must be red for: unexpected failures, missed catches and errors."""
-    return [r for r in records if is_bad(r)]
-
-
-def unjudged(records: Iterable[Mapping]) -> Counter:
-    """(kernel, check, reason) -> count of checks that an expectation left unjudged."""
-    return Counter((r["kernel"], r["check"], r.get("message", ""), r.get("judged_by", ""))
-                   for r in records if r["outcome"] == "unjudged" and r["check"] != LEAK.name)
+def leak_message(leak, found, note: str) -> tuple[str, str]:
+    """(verdict, message) of one segment's leak probe (harness.judge.leak_probe.SegmentLeak of
+    a ProbeResult). A segment whose own values are non-finite is never a pass: NaN equals NaN,
+    so a kernel writing NaN everywhere would otherwise look unchanged."""
+    if not leak.compared:
+        verdict, message = v.UNPROBED, ("no run left this segment untouched (nothing else in its "
+                                        "batch to redraw): not compared")
+    elif leak.leaked:
+        verdict = v.FAIL
+        message = (f"changed while the segment was untouched: {', '.join(leak.leaked)} "
+                   f"(redrawn: {', '.join(leak.by)})")
+    elif leak.nonfinite:
+        verdict, message = v.UNPROBED, (f"{', '.join(leak.nonfinite)} non-finite on this "
+                                        "segment: nothing to compare")
+    elif found.probed:
+        verdict, message = v.PASS, "unchanged"
+    else:
+        verdict, message = v.UNPROBED, "no tensor is reproducible run to run"
+    if found.gated:
+        message += "; above run-to-run noise only: " + ", ".join(
+            f"{t} changes > {x:.2g}" for t, x in found.gated.items())
+    if found.unprobed:
+        message += f"; not probed (run-to-run noise too large): {', '.join(found.unprobed)}"
+    if note:
+        message += f"; {note}"
+    return verdict, message
 
 
-def known(records: Iterable[Mapping]) -> Counter:
-    """(kernel, check, reason) -> records showing a known upstream bug: segments failing a
-    check as an expectation predicts, and cases raising a declared upstream error (check
-    KERNEL_LEVEL, reason: the error's first line)."""
-    return Counter((r["kernel"], r["check"], (r.get("message") or "").splitlines()[0][:200]
-                    if not r.get("segment") else r.get("message", ""))
-                   for r in records if r["outcome"] == "known")
+def leak_records(kernel, case, found, mode: str, note: str = "") -> list[Record]:
+    """One leak record per segment from the probe's result (harness.judge.leak_probe)."""
+    records = []
+    for leak in found.leaks:
+        verdict, message = leak_message(leak, found, note)
+        expected, _ = kernel.expected(case, LEAK.name, leak.segment)
+        records.append(Record(
+            kernel=kernel.name, check=LEAK.name, **case_fields(case),
+            **segment_fields(leak.segment), max_abs_err=leak.max_change,
+            worst_token=leak.first_token, tolerance=0.0, ratio=None, verdict=verdict,
+            expected=expected, outcome=outcome(verdict, expected), message=message, mode=mode,
+            probed=found.probed, unprobed=found.unprobed,
+            gated={t: float(f"{x:.3g}") for t, x in found.gated.items()} or None,
+            detectable=found.detectable or None,
+            false_alarm=found.false_alarm if found.gated else None,
+            fallback=note or None))
+    return records
 
 
-def unprobed(records: Iterable[Mapping]) -> Counter:
-    """(kernel, tensor) -> leak records in which that tensor could not be probed."""
-    c = Counter()
-    for r in records:
-        if r["check"] == LEAK.name:
-            for t in r.get("unprobed") or ():
-                c[(r["kernel"], t)] += 1
-    return c
+# ----- padding hygiene ------------------------------------------------------------------------
+
+def padding_violations(errors_by_tensor: dict, row: int, pad: np.ndarray, convention: str
+                       ) -> dict:
+    """tensor -> {"kind", "count", "first", "max"} at a row's padding positions `pad` (bool
+    [T]) from per-token errors against a truth that is zero there (harness.judge.oracle):
+    gradients must be exactly zero, the output finite (and zero under the zero convention;
+    not looked at where the kernel declares it undefined)."""
+    found = {}
+    positions = np.flatnonzero(pad)
+    for name, (tok_max, _, tok_bad) in errors_by_tensor.items():
+        if name == v.OUT.name and convention == v.PAD_UNDEFINED:
+            continue
+        bad = tok_bad[row, positions] > 0
+        if bad.any():
+            found[name] = dict(kind="non-finite", count=int(bad.sum()),
+                               first=int(positions[bad][0]), max=None)
+            continue
+        must_be_zero = name != v.OUT.name or convention == v.PAD_ZERO
+        size = tok_max[row, positions]
+        if must_be_zero and (size > 0).any():
+            nz = size > 0
+            found[name] = dict(kind="non-zero", count=int(nz.sum()), first=int(positions[nz][0]),
+                               max=float(f"{size.max():.3g}"))
+    return found
 
 
-def gated(records: Iterable[Mapping]) -> dict[tuple[str, str], tuple[int, float]]:
-    """(kernel, tensor) -> (leak records that probed it above its run-to-run noise only, the
-    largest change threshold): probed, with less power than bitwise."""
-    out: dict[tuple[str, str], tuple[int, float]] = {}
-    for r in records:
-        if r["check"] == LEAK.name:
-            for t, x in (r.get("gated") or {}).items():
-                n, worst = out.get((r["kernel"], t), (0, 0.0))
-                out[(r["kernel"], t)] = (n + 1, max(worst, x))
-    return out
-
-
-def uncompared(records: Iterable[Mapping]) -> Counter:
-    """(kernel, reason) -> leak records the probe measured nothing for."""
-    return Counter((r["kernel"], r.get("message", "")) for r in records
-                   if r["check"] == LEAK.name and r["verdict"] == "unprobed")
-
-
-def fallbacks(records: Iterable[Mapping]) -> Counter:
-    """(kernel, why) -> leak records probed on the default build because the deterministic
-    build could not run."""
-    return Counter((r["kernel"], r["fallback"]) for r in records
-                   if r["check"] == LEAK.name and r.get("fallback"))
-
-
-def probe_coverage(records: Iterable[Mapping]) -> dict[str, tuple[int, int]]:
-    """kernel -> (segments with all four tensors probed, segments with a leak record)."""
-    full, total = Counter(), Counter()
-    for r in records:
-        if r["check"] == LEAK.name and r.get("segment"):
-            total[r["kernel"]] += 1
-            if r["verdict"] in ("pass", "fail") and not r.get("unprobed"):
-                full[r["kernel"]] += 1
-    return {k: (full[k], total[k]) for k in total}
+def padding_records(kernel, case, errors_by_tensor: dict) -> list[Record]:
+    """One record per row with padding: what the kernel wrote there reaches training (dq/dk/dv
+    enter the projections' weight gradients; a NaN output poisons the next layer's p @ v)."""
+    records = []
+    convention = kernel.padding_output
+    for row in range(case.batch):
+        pad = case.segment_ids[row] == 0
+        if not pad.any():
+            continue
+        found = padding_violations(errors_by_tensor, row, pad, convention)
+        verdict = v.FAIL if found else v.PASS
+        expected, reason = kernel.expected_padding(case, row)
+        checked = [n for n in errors_by_tensor
+                   if not (n == v.OUT.name and convention == v.PAD_UNDEFINED)]
+        if found:
+            message = "; ".join(
+                f"{t} {d['kind']} at {d['count']} padding positions (first {d['first']}"
+                + (f", max |{t}| {d['max']:.3g})" if d["max"] is not None else ")")
+                for t, d in found.items())
+        else:
+            message = (f"{', '.join(checked)} clean at {int(pad.sum())} padding positions "
+                       f"(output convention: {convention})")
+        if reason:
+            message += f"; {reason}"
+        first = min((d["first"] for d in found.values()), default=None)
+        biggest = max((d["max"] or 0.0 for d in found.values()), default=None)
+        records.append(Record(
+            kernel=kernel.name, check=v.PADDING.name, **case_fields(case), row=row,
+            segment_label=f"r{row}pad", start=None, length=int(pad.sum()),
+            max_abs_err=biggest, worst_token=first, verdict=verdict, expected=expected,
+            outcome=outcome(verdict, expected), message=message, violations=found or None))
+    return records

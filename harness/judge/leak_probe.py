@@ -5,45 +5,70 @@ cotangent. So the kernel runs again with the inputs of everything else redrawn, 
 the segments of one colour of a checkerboard (segment number + row), those of the other colour,
 and the padding. Each segment is untouched in two of those runs (the other colour's, and the
 padding's), and there its out, dq, dk and dv must be bitwise what they were. A segment that no
-run leaves untouched (alone in a batch without padding) was not compared, and says so. Any change is a leak, however small: this catches
-what rounding noise hides from the tolerance checks (a single token's dq after thousands of
-keys, dk/dv of a long first segment), and valid queries that read padding keys.
+run leaves untouched (alone in a batch without padding) was not compared, and says so. Any
+change is a leak, however small: this catches what rounding noise hides from the tolerance
+checks (a single token's dq after thousands of keys, dk/dv of a long first segment), and valid
+queries that read padding keys. A segment whose own values are non-finite cannot be compared
+(NaN equals NaN): never a pass.
 
 Bitwise comparisons need a reproducible kernel. The probe runs the kernel's deterministic build
-(harness.engine.programs) and first checks, on valid tokens only (padding outputs of packed kernels
-are undefined), that two reruns on the same inputs reproduce every tensor. A tensor that still
-differs run to run (some of TE's backward passes even with its deterministic setting) is probed
-above its noise: a token counts as changed only where the change exceeds NOISE_FACTOR times the
-largest run-to-run difference seen on the valid tokens, in two runs of each perturbation. A
-leak moves values by O(1) of their scale, run-to-run noise by a few roundings. Where the noise
-itself is a sizeable part of the tensor's scale (POWERLESS), the tensor cannot be probed: it is
-listed as unprobed in the record, never dropped. Every record names its gated tensors and their
-thresholds.
+(harness.engine.programs) and first checks, on valid tokens only (padding outputs of packed
+kernels are undefined), that reruns on the same inputs reproduce every tensor.
+
+Tensors that are not reproducible (some of TE's backward passes even with its deterministic
+setting; kernels that accumulate dq with atomics and declare `reproducible=False`, which are
+never trusted on a bitwise rerun) are decided statistically, on a change that is systematic:
+- noise: RERUNS_NOISY reruns of the unchanged inputs give every token's run-to-run difference;
+  the threshold is NOISE_FACTOR times the largest (at least NOISE_FLOOR_ULPS roundings of the
+  tensor's largest value), raised until the false-alarm probability below fits its budget;
+- amplified: those tensors are probed on perturbations whose redrawn values and cotangents are
+  AMPLITUDE times larger. A leak is linear in what leaks in (another segment's values reach an
+  output through p @ v, its cotangent reaches dk and dv through p^T @ dO), so it grows
+  AMPLITUDE-fold while the noise, the unchanged segment's own rounding, does not;
+- confirmed: a token counts as changed only where both of two runs of each perturbation moved it
+  past the threshold.
+The false-alarm probability is computed, not assumed: the tail of the pooled run-to-run
+differences is fitted with an exponential (above its 99th percentile; rounding noise, a sum of
+many roundings, has a lighter tail than that), which gives the chance that one run's noise at a
+token passes the threshold; squared for the confirming run, summed over the tokens and runs.
+Each leak record carries it (`false_alarm`) and, per tensor, the smallest leak the probe could
+have seen as a fraction of the tensor's largest value (`detectable`: threshold / (AMPLITUDE *
+scale); zero for a tensor compared bitwise). A tensor whose noise is over POWERLESS of its
+scale is unprobed: listed in the record, never dropped.
 """
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness.model.case import Case, Inputs, make_inputs
-from harness.judge.judging import TENSORS
-from harness.model.layouts import Segment
 from harness.judge.metrics import scales
+from harness.judge.vocabulary import TENSORS
+from harness.model.case import Case, Inputs, make_inputs
+from harness.model.layouts import Segment
 
 RERUNS = 2
+# Reruns where a tensor is (or is declared) not reproducible: the noise estimate's sample.
+RERUNS_NOISY = 4
 # Mixed into a case's seed for the perturbations (standalone repro scripts draw the same).
 PERTURB_SALT = 0x1EA4
 # Where only a kernel's default (not deterministic by construction) build can be probed.
 RERUNS_UNCERTAIN = 6
 # A tensor that differs run to run: changes above this many times its largest run-to-run
-# difference count, in both of two runs; none at all when that difference is this large a
-# part of the tensor's largest value.
+# difference count, in both of two runs, on perturbations AMPLITUDE times larger; none at all
+# when that difference is POWERLESS of the tensor's largest value.
 NOISE_FACTOR = 8.0
+NOISE_FLOOR_ULPS = 2.0
+AMPLITUDE = 16.0
 POWERLESS = 0.01
+# The false-alarm probability one probe (a kernel on a case) may have: a night of a few hundred
+# probed cases per kernel stays below 1e-3.
+FALSE_ALARM_BUDGET = 1e-6
+TAIL_QUANTILE = 0.99
 
 
 @jax.jit
@@ -65,6 +90,11 @@ def _changes(base, other) -> list:
     return [(d > 0, c) for d, c in stacked]
 
 
+@jax.jit
+def _nonfinite(tensors):
+    return jnp.stack([(~jnp.isfinite(t.astype(jnp.float32))).any(axis=(2, 3)) for t in tensors])
+
+
 def groups(case: Case) -> list[tuple[str, np.ndarray]]:
     """(name, [B, T] bool tokens to redraw) for each perturbation. Segments alternate like a
     checkerboard (segment number + row): neighbours in a row fall in different groups, and so do
@@ -80,10 +110,11 @@ def groups(case: Case) -> list[tuple[str, np.ndarray]]:
 
 
 @functools.lru_cache(maxsize=24)
-def perturbed_host(case: Case, index: int) -> tuple:
+def perturbed_host(case: Case, index: int, amplitude: float = 1.0) -> tuple:
     """(q, k, v, cotangent) in numpy with group `index`'s tokens drawn afresh (only those are
-    drawn: the groups together cost one draw of the inputs). Cached for the runs ahead, which
-    draw them in background threads."""
+    drawn: the groups together cost one draw of the inputs), their values and cotangent
+    `amplitude` times larger. Cached for the runs ahead, which draw them in background
+    threads."""
     inputs = make_inputs(case)
     redraw = groups(case)[index][1]
     rng = np.random.default_rng([case.seed, PERTURB_SALT, index])
@@ -93,6 +124,8 @@ def perturbed_host(case: Case, index: int) -> tuple:
         fresh = rng.standard_normal((int(redraw.sum()), *x.shape[2:]), dtype=np.float32)
         if x is inputs.cotangent:
             fresh = np.where(valid, fresh, 0)  # the cotangent stays zero at padding
+        if x is inputs.value or x is inputs.cotangent:
+            fresh = fresh * np.float32(amplitude)
         y = x.copy()
         y[redraw] = fresh.astype(x.dtype)
         arrays.append(y)
@@ -100,10 +133,10 @@ def perturbed_host(case: Case, index: int) -> tuple:
 
 
 @functools.lru_cache(maxsize=4)
-def perturbed(case: Case, index: int) -> tuple:
+def perturbed(case: Case, index: int, amplitude: float = 1.0) -> tuple:
     """Program arguments (on the device) with group `index`'s q, k, v and cotangent drawn
     afresh; the same for every kernel run on the case."""
-    q, k, v, ct = (jax.device_put(a) for a in perturbed_host(case, index))
+    q, k, v, ct = (jax.device_put(a) for a in perturbed_host(case, index, amplitude))
     return q, k, v, make_inputs(case).device_args[3], ct
 
 
@@ -121,6 +154,7 @@ class SegmentLeak:
     max_change: float
     by: list[str] = field(default_factory=list)  # the redrawn groups that moved it
     compared: bool = True      # some run left the segment untouched (else nothing was compared)
+    nonfinite: list[str] = field(default_factory=list)  # tensors non-finite on the segment
 
 
 @dataclass
@@ -129,49 +163,83 @@ class ProbeResult:
     probed: list[str]          # tensors compared: bitwise, or above their noise (gated)
     unprobed: list[str]        # tensors whose run-to-run noise leaves nothing to compare
     gated: dict[str, float] = field(default_factory=dict)  # tensor -> change that counts
+    detectable: dict[str, float] = field(default_factory=dict)  # tensor -> leak / scale
+    false_alarm: float = 0.0   # probability that noise alone made some token count as changed
 
 
-def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
-          confirm: bool = False) -> ProbeResult:
-    """Runs `program` (the kernel's build for the probe) on the case and its perturbations.
-    `first`: this program's results on the unchanged inputs, if already computed.
+@dataclass
+class Noise:
+    """A tensor's run-to-run differences on valid tokens, and what they allow."""
+    largest: float
+    sample: np.ndarray         # per-token largest difference over the reruns (valid tokens)
 
-    A build that is not deterministic by construction (the default build of a GPU kernel whose
-    deterministic build could not run) may reproduce a tensor in a few reruns by chance and
-    differ in the next run: there `reruns` is raised and `confirm` runs each perturbation twice,
-    a token counting as changed only where both runs changed it (noise that slipped past the
-    reruns does not land on the same token twice; a leak does). Gated tensors are always
-    confirmed that way."""
-    args = inputs.device_args
-    base = first if first is not None else program(*args)
-    names = [c.name for c in TENSORS[:len(base)]]
-    valid = np.asarray(case.segment_ids > 0)
-    noise = dict.fromkeys(names, 0.0)
+    def exceed(self, threshold: float) -> float:
+        """P(one run's noise at a token > threshold): the empirical share above the tail's
+        start, times an exponential tail fitted above it (at least 1/n where nothing was seen
+        above the threshold's start: the sample cannot say less)."""
+        d = self.sample
+        if d.size == 0 or self.largest == 0:
+            return 0.0 if threshold > 0 else 1.0
+        u = float(np.quantile(d, TAIL_QUANTILE))
+        above = d[d > u]
+        p_u = max(above.size, 1) / d.size
+        if threshold <= u:
+            return float((d > threshold).mean())
+        beta = float((above - u).mean()) if above.size else max(u, self.largest) / 4
+        beta = max(beta, (self.largest - u) / 4, 1e-30)
+        return p_u * math.exp(-(threshold - u) / beta)
+
+    def threshold(self, floor: float, tokens: int, runs: int) -> float:
+        """NOISE_FACTOR times the largest difference (at least `floor`), raised until noise
+        alone passes it at some token of some run, twice, with at most FALSE_ALARM_BUDGET."""
+        t = NOISE_FACTOR * max(self.largest, floor)
+        allowed = math.sqrt(FALSE_ALARM_BUDGET / max(tokens * runs, 1))
+        while self.exceed(t) > allowed:
+            t *= 1.25
+        return t
+
+
+def _reruns(program, args, base, names, valid, reruns):
+    """Per tensor: the per-token largest difference between the base and each rerun."""
+    diffs = {n: np.zeros(int(valid.sum()), np.float32) for n in names}
     for _ in range(reruns):
-        changes = _changes(base, program(*args))
-        for name, (_, change) in zip(names, changes):
+        for name, (_, change) in zip(names, _changes(base, program(*args))):
             if valid.any():
-                noise[name] = max(noise[name], float(change[valid].max()))
-    scale = dict(zip(names, np.asarray(jax.device_get(scales(base, args[3]))).tolist()))
-    gated = {n: NOISE_FACTOR * noise[n] for n in names
-             if noise[n] > 0 and noise[n] < POWERLESS * scale[n]}
-    unprobed = [n for n in names if noise[n] > 0 and n not in gated]
-    probed = [i for i, n in enumerate(names) if n not in unprobed]
-    threshold = [gated.get(n) for n in names]
+                diffs[name] = np.maximum(diffs[name], change[valid])
+    return {n: Noise(float(d.max()) if d.size else 0.0, d) for n, d in diffs.items()}
 
-    def changed(changes):
-        """[B, T] bool per probed tensor: bitwise, or above the tensor's threshold."""
-        return {i: ((changes[i][1] > threshold[i]) if threshold[i] is not None
-                    else changes[i][0], changes[i][1]) for i in probed}
 
-    runs = []
-    for index, (group, redraw) in enumerate(groups(case)):
-        found = changed(_changes(base, program(*perturbed(case, index))))
-        if confirm or gated:
-            again = changed(_changes(base, program(*perturbed(case, index))))
-            found = {i: (c1 & again[i][0], np.maximum(m1, again[i][1]))
-                     for i, (c1, m1) in found.items()}
-        runs.append((group, redraw, found))
+def _thresholds(noise: dict, gated: list[str], scale: dict, case: Case, tokens: int,
+                runs: int) -> dict[str, float]:
+    eps = float(jnp.finfo(case.dtype).eps)
+    return {n: noise[n].threshold(NOISE_FLOOR_ULPS * eps * scale[n], tokens, runs)
+            for n in gated}
+
+
+def _perturbation(program, base, case, index, bitwise, thresholds, names, confirm) -> dict:
+    """tensor index -> ([B, T] bool changed, [B, T] largest change) for one redrawn group:
+    bitwise tensors on the plain perturbation (confirmed by a second run where asked), gated
+    ones on two runs of the amplified perturbation, above their threshold in both."""
+    found = {}
+    if bitwise:
+        first = _changes(base, program(*perturbed(case, index)))
+        found = {i: first[i] for i in bitwise}
+        if confirm:
+            again = _changes(base, program(*perturbed(case, index)))
+            found = {i: (c & again[i][0], np.maximum(m, again[i][1]))
+                     for i, (c, m) in found.items()}
+    if thresholds:
+        amplified = [_changes(base, program(*perturbed(case, index, AMPLITUDE)))
+                     for _ in range(2)]
+        for name, limit in thresholds.items():
+            i = names.index(name)
+            (_, m1), (_, m2) = amplified[0][i], amplified[1][i]
+            found[i] = ((m1 > limit) & (m2 > limit), np.maximum(m1, m2))
+    return found
+
+
+def _segment_leaks(case: Case, runs: list, names: list[str], nonfinite: np.ndarray
+                   ) -> list[SegmentLeak]:
     leaks = []
     for seg in case.segments:
         sl = (seg.row, slice(seg.start, seg.stop))
@@ -181,8 +249,7 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
                 continue  # this segment was redrawn in that run
             compared = True
             moved = False
-            for i in probed:
-                flags, change = changes[i]
+            for i, (flags, change) in changes.items():
                 tokens = np.flatnonzero(flags[sl])
                 if tokens.size:
                     moved = True
@@ -191,6 +258,49 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
                     biggest = max(biggest, float(change[sl].max()))
             if moved:
                 by.append(group)
+        bad = [n for i, n in enumerate(names) if nonfinite[i][sl].any()]
         leaks.append(SegmentLeak(seg, [n for n in names if n in leaked], min(firsts, default=None),
-                                 biggest, by, compared))
-    return ProbeResult(leaks, [names[i] for i in probed], unprobed, gated)
+                                 biggest, by, compared, bad))
+    return leaks
+
+
+def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
+          confirm: bool = False, reproducible: bool | None = None) -> ProbeResult:
+    """Runs `program` (the kernel's build for the probe) on the case and its perturbations.
+    `first`: this program's results on the unchanged inputs, if already computed.
+
+    A build that is not deterministic by construction (the default build of a GPU kernel whose
+    deterministic build could not run) may reproduce a tensor in a few reruns by chance and
+    differ in the next run: there `reruns` is raised and `confirm` runs each perturbation twice,
+    a token counting as changed only where both runs changed it (noise that slipped past the
+    reruns does not land on the same token twice; a leak does). `reproducible=False` (the
+    kernel declares its backward not reproducible): its gradients are decided statistically
+    (above their noise, amplified, confirmed) even where the reruns happened to agree."""
+    args = inputs.device_args
+    base = first if first is not None else program(*args)
+    names = [c.name for c in TENSORS[:len(base)]]
+    valid = np.asarray(case.segment_ids > 0)
+    noisy = reproducible is False
+    noise = _reruns(program, args, base, names, valid, max(reruns, RERUNS_NOISY if noisy else 0))
+    if not noisy and reruns < RERUNS_NOISY and any(n.largest > 0 for n in noise.values()):
+        more = _reruns(program, args, base, names, valid, RERUNS_NOISY - reruns)
+        noise = {n: Noise(max(noise[n].largest, more[n].largest),
+                          np.maximum(noise[n].sample, more[n].sample)) for n in names}
+    scale = dict(zip(names, np.asarray(jax.device_get(scales(base, args[3]))).tolist()))
+    candidates = [n for n in names if noise[n].largest > 0 or (noisy and n != TENSORS[0].name)]
+    unprobed = [n for n in candidates if noise[n].largest >= POWERLESS * scale[n]]
+    groups_ = groups(case)
+    thresholds = _thresholds(noise, [n for n in candidates if n not in unprobed], scale, case,
+                             int(valid.sum()), len(groups_))
+    bitwise = [i for i, n in enumerate(names) if n not in candidates]
+    runs = [(group, redraw, _perturbation(program, base, case, index, bitwise, thresholds, names,
+                                          confirm))
+            for index, (group, redraw) in enumerate(groups_)]
+    nonfinite = np.asarray(jax.device_get(_nonfinite(base)))
+    tokens = int(valid.sum()) * len(groups_)
+    return ProbeResult(
+        _segment_leaks(case, runs, names, nonfinite),
+        [n for n in names if n not in unprobed], unprobed, thresholds,
+        detectable={n: float(f"{t / (AMPLITUDE * scale[n]):.3g}") if scale[n] > 0 else math.inf
+                    for n, t in thresholds.items()},
+        false_alarm=float(sum(tokens * noise[n].exceed(t) ** 2 for n, t in thresholds.items())))

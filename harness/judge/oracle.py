@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from harness.model.case import Case, make_inputs
-from harness.judge.judging import TENSORS
+from harness.judge.vocabulary import TENSORS
 from harness.model.layouts import check_segment_ids
 from harness.judge.metrics import scales, token_errors
 

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness.judge.judging import DQ, LEAK, OUT
+from harness.judge.vocabulary import DQ, LEAK, OUT
 from harness.engine.kernel import Kernel
 from harness.sut.dot_product import dot_product, segment_mask
 
@@ -85,6 +85,19 @@ def ignores_segments_expectation(case, check, segment):
     return "either"
 
 
+def ignores_segments_padding(case, row):
+    """The padding check of a kernel that ignores segment ids: its valid queries read padding
+    keys wherever a valid token follows padding (causal) or shares the row with it
+    (bidirectional), and those keys then get gradients: dk/dv at padding are not zero there."""
+    ids = case.segment_ids[row]
+    pad = np.flatnonzero(ids == 0)
+    valid = np.flatnonzero(ids > 0)
+    if pad.size == 0 or valid.size == 0:
+        return "pass"
+    read = valid.max() > pad.min() if case.causal else True
+    return "fail" if read else "pass"
+
+
 def _visible_length(case, check) -> float:
     """The longest first segment whose dk/dv leak still clears the tolerance floor.
 
@@ -92,7 +105,7 @@ def _visible_length(case, check) -> float:
     1/sqrt(L1) of the gradients' scale, while the floor is floor_eps * eps of it; with a factor
     2 margin, L1 <= (1 / (2 * floor_eps * eps))^2: 256 tokens in bf16, 16384 in fp16. (H200:
     bf16 rows with L1 of 512 to 1970 gave dk/dv ratios 0.6-1.0.)"""
-    from harness.judge.judging import check as check_named
+    from harness.judge.vocabulary import check as check_named
     fraction = check_named(check).floor_eps * float(jnp.finfo(case.dtype).eps)
     return (1.0 / (2.0 * fraction)) ** 2
 
@@ -121,7 +134,8 @@ KERNELS = [
            description="jax.nn.dot_product_attention(implementation='xla') with the segment mask"),
     Kernel("canary_ignores_segments", ignores_segments, constraints=no_f16_on_cpu,
            padding_anywhere=True, materializes_scores=True,
-           expect=ignores_segments_expectation, tags=("canary",),
+           expect=ignores_segments_expectation, expect_padding=ignores_segments_padding,
+           tags=("canary",),
            standalone=CANARY_STANDALONE,
            description="segment ids ignored (the reported bug): must be caught"),
 ]

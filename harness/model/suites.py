@@ -64,13 +64,33 @@ def suite_cases(name: str, pattern: str | None = None, seeds: int = 1) -> list[C
     if seeds < 1:
         raise UsageError(f"--seeds {seeds}: must be at least 1")
     cases = SUITES[name]()
-    if pattern:
-        globs = [p.strip() for p in pattern.split(",") if p.strip()]
-        cases = [c for c in cases if any(fnmatch.fnmatch(c.id, g) for g in globs)]
-        if not cases:
-            raise UsageError(f"no case of suite {name!r} matches {pattern!r}; "
-                             f"`python -m harness list --suite {name} -v` lists the case ids")
-    return [c.with_seed(c.seed + i) for c in cases for i in range(seeds)]
+    if not pattern:
+        return [c.with_seed(c.seed + i) for c in cases for i in range(seeds)]
+    globs = [p.strip() for p in pattern.split(",") if p.strip()]
+    chosen = [c.with_seed(c.seed + i) for c in cases for i in range(seeds)
+              if any(fnmatch.fnmatch(c.with_seed(c.seed + i).id, g) for g in globs)]
+    # A case id another run wrote under another seed (`...-s1` of a --seeds run): that case,
+    # under its own seed (and the next ones with --seeds).
+    for g in globs:
+        exact = _seeded(g, cases)
+        if exact is not None:
+            chosen += [exact.with_seed(exact.seed + i) for i in range(seeds)]
+    chosen = list(dict.fromkeys(chosen))
+    if not chosen:
+        raise UsageError(f"no case of suite {name!r} matches {pattern!r}; "
+                         f"`python -m harness list --suite {name} -v` lists the case ids")
+    return chosen
+
+
+def _seeded(text: str, cases: list[Case]) -> Case | None:
+    """The case `text` names exactly, if it is a case of the suite under another seed."""
+    if any(ch in text for ch in "*?["):
+        return None
+    try:
+        case = Case.from_id(text)
+    except ValueError:
+        return None
+    return case if any(c.with_seed(case.seed) == case for c in cases) else None
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:

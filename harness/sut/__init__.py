@@ -6,5 +6,6 @@ seqlens/offsets on Hopper+, a same-segment-mask fallback below) or `cudnn_flash_
 """
 from harness.sut.attention_op import AttentionOp
 from harness.sut.config import AttentionConfig, ConfigError
+from harness.sut.lowering import SegmentIdError
 
-__all__ = ["AttentionConfig", "AttentionOp", "ConfigError"]
+__all__ = ["AttentionConfig", "AttentionOp", "ConfigError", "SegmentIdError"]

@@ -15,16 +15,56 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness.model.layouts import check_segment_ids
+
+
+class SegmentIdError(ValueError):
+    """Segment ids the packed lowering cannot represent (MaxText's convention: each row is
+    contiguous runs numbered 1..n, n <= max_segments_per_seq, then padding, id 0)."""
 
 
 def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+def row_problem(row: np.ndarray, max_segments: int | None) -> str | None:
+    """What keeps one row of concrete ids from the packed layout, or None."""
+    edges = np.flatnonzero(np.diff(row)) + 1
+    starts = np.concatenate([[0], edges]).astype(int)
+    expected, padding_at, first_seen = 1, None, {}
+    for start in starts:
+        value = int(row[start])
+        if value < 0:
+            return f"negative segment id {value} at position {start}"
+        if value == 0:
+            padding_at = start if padding_at is None else padding_at
+            continue
+        if padding_at is not None:
+            return (f"padding (0) at position {padding_at} comes before segment {value} at "
+                    f"position {start}; padding must follow the last segment")
+        if value in first_seen:
+            return (f"segment id {value} is not contiguous: it appears from position "
+                    f"{first_seen[value]} and again from {start}")
+        if value != expected:
+            return (f"segment ids must be numbered 1..M in order; found {value} at position "
+                    f"{start} where {expected} was expected")
+        first_seen[value] = start
+        expected += 1
+    if max_segments is not None and expected - 1 > max_segments:
+        return f"{expected - 1} segments, more than max_segments={max_segments}"
+    return None
+
+
 def check_concrete(segment_ids, max_segments: int | None) -> None:
     """Raises SegmentIdError naming the first problem (works on concrete arrays only)."""
-    check_segment_ids(np.asarray(segment_ids), max_segments=max_segments)
+    seg = np.asarray(segment_ids)
+    if seg.ndim != 2:
+        raise SegmentIdError(f"segment_ids must be [batch, seq], got shape {seg.shape}")
+    if not np.issubdtype(seg.dtype, np.integer):
+        raise SegmentIdError(f"segment_ids must be integers, got dtype {seg.dtype}")
+    for r, row in enumerate(seg):
+        problem = row_problem(row, max_segments)
+        if problem:
+            raise SegmentIdError(f"row {r}: {problem}")
 
 
 def representable_rows(segment_ids, max_segments: int):

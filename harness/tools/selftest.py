@@ -17,11 +17,12 @@ import math
 import time
 from dataclasses import dataclass
 
-from harness.judge import judging
-from harness.model.case import Case
-from harness.errors import UsageError
-from harness.judge.judging import LEAK, TENSORS
 from harness.engine.kernel import Platform
+from harness.errors import UsageError
+from harness.judge import tallies
+from harness.judge import vocabulary as v
+from harness.judge.record import Record
+from harness.model.case import Case
 from harness.tools.zoo import Entry, entries as zoo_entries
 
 # Small shapes, kept few (programs compile once per shape): rows of 256 tokens with 4 query
@@ -37,15 +38,14 @@ SELFTEST_CASES = (
     Case("unaligned/long-edges", 4, 1152, 2, 1, 32, "float32", seed=0),
 )
 
-ORDER = tuple(c.name for c in (*TENSORS, LEAK))    # out, dq, dk, dv, leak
 CPU = Platform("cpu")
 
 
 @dataclass
 class Result:
     entry: Entry
-    verdict: str = ""             # CAUGHT | MISSED (bugs), ok | FLAGGED (correct), ERROR
-    first: dict | None = None     # the record that caught (or flagged) it first
+    verdict: str = ""             # vocabulary.ZOO_*: CAUGHT | MISSED (bugs), ok | FLAGGED, ERROR
+    first: Record | None = None   # the record that caught (or flagged) it first
     case_index: int | None = None
     worst_ratio: float = 0.0      # worst tolerance ratio over the cases run (inf: non-finite)
     measured: bool = False
@@ -54,7 +54,7 @@ class Result:
 
     @property
     def good(self) -> bool:
-        return self.verdict in ("CAUGHT", "ok")
+        return self.verdict in v.ZOO_GOOD
 
 
 def select(names: str | None, zoo: list[Entry]) -> list[Entry]:
@@ -72,28 +72,44 @@ def select(names: str | None, zoo: list[Entry]) -> list[Entry]:
     return [known[n] for n in dict.fromkeys(wanted)]
 
 
-def first_catch(records: list[dict]) -> dict | None:
-    """The first bad measurement of one kernel x case: checks in the order out, dq, dk, dv,
-    leak; within a check, the first segment (rows in order, segments in order)."""
-    bad = [r for r in records if r["outcome"] in ("fail", "missed")]
-    for name in ORDER:
-        hits = [r for r in bad if r["check"] == name]
-        if hits:
-            return min(hits, key=lambda r: (r["row"] if r["row"] is not None else -1,
-                                            r["segment"] or 0))
-    return None
+def _errors(records: list[Record]) -> list[Record]:
+    return [r for r in records if r.outcome == v.ERROR]
 
 
-def _errors(records: list[dict]) -> list[dict]:
-    return [r for r in records if r["outcome"] == "error"]
+def _judge_case(e: Entry, res: Result, case, platform, programs) -> None:
+    """One zoo kernel on one case: what it showed, into its result (the verdict itself comes
+    from harness.judge.tallies.zoo_verdict)."""
+    from harness.engine.runner import run_kernel_case
+    if e.correct:
+        records = run_kernel_case(e.kernel, case, platform, programs).records
+    else:
+        # The probe judges last: run it only when no other check caught the bug.
+        records = run_kernel_case(e.kernel, case, platform, programs, leak=False).records
+        if tallies.first_catch(records) is None and not _errors(records):
+            records = run_kernel_case(e.kernel, case, platform, programs).records
+    res.cases_run += 1
+    errors = _errors(records)
+    if errors:
+        res.first, res.message = errors[0], errors[0].message
+        res.verdict = tallies.zoo_verdict(e.correct, False, True, res.measured)
+        return
+    measured, ratio = tallies.worst_ratio(records)
+    if measured:
+        res.measured = True
+        res.worst_ratio = max(res.worst_ratio, math.inf if ratio is None else ratio)
+    hit = tallies.first_catch(records)
+    if hit is not None and res.first is None:
+        res.first = hit
+        if not e.correct:
+            res.verdict = tallies.zoo_verdict(False, True, False, True)
 
 
 def run(entries: list[Entry], cases=SELFTEST_CASES, programs=None,
         platform: Platform = CPU, on_case=None) -> list[Result]:
-    """Runs the zoo over the cases (cases outermost: one reference per case)."""
+    """Runs the zoo over the cases (cases outermost: one reference per case). A broken kernel
+    stops at the case that catches it; correct kernels run every case."""
     from harness.engine.programs import Programs
     from harness.judge.oracle import reference_for
-    from harness.engine.runner import run_kernel_case
 
     own = programs is None
     programs = programs or Programs()
@@ -108,30 +124,10 @@ def run(entries: list[Entry], cases=SELFTEST_CASES, programs=None,
             reference_for(case, programs)
             for e in pending:
                 res = results[e.name]
-                if e.correct:
-                    records = run_kernel_case(e.kernel, case, platform, programs).records
-                else:
-                    # The probe judges last: run it only when no tolerance check caught the bug.
-                    records = run_kernel_case(e.kernel, case, platform, programs,
-                                              leak=False).records
-                    if first_catch(records) is None and not _errors(records):
-                        records = run_kernel_case(e.kernel, case, platform, programs).records
-                res.cases_run += 1
-                errors = _errors(records)
-                if errors:
-                    res.verdict, res.case_index = "ERROR", index
-                    res.message = errors[0].get("message", "")
-                    res.first = errors[0]
-                    continue
-                measured, ratio = judging.worst_ratio(records)
-                if measured:
-                    res.measured = True
-                    res.worst_ratio = max(res.worst_ratio, math.inf if ratio is None else ratio)
-                hit = first_catch(records)
-                if hit is not None and res.first is None:
-                    res.first, res.case_index = hit, index
-                    if not e.correct:
-                        res.verdict = "CAUGHT"
+                first = res.first
+                _judge_case(e, res, case, platform, programs)
+                if res.first is not first:
+                    res.case_index = index
             if on_case:
                 on_case(index, case)
     finally:
@@ -139,32 +135,30 @@ def run(entries: list[Entry], cases=SELFTEST_CASES, programs=None,
             programs.close()
     for res in results.values():
         if not res.verdict:
-            if res.entry.correct:
-                res.verdict = "FLAGGED" if res.first is not None else "ok"
-            else:
-                res.verdict = "MISSED"
-        if res.verdict == "ok" and not res.measured:
-            res.verdict, res.message = "FLAGGED", "skipped on every case: nothing was measured"
+            res.verdict = tallies.zoo_verdict(res.entry.correct, res.first is not None, False,
+                                              res.measured)
+            if res.verdict == v.ZOO_FLAGGED and not res.measured:
+                res.message = "skipped on every case: nothing was measured"
     return [results[e.name] for e in entries]
 
 
 # ----- output -----------------------------------------------------------------------------------
 
 WIDTH = 180
-_STYLE = {"CAUGHT": "green", "ok": "green", "MISSED": "bold red", "FLAGGED": "bold red",
-          "ERROR": "bold red"}
+_STYLE = {v.ZOO_CAUGHT: "green", v.ZOO_OK: "green", v.ZOO_MISSED: "bold red",
+          v.ZOO_FLAGGED: "bold red", v.ZOO_ERROR: "bold red"}
 
 
 def _ratio_text(res: Result) -> str:
     r = res.first
-    if res.entry.correct and res.verdict == "ok":
+    if res.entry.correct and res.verdict == v.ZOO_OK:
         worst = None if math.isinf(res.worst_ratio) else res.worst_ratio
-        return f"worst {judging.ratio_text(worst)}"
-    if r is None or r["check"] == judging.KERNEL_LEVEL:
+        return f"worst {tallies.ratio_text(worst)}"
+    if r is None or r.check == v.KERNEL_LEVEL:
         return ""
-    if r["check"] == LEAK.name:
-        return "bitwise"
-    return judging.ratio_text(r.get("ratio"))
+    if not v.has_ratio(r.check):
+        return "bitwise" if r.check == v.LEAK.name else "exact"
+    return tallies.ratio_text(r.ratio)
 
 
 def table(results: list[Result], cases):
@@ -183,9 +177,8 @@ def table(results: list[Result], cases):
         where = ["", "", "", ""]
         if r is not None:
             case = cases[res.case_index]
-            where = [r["check"], f"#{res.case_index + 1} {case.layout}",
-                     r.get("segment_label") or "",
-                     "" if r.get("worst_token") is None else str(r["worst_token"])]
+            where = [r.check, f"#{res.case_index + 1} {case.layout}", r.where,
+                     "" if r.worst_token is None else str(r.worst_token)]
         verdict = f"[{_STYLE[res.verdict]}]{res.verdict}[/]"
         t.add_row(res.entry.name, res.entry.bug, verdict,
                   *where, _ratio_text(res))
@@ -203,12 +196,12 @@ def report(results: list[Result], cases, wall_s: float, console=None) -> None:
     for i, case in enumerate(cases):
         console.print(f"  #{i + 1} {case.id}", highlight=False)
     for res in results:
-        if res.verdict in ("ERROR", "FLAGGED") and res.message:
+        if res.verdict in (v.ZOO_ERROR, v.ZOO_FLAGGED) and res.message:
             console.print(f"[red]{res.entry.name}[/]: {res.message[:500]}", highlight=False)
     bugs = [r for r in results if not r.entry.correct]
     correct = [r for r in results if r.entry.correct]
-    caught = sum(r.verdict == "CAUGHT" for r in bugs)
-    ok = sum(r.verdict == "ok" for r in correct)
+    caught = sum(r.verdict == v.ZOO_CAUGHT for r in bugs)
+    ok = sum(r.verdict == v.ZOO_OK for r in correct)
     status = "[green]pass[/]" if all(r.good for r in results) else "[bold red]FAIL[/]"
     console.print(f"selftest {status}: {caught}/{len(bugs)} bugs caught, {ok}/{len(correct)} "
                   f"correct kernels unflagged, {len(cases)} cases, wall time {wall_s:.1f} s",

@@ -401,6 +401,47 @@ def _backward_bug(which):
     return kernel
 
 
+def _writes_at_padding(fill, what=("dq", "dk", "dv")):
+    """Right attention whose backward writes `fill(x)` into the gradients at padding positions
+    (stale memory, an unmasked epilogue): invisible on valid tokens, but it reaches the weight
+    gradients in training."""
+    def kernel(query, key, value, segment_ids, *, causal, scale):
+        pad = (segment_ids == 0)[:, :, None, None]
+
+        def right(q, k, v):
+            return dense(q, k, v, right_mask(segment_ids, causal), scale=scale)
+
+        @jax.custom_vjp
+        def attend(q, k, v):
+            return right(q, k, v)
+
+        def attend_fwd(q, k, v):
+            return right(q, k, v), (q, k, v)
+
+        def attend_bwd(res, g):
+            _, vjp = jax.vjp(right, *res)
+            grads = vjp(g)
+            return tuple(jnp.where(pad, fill(x), d) if name in what else d
+                         for name, x, d in zip(("dq", "dk", "dv"), res, grads))
+
+        attend.defvjp(attend_fwd, attend_bwd)
+        return attend(query, key, value)
+    return kernel
+
+
+def _nan_output_at_padding(query, key, value, segment_ids, *, causal, scale):
+    # An epilogue that divides by a zero row sum at padding (nothing attended): NaN written there.
+    out = dense(query, key, value, right_mask(segment_ids, causal), scale=scale)
+    return jnp.where((segment_ids > 0)[:, :, None, None], out, jnp.nan)
+
+
+def _float32_output(query, key, value, segment_ids, *, causal, scale):
+    # Right values, but the output is returned in float32 for bfloat16 inputs: the next layer's
+    # matmul silently runs in another precision, and memory doubles.
+    q, k, v = (x.astype(jnp.float32) for x in (query, key, value))
+    return dense(q, k, v, right_mask(segment_ids, causal), scale=scale)
+
+
 def _kernel(name, fn, description):
     return Kernel(name, fn, padding_anywhere=True, materializes_scores=True,
                   dtypes=("float32", "bfloat16"), tags=("zoo",), description=description)
@@ -439,6 +480,14 @@ _BUGS = [
      "segments rebuilt from lengths alone: padding between shifts them"),
     ("mask_after_softmax", _mask_after_softmax,
      "segment mask applied after the softmax, not renormalized"),
+    ("nan_output_at_padding", _nan_output_at_padding,
+     "NaN written into the output at padding positions (poisons the next layer)"),
+    ("grads_at_padding", _writes_at_padding(lambda x: x),
+     "non-zero dq/dk/dv at padding positions (stale values reach the weight gradients)"),
+    ("nan_grads_at_padding", _writes_at_padding(lambda x: jnp.full_like(x, jnp.nan), ("dk",)),
+     "NaN dk at padding positions (every weight gradient goes NaN)"),
+    ("float32_output", _float32_output,
+     "output returned in float32 for bfloat16 inputs (the output contract)"),
 ]
 
 _CORRECT = [

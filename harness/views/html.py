@@ -9,11 +9,13 @@ from pathlib import Path
 
 import jinja2
 
-from harness.judge import judging
-from harness.views.markdown import _fmt, env_line, run_line
-from harness.views.summary import coverage_lines, grid, known_lines, not_judged_lines
+from harness.judge import judging, tallies
+from harness.judge import vocabulary as v
+from harness.views.markdown import env_line, run_line
+from harness.views.summary import (coverage_lines, fmt, known_lines, not_judged_lines,
+                                   outcome_text, padding_lines, power_rows)
 
-PLOTTED_CHECKS = tuple(c.name for c in judging.TENSORS if c.traced)
+PLOTTED_CHECKS = tuple(c.name for c in v.TENSORS if c.traced)
 MAX_PLOTS = 24
 
 _TEMPLATE = jinja2.Template("""<!doctype html>
@@ -34,11 +36,12 @@ img { max-width: 100%; }
 <h2>Overview: worst error/tolerance ratio per kernel and layout</h2>
 <img alt="heatmap" src="data:image/png;base64,{{ heatmap }}">
 <h2>Problems ({{ bad|length }})</h2>
-{% if not bad %}<p>None: every kernel expected to pass passed, every expected failure was caught.</p>
+{% if nothing %}<p class="bad">Nothing was judged: every kernel x case was skipped. This run is not a pass.</p>
+{% elif not bad %}<p>None: every kernel expected to pass passed, every expected failure was caught.</p>
 {% else %}<table><tr><th>kernel</th><th>check</th><th>segment</th><th>tokens</th><th>max abs err</th>
 <th>tolerance</th><th>ratio</th><th>worst token</th><th>case id</th></tr>
 {% for r in bad %}<tr class="bad"><td>{{ r.kernel }}</td><td>{{ r.check }}</td>
-<td>{{ r.segment_label or '' }} {{ r.outcome }}</td><td>{{ r.tokens }}</td><td>{{ r.err }}</td>
+<td>{{ r.where }} {{ r.outcome }}</td><td>{{ r.tokens }}</td><td>{{ r.err }}</td>
 <td>{{ r.tol }}</td><td>{{ r.ratio }}</td><td>{{ r.worst_token }}</td><td><code>{{ r.case_id }}</code>
 {% if r.message %}<br>{{ r.message }}{% endif %}</td></tr>
 {% endfor %}</table>{% endif %}
@@ -47,6 +50,9 @@ img { max-width: 100%; }
 {% if not_judged %}<ul>{% for line in not_judged %}<li>{{ line }}</li>{% endfor %}</ul>
 {% else %}<p>Every check was judged.</p>{% endif %}
 {% if coverage %}<p>Leak-probe coverage below 100%:</p><ul>{% for line in coverage %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
+{% if power %}<h2>Leak probe: power and false alarms</h2><table><tr><th>kernel</th><th>smallest detectable leak (fraction of scale)</th><th>false-alarm probability (run)</th></tr>
+{% for k, d, p in power %}<tr><td>{{ k }}</td><td>{{ d }}</td><td>{{ p }}</td></tr>{% endfor %}</table>{% endif %}
+{% if padding %}<h2>Padding hygiene</h2><ul>{% for line in padding %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
 {% if timing %}<h2>Where the time went</h2><table><tr><th>kernel</th><th>wall s</th><th>programs</th><th>lower s</th>
 <th>compile s</th><th>waited s</th><th>runs</th><th>execute s</th></tr>
 {% for k, t in timing %}<tr><td>{{ k }}</td><td>{{ "%.1f"|format(t.wall_s or 0) }}</td><td>{{ t.programs }}</td><td>{{ "%.1f"|format(t.lower_s) }}</td>
@@ -76,7 +82,7 @@ def _heatmap(records) -> str:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    kernels, layouts, cells = grid(records)
+    kernels, layouts, cells = tallies.grid(records)
     values = np.full((len(kernels), len(layouts)), np.nan)
     for i, k in enumerate(kernels):
         for j, lay in enumerate(layouts):
@@ -92,9 +98,8 @@ def _heatmap(records) -> str:
             cell = cells.get((k, lay))
             if cell is None:
                 continue
-            ratio = _fmt(cell.worst_ratio, 2) if cell.has_ratio else "—"
-            label = {"skip": "skip", "ERROR": "ERROR", "known": "known"}.get(
-                cell.status, f"{ratio}\n{cell.status}")
+            ratio = fmt(cell.worst_ratio, 2) if cell.has_ratio else "—"
+            label = cell.status if not cell.measured else f"{ratio}\n{cell.status}"
             ax.text(j, i, label, ha="center", va="center", fontsize=7)
     fig.colorbar(im, ax=ax, label="log10(worst ratio); > 0 fails")
     return _png(fig)
@@ -106,20 +111,20 @@ def _trace_plot(trace) -> str:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    err = np.array([np.inf if x is None else x for x in trace["token_err"]], float)
+    err = np.array([np.inf if x is None else x for x in trace.token_err], float)
     fig, ax = plt.subplots(figsize=(10, 2.8))
     pos = np.arange(err.size)
     compared = np.zeros(err.size, bool)
-    for seg in trace["segments"]:
+    for seg in trace.segments:
         compared[seg["start"]:seg["start"] + seg["length"]] = True
     finite = np.isfinite(err) & compared  # padding is never compared: not drawn
     ax.plot(pos[finite], np.maximum(err[finite], 1e-8), lw=0.8, color="#333")
     last = 0
-    for seg in trace["segments"]:
+    for seg in trace.segments:
         start, stop = seg["start"], seg["start"] + seg["length"]
-        tol = trace["tolerance"][str(seg["number"])]
+        tol = trace.tolerance[str(seg["number"])]
         ax.hlines(tol, start, stop - 0.01, colors="#c60", linestyles="dashed", lw=1)
-        over = [p for p in range(start, stop) if not err[p] <= tol]
+        over = [p for p in range(start, stop) if not judging.within(float(err[p]), tol)]
         ax.scatter(over, np.maximum(np.where(np.isfinite(err[over]), err[over], 1e3), 1e-8),
                    s=4, color="red", zorder=3)
         ax.axvline(start, color="#999", lw=0.6)
@@ -135,35 +140,46 @@ def _trace_plot(trace) -> str:
     return _png(fig)
 
 
-def write_html(path: Path, header: dict, records: list[dict], traces: list[dict]) -> None:
-    bad = []
-    for r in judging.bad(records):
-        tokens = "" if r.get("start") is None else f"{r['start']}..{r['start'] + r['length'] - 1}"
-        leak = r["check"] in judging.CHECKS and judging.check(r["check"]).bitwise
-        bad.append({**r, "tokens": tokens, "err": _fmt(r.get("max_abs_err")),
-                    "tol": "bitwise" if leak else _fmt(r.get("tolerance")),
-                    "ratio": "—" if leak else _fmt(r.get("ratio")),
-                    "message": (r.get("message") or "")[:300]})
-    outcome = {(r["kernel"], r["case_id"], r["check"], r.get("row")): r["outcome"]
-               for r in records if r["outcome"] in ("fail", "missed", "caught")}
-    wanted = [t for t in traces if t["check"] in PLOTTED_CHECKS]
-    # Unexpected failures first, then catches, then near misses.
-    order = {"fail": 0, "missed": 0, "caught": 1}
-    wanted.sort(key=lambda t: order.get(outcome.get((t["kernel"], t["case_id"], t["check"], t["row"])), 2))
+def _problem_rows(records) -> list[dict]:
+    rows = []
+    for r in tallies.bad(records):
+        ratio = v.has_ratio(r.check)
+        rows.append({"kernel": r.kernel, "check": r.check, "where": r.where,
+                     "outcome": r.outcome, "tokens": r.tokens, "err": fmt(r.max_abs_err),
+                     "tol": fmt(r.tolerance) if ratio else "exact",
+                     "ratio": fmt(r.ratio) if ratio else "—", "worst_token": r.worst_token,
+                     "case_id": r.case_id, "message": r.message[:300]})
+    return rows
+
+
+# Plots of unexpected failures first, then catches, then near misses.
+_PLOT_ORDER = {v.FAIL: 0, v.MISSED: 0, v.CAUGHT: 1}
+_PLOT_CSS = {v.FAIL: "bad", v.MISSED: "bad", v.CAUGHT: "caught"}
+
+
+def _plots(records, traces) -> tuple[list[dict], int]:
+    outcome = tallies.row_outcomes(records)
+    wanted = [t for t in traces if t.check in PLOTTED_CHECKS]
+    key = lambda t: (t.kernel, t.case_id, t.check, t.row)  # noqa: E731
+    wanted.sort(key=lambda t: _PLOT_ORDER.get(outcome.get(key(t)), 2))
     plots = []
     for t in wanted[:MAX_PLOTS]:
-        state = outcome.get((t["kernel"], t["case_id"], t["check"], t["row"]), "near-failing")
-        plots.append({"title": f"{t['kernel']} · {t['check']} · row {t['row']} · {t['case_id']} "
-                               f"· {state}",
-                      "css": {"fail": "bad", "missed": "bad", "caught": "caught"}.get(state, ""),
-                      "png": _trace_plot(t)})
+        state = outcome.get(key(t))
+        state = state if state in _PLOT_ORDER else "near-failing"
+        plots.append({"title": f"{t.kernel} · {t.check} · row {t.row} · {t.case_id} · {state}",
+                      "css": _PLOT_CSS.get(state, ""), "png": _trace_plot(t)})
+    return plots, max(0, len(wanted) - MAX_PLOTS)
+
+
+def write_html(path: Path, header: dict, records: list, traces: list) -> None:
+    plots, dropped = _plots(records, traces)
     timing = sorted((header.get("timing") or {}).items(), key=lambda kv: -kv[1].get("wall_s", 0))
     path.write_text(_TEMPLATE.render(
         header=header, env_line=env_line(header.get("environment", {})), run_line=run_line(header),
-        counts=", ".join(f"{k} {v}" for k, v in judging.counts(records).items()),
-        heatmap=_heatmap(records), bad=bad, plots=plots,
-        dropped=max(0, len(wanted) - MAX_PLOTS),
-        not_judged=not_judged_lines(records), known=known_lines(records), coverage=coverage_lines(records),
-        n_unjudged=judging.counts(records).get("unjudged", 0),
-        n_unprobed=sum(judging.unprobed(records).values()),
-        timing=timing))
+        counts=outcome_text(records), heatmap=_heatmap(records), bad=_problem_rows(records),
+        nothing=tallies.judged_nothing(records), plots=plots, dropped=dropped,
+        not_judged=not_judged_lines(records), known=known_lines(records),
+        coverage=coverage_lines(records), power=power_rows(records),
+        padding=padding_lines(records),
+        n_unjudged=tallies.counts(records).get(v.UNJUDGED, 0),
+        n_unprobed=sum(tallies.unprobed(records).values()), timing=timing))

@@ -6,22 +6,14 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from harness.judge import judging
-from harness.views.summary import coverage_lines, grid, known_lines, margin_rows, not_judged_lines
+from harness.judge import tallies
+from harness.judge import vocabulary as v
+from harness.judge.record import Record
+from harness.views.summary import (coverage_lines, fmt, known_lines, margin_rows,
+                                   not_judged_lines, outcome_text, padding_lines, power_rows)
 
-_MARK = {"ok": "🟢", "caught": "🔵", "known": "🟠", "FAIL": "🔴", "MISSED": "🔴", "ERROR": "❌",
-         "skip": "⚪"}
-
-
-def _mark(cell) -> str:
-    if cell.status == "ok" and cell.has_ratio and (cell.worst_ratio is None
-                                                    or cell.worst_ratio > 0.5):
-        return "🟡"  # passing, but past half its tolerance
-    return _MARK[cell.status]
-
-
-def _fmt(x, digits=3) -> str:
-    return "nan/inf" if x is None else f"{x:.{digits}g}"
+MARKS = {v.CELL_OK: "🟢", v.CELL_NEAR: "🟡", v.CELL_CAUGHT: "🔵", v.CELL_KNOWN: "🟠",
+         v.CELL_FAIL: "🔴", v.CELL_MISSED: "🔴", v.CELL_ERROR: "❌", v.CELL_SKIP: "⚪"}
 
 
 ENV_KEYS = ("device_kind", "device_count", "platform", "compute_capability", "jax", "jaxlib",
@@ -71,109 +63,144 @@ def timing_lines(header: dict) -> list[str]:
     return out
 
 
-def _segment_table(rows: list[dict]) -> list[str]:
+def _problem_table(rows: list[Record]) -> list[str]:
     out = ["| kernel | check | segment | tokens | max abs err | tolerance | ratio | worst token | case id |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        label = r["segment_label"] + (" (missed)" if r["outcome"] == "missed" else "")
-        bitwise = judging.check(r["check"]).bitwise
+        label = r.where + (" (missed)" if r.outcome == v.MISSED else "")
+        ratio = v.has_ratio(r.check)
         out.append(
-            f"| {r['kernel']} | {r['check']} | {label} | {r['start']}..{r['start'] + r['length'] - 1} "
-            f"| {_fmt(r['max_abs_err'])} | {'bitwise' if bitwise else _fmt(r['tolerance'])} "
-            f"| {'—' if bitwise else _fmt(r['ratio'])} | {r['worst_token']} | `{r['case_id']}` |")
+            f"| {r.kernel} | {r.check} | {label} | {r.tokens} "
+            f"| {fmt(r.max_abs_err)} | {fmt(r.tolerance) if ratio else 'exact'} "
+            f"| {fmt(r.ratio) if ratio else '—'} | {r.worst_token} | `{r.case_id}` |")
     return out
 
 
-def _caught_segments(caught: list[dict]) -> list[str]:
+def _caught_segments(caught: list[Record]) -> list[str]:
     """One row per caught segment: the checks that caught it and its worst ratio."""
-    by_segment: dict[tuple, list[dict]] = defaultdict(list)
+    by_segment: dict[tuple, list[Record]] = defaultdict(list)
     for r in caught:
-        by_segment[(r["kernel"], r["case_id"], r["row"], r["segment"])].append(r)
+        by_segment[(r.kernel, r.case_id, r.row, r.segment)].append(r)
     out = ["| kernel | segment | tokens | caught by | worst ratio | case id |",
            "|---|---|---|---|---|---|"]
     for (kernel, case_id, _, _), rows in by_segment.items():
         r0 = rows[0]
-        has_ratio, worst = judging.worst_ratio(rows)
-        out.append(f"| {kernel} | {r0['segment_label']} | {r0['start']}..{r0['start'] + r0['length'] - 1} "
-                   f"| {', '.join(r['check'] for r in rows)} "
-                   f"| {judging.ratio_text(worst) if has_ratio else 'bitwise'} | `{case_id}` |")
+        has_ratio, worst = tallies.worst_ratio(rows)
+        out.append(f"| {kernel} | {r0.where} | {r0.tokens} "
+                   f"| {', '.join(r.check for r in rows)} "
+                   f"| {tallies.ratio_text(worst) if has_ratio else 'bitwise'} | `{case_id}` |")
     return out
 
 
-def _largest(caught: list[dict]) -> str:
-    tolerance = [r for r in caught if not judging.check(r["check"]).bitwise]
+def _largest(caught: list[Record]) -> str:
+    tolerance = [r for r in caught if v.has_ratio(r.check)]
     if tolerance:
-        worst = max(tolerance, key=lambda r: float("inf") if r["ratio"] is None else r["ratio"])
-        return (f"- largest: `{worst['kernel']}` {worst['check']} {worst['segment_label']} of "
-                f"`{worst['case_id']}`, ratio {judging.ratio_text(worst['ratio'])}, worst token "
-                f"{worst['worst_token']}")
-    worst = max(caught, key=lambda r: r.get("max_abs_err") or 0.0)
-    return (f"- largest: `{worst['kernel']}` leak {worst['segment_label']} of `{worst['case_id']}`, "
-            f"max change {_fmt(worst.get('max_abs_err'))}, first changed token {worst['worst_token']}")
+        worst = max(tolerance, key=lambda r: float("inf") if r.ratio is None else r.ratio)
+        return (f"- largest: `{worst.kernel}` {worst.check} {worst.segment_label} of "
+                f"`{worst.case_id}`, ratio {tallies.ratio_text(worst.ratio)}, worst token "
+                f"{worst.worst_token}")
+    worst = max(caught, key=lambda r: r.max_abs_err or 0.0)
+    return (f"- largest: `{worst.kernel}` {worst.check} {worst.where} of `{worst.case_id}`, "
+            f"max change {fmt(worst.max_abs_err)}, first changed token {worst.worst_token}")
 
 
-def render(header: dict, records: list[dict]) -> str:
-    kernels, layouts, cells = grid(records)
-    out = ["# Attention harness report", "",
-           f"{run_line(header)} · {env_line(header.get('environment', {}))}", "",
-           f"outcomes: {', '.join(f'{k} {v}' for k, v in judging.counts(records).items())}", "",
-           "🟢 pass (ratio ≤ 0.5) · 🟡 pass (0.5 < ratio ≤ 1) · 🔵 expected failure caught · "
-           "🟠 known upstream failure, reproduced · 🔴 unexpected failure or missed catch · "
-           "❌ error · ⚪ skipped. A cell reads segments passing every check / segments "
-           "measured, and the worst error/tolerance ratio.", "",
-           "| kernel | " + " | ".join(layouts) + " |",
-           "|---|" + "---|" * len(layouts)]
+def _grid(records: list[Record]) -> list[str]:
+    kernels, layouts, cells = tallies.grid(records)
+    out = ["| kernel | " + " | ".join(layouts) + " |", "|---|" + "---|" * len(layouts)]
     for kernel in kernels:
         row = []
         for layout in layouts:
             cell = cells.get((kernel, layout))
-            row.append("" if cell is None else f"{_mark(cell)} {cell.text}")
+            row.append("" if cell is None else f"{MARKS[cell.status]} {cell.text}")
         out.append(f"| {kernel} | " + " | ".join(row) + " |")
+    return out
 
-    bad = judging.bad(records)
-    out += ["", f"## Problems ({len(bad)})", ""]
-    if not bad:
+
+def _problems(records: list[Record]) -> list[str]:
+    bad = tallies.bad(records)
+    out = ["", f"## Problems ({len(bad)})", ""]
+    if tallies.judged_nothing(records):
+        out.append("**Nothing was judged**: every kernel x case was skipped (reasons below). "
+                   "This run is not a pass.")
+    elif not bad:
         out.append("None: every kernel expected to pass passed, every expected failure was caught.")
-    else:
-        segment_level = [r for r in bad if r.get("segment") and r["expected"] != "either"]
-        out += _segment_table(segment_level)
-        unjudged_missed = [r for r in bad if r.get("segment") and r["expected"] == "either"]
-        if unjudged_missed:
-            out += ["", "### Checks nothing judged", ""]
-            out += [f"- `{r['kernel']}` {r['check']} {r['segment_label']} of `{r['case_id']}`: "
-                    f"{r.get('message', '')}" for r in unjudged_missed]
-        errors = [r for r in bad if not r.get("segment")]
-        if errors:
-            out += ["", "### Errors", ""]
-            out += [f"- `{r['kernel']}` on `{r['case_id']}`: {r['outcome']}: "
-                    f"{r.get('message', '')[:300]}" for r in errors]
+        return out
+    located = [r for r in bad if r.where and r.expected != v.EITHER and r.outcome != v.ERROR]
+    if located:
+        out += _problem_table(located)
+    unjudged_missed = [r for r in bad if r.segment and r.expected == v.EITHER]
+    if unjudged_missed:
+        out += ["", "### Checks nothing judged", ""]
+        out += [f"- `{r.kernel}` {r.check} {r.segment_label} of `{r.case_id}`: {r.message}"
+                for r in unjudged_missed]
+    explained = [r for r in bad if r.check in (v.PADDING.name, v.CONTRACT.name)
+                 or (r.nonfinite and r.where)]
+    if explained:
+        out += ["", "### What the failing padding, contract and non-finite checks found", ""]
+        out += [f"- `{r.kernel}` {r.check} {r.where} of `{r.case_id}`: {r.message[:300]}"
+                for r in explained]
+    errors = [r for r in bad if r.outcome == v.ERROR or not r.where]
+    if errors:
+        out += ["", "### Errors", ""]
+        out += [f"- `{r.kernel}` on `{r.case_id}`: {r.outcome}: {r.message[:300]}"
+                for r in errors]
+    return out
 
+
+def _leak_power(records: list[Record]) -> list[str]:
+    rows = power_rows(records)
+    if not rows:
+        return []
+    out = ["", "## Leak probe: power and false alarms", "",
+           "The smallest leak the probe could have seen per tensor, as a fraction of the "
+           "tensor's largest value ('bitwise': any change counts), and the probability that "
+           "noise alone gave a false leak verdict anywhere in this run (tensors decided above "
+           "their run-to-run noise; 0 where every tensor was compared bitwise).", "",
+           "| kernel | smallest detectable leak | false-alarm probability (run) |", "|---|---|---|"]
+    out += [f"| {k} | {d} | {p} |" for k, d, p in rows]
+    return out
+
+
+def _caught_section(records: list[Record]) -> list[str]:
+    caught = [r for r in records if r.outcome == v.CAUGHT]
+    if not caught:
+        return []
+    out = ["", "## Expected failures caught", ""]
+    per = Counter((r.kernel, r.check) for r in caught)
+    out += [f"- `{k}` {c}: {n} segments" for (k, c), n in sorted(per.items())]
+    out.append(_largest(caught))
+    table = _caught_segments(caught)
+    out += ["", f"<details><summary>every caught segment ({len(table) - 2})</summary>", ""]
+    return out + table + ["", "</details>"]
+
+
+def render(header: dict, records: list[Record]) -> str:
+    out = ["# Attention harness report", "",
+           f"{run_line(header)} · {env_line(header.get('environment', {}))}", "",
+           f"outcomes: {outcome_text(records)}", "",
+           "🟢 pass (ratio ≤ 0.5) · 🟡 pass (0.5 < ratio ≤ 1) · 🔵 expected failure caught · "
+           "🟠 known upstream failure, reproduced · 🔴 unexpected failure or missed catch · "
+           "❌ error · ⚪ skipped. A cell reads segments passing every check / segments "
+           "measured, and the worst error/tolerance ratio.", ""]
+    out += _grid(records)
+    out += _problems(records)
     known = known_lines(records)
     if known:
-        out += ["", f"## Known upstream bugs ({sum(judging.known(records).values())} checks)", ""]
+        out += ["", f"## Known upstream bugs ({sum(tallies.known(records).values())} checks)", ""]
         out += [f"- {line}" for line in known]
-
-    not_judged = not_judged_lines(records)
-    n_unjudged = judging.counts(records).get("unjudged", 0)
-    out += ["", f"## Not judged ({n_unjudged} checks; {sum(judging.unprobed(records).values())} "
+    n_unjudged = tallies.counts(records).get(v.UNJUDGED, 0)
+    out += ["", f"## Not judged ({n_unjudged} checks; {sum(tallies.unprobed(records).values())} "
             "unprobed tensors)", ""]
-    out += [f"- {line}" for line in not_judged] or ["Every check was judged."]
+    out += [f"- {line}" for line in not_judged_lines(records)] or ["Every check was judged."]
     coverage = coverage_lines(records)
     if coverage:
         out += ["", "Leak-probe coverage below 100%:", ""] + [f"- {line}" for line in coverage]
-
-    caught = [r for r in records if r["outcome"] == "caught"]
-    if caught:
-        out += ["", "## Expected failures caught", ""]
-        per = Counter((r["kernel"], r["check"]) for r in caught)
-        out += [f"- `{k}` {c}: {n} segments" for (k, c), n in sorted(per.items())]
-        out.append(_largest(caught))
-        table = _caught_segments(caught)
-        out += ["", f"<details><summary>every caught segment ({len(table) - 2})</summary>", ""]
-        out += table
-        out += ["", "</details>"]
-
-    skips = Counter((r["kernel"], r.get("message", "")) for r in records if r["outcome"] == "skip")
+    out += _leak_power(records)
+    padding = padding_lines(records)
+    if padding:
+        out += ["", "## Padding hygiene", ""] + [f"- {line}" for line in padding]
+    out += _caught_section(records)
+    skips = Counter((r.kernel, r.message) for r in records if r.outcome == v.SKIP)
     if skips:
         out += ["", "## Skipped", ""]
         out += [f"- `{k}` ({n}): {why}" for (k, why), n in sorted(skips.items())]
@@ -193,5 +220,5 @@ def render(header: dict, records: list[dict]) -> str:
     return "\n".join(out)
 
 
-def write_markdown(path: Path, header: dict, records: list[dict]) -> None:
+def write_markdown(path: Path, header: dict, records: list[Record]) -> None:
     path.write_text(render(header, records))

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from harness.judge import judging
+from harness.judge import tallies
 from harness.views import report_file as rec
 from harness.views.summary import print_console
 
@@ -48,11 +48,17 @@ class ReportWriter:
         print_console(records)
         print(f"wall time {header['wall_s']:.0f} s; report: {self.dir}/ (report.jsonl, "
               "summary.md, report.html)")
-        status = 1 if judging.bad(records) else 0
+        status = run_status(records)
         if baseline:
-            from harness.judge.regression import compare_files
+            from harness.views.compare import compare_files
             status |= compare_files(self.dir / rec.RECORDS_FILE, baseline, growth=growth)
         return status
+
+
+def run_status(records) -> int:
+    """1 if anything is bad, or if nothing at all was judged (a run where every pair skipped is
+    never green); else 0."""
+    return 1 if tallies.bad(records) or tallies.judged_nothing(records) else 0
 
 
 def merge_timing(timings: list[dict]) -> dict:
@@ -76,7 +82,10 @@ def merge_parts(report_dir: Path, parts: Path, header_info: dict, wall_s: float,
     records_path, traces_path = report_dir / rec.RECORDS_FILE, report_dir / rec.TRACES_FILE
     runs = [json.loads(p.read_text()) for p in sorted(parts.glob("*.run.json"))]
     modes = sorted({r["probe_mode"] for r in runs})
-    rec.write_header(records_path, describe(), source="pytest", wall_s=round(wall_s, 1),
+    environment = describe()
+    # The run's start, as the CLI records it (describe() now would say when it ended).
+    environment["time_utc"] = header_info.pop("started_utc", environment["time_utc"])
+    rec.write_header(records_path, environment, source="pytest", wall_s=round(wall_s, 1),
                      timing=merge_timing([r["timing"] for r in runs]),
                      probe_mode=modes[0] if len(modes) == 1 else modes, **header_info)
     with records_path.open("a") as out, traces_path.open("w") as traces:
@@ -85,10 +94,13 @@ def merge_parts(report_dir: Path, parts: Path, header_info: dict, wall_s: float,
             target.write(part.read_text())
     _, records = write_views(report_dir)
     print(f"\nharness report: {report_dir}/ ({len(records)} records, wall time {wall_s:.0f} s)")
+    status = 1 if tallies.judged_nothing(records) else 0
+    if status:
+        print("harness: nothing was judged (every kernel x case was skipped): not a pass")
     if baseline:
-        from harness.judge.regression import compare_files
-        return compare_files(records_path, baseline, growth=growth)
-    return 0
+        from harness.views.compare import compare_files
+        status |= compare_files(records_path, baseline, growth=growth)
+    return status
 
 
 def merged_environment(environments: list[dict]) -> dict:
@@ -107,27 +119,33 @@ def merged_environment(environments: list[dict]) -> dict:
 RUN_FACTS = ("seeds", "shard", "probe_mode", "leak_probe", "interrupted")
 
 
-def merge_reports(out_dir: Path, sources: list[Path], rejudged: bool = False) -> None:
+def merge_reports(out_dir: Path, sources: list[Path], rejudged: bool = False
+                  ) -> list[tuple[Path, int]]:
     """One report from several runs' folders (e.g. a suite run in shards). A kernel x case in a
-    later source replaces the same one from an earlier source."""
+    later source replaces the same one from an earlier source; returns (source, pairs it
+    replaced) for each source that overlapped an earlier one, for the caller to say."""
     by_case: dict[tuple, list[dict]] = {}
     traces: dict[tuple, list[dict]] = {}
-    headers = []
+    headers, overlaps = [], []
     for src in sources:
         header, records = rec.read(src)
         headers.append(header)
-        fresh: dict[tuple, list[dict]] = {}
+        fresh: dict[tuple, list] = {}
         for r in records:
-            fresh.setdefault((r["kernel"], r["case_id"]), []).append(r)
+            fresh.setdefault(r.pair, []).append(r)
+        replaced = sorted(set(fresh) & set(by_case))
+        if replaced:
+            overlaps.append((src, len(replaced)))
         by_case.update(fresh)
-        fresh_traces: dict[tuple, list[dict]] = {key: [] for key in fresh}
+        fresh_traces: dict[tuple, list] = {key: [] for key in fresh}
         for t in rec.read_traces(Path(src) / rec.TRACES_FILE):
-            fresh_traces.setdefault((t["kernel"], t["case_id"]), []).append(t)
+            fresh_traces.setdefault((t.kernel, t.case_id), []).append(t)
         traces.update(fresh_traces)
     records = [r for rows in by_case.values() for r in rows]
     if rejudged:
         from harness.engine.registry import all_kernels
-        records = judging.rejudge(records, all_kernels())
+        from harness.judge.judging import rejudge
+        records = rejudge(records, all_kernels())
     out_dir.mkdir(parents=True, exist_ok=True)
     facts = merged_environment([{k: h.get(k) for k in RUN_FACTS} for h in headers])
     suites = sorted({h.get("suite") for h in headers}, key=str)
@@ -139,10 +157,9 @@ def merge_reports(out_dir: Path, sources: list[Path], rejudged: bool = False) ->
                                   for s, h in zip(sources, headers)],
                      timing=merge_timing([h.get("timing") for h in headers]),
                      rejudged=rejudged)
-    rec.append(out_dir / rec.RECORDS_FILE, [{k: v for k, v in r.items() if k != "type"}
-                                            for r in records])
+    rec.append(out_dir / rec.RECORDS_FILE, records)
     (out_dir / rec.TRACES_FILE).write_text("")
     rec.append(out_dir / rec.TRACES_FILE,
-               [{k: v for k, v in t.items() if k != "type"}
-                for key in by_case for t in traces.get(key, [])], kind="trace")
+               [t for key in by_case for t in traces.get(key, [])], kind="trace")
     write_views(out_dir)
+    return overlaps

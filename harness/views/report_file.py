@@ -1,16 +1,12 @@
 """The JSON Lines report: a header line describing the run, then one line per record.
 
-Schema 2. Line 1: {"type": "run", "schema": 2, "environment": {...}, "suite": ..., "kernels":
-[...], "cases": N, "seeds": N, "probe_mode": ..., and once the run finished "wall_s" and
-"timing" (per kernel: wall, lower, compile, wait and execute seconds)}. Every other line: {"type":
-"record", ...} with the fields written by harness.engine.runner: kernel, case_id, layout, family,
-dtype, batch, seq_len, heads, kv_heads, head_dim, causal, seed, check (out|dq|dk|dv|leak, or *
-for a kernel-level skip/error), row, segment (1-based), segment_label (r<row>s<segment>), start,
-length, max_abs_err, mean_abs_err, worst_token, nonfinite, peer_err, tolerance, ratio, verdict,
-expected, outcome (harness.judge.judging has the vocabulary), message, mode (default or
-deterministic: the build that produced it), and for leak records probed/unprobed (tensors) and
-gated (tensor -> the change that counts, where a tensor is probed above its run-to-run noise).
-Schema 1 reports (before the leak probe's modes) are read too.
+Schema 2. Line 1: {"type": "run", "schema": 2, "environment": {...}, "suite": ..., "selection":
+{suite, cases, seeds, shard}, "kernels": [...], "cases": N, "seeds": N, "probe_mode": ..., and
+once the run finished "wall_s" and "timing" (per kernel: wall, lower, compile, wait and execute
+seconds)}. Every other line is {"type": "record", ...}: a harness.judge.record.Record (its
+fields are listed there, the words in harness.judge.vocabulary), or {"type": "trace", ...}
+in traces.jsonl. Records are read and written through Record.from_json / to_json alone. Schema
+1 reports (before the leak probe's modes) are read too.
 """
 from __future__ import annotations
 
@@ -19,6 +15,7 @@ import json
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.judge.record import Record, Trace
 
 SCHEMA = 2
 READABLE = (1, 2)
@@ -33,6 +30,20 @@ def write_header(path: Path, environment: dict, **run_info) -> None:
                             **run_info}) + "\n")
 
 
+def write_report(path: str | Path, environment: dict, records: list, **run_info) -> Path:
+    """A whole report in one go (header and records), gzip-compressed where the name ends in
+    .gz: the form committed baselines take."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt") as f:
+        f.write(json.dumps({"type": "run", "schema": SCHEMA, "environment": environment,
+                            **run_info}) + "\n")
+        for r in records:
+            f.write(json.dumps({"type": "record", **r.to_json()}) + "\n")
+    return path
+
+
 def update_header(path: Path, **run_info) -> None:
     """Adds fields to the header line of a finished report (wall time, timing)."""
     lines = path.read_text().splitlines(keepends=True)
@@ -42,11 +53,11 @@ def update_header(path: Path, **run_info) -> None:
     path.write_text("".join(lines))
 
 
-def append(path: Path, rows: list[dict], kind: str = "record") -> None:
-    """Appends as it goes, so a run that dies keeps what it had finished."""
+def append(path: Path, items: list, kind: str = "record") -> None:
+    """Appends records (or traces) as it goes, so a run that dies keeps what it had finished."""
     with path.open("a") as f:
-        for row in rows:
-            f.write(json.dumps({"type": kind, **row}) + "\n")
+        for item in items:
+            f.write(json.dumps({"type": kind, **item.to_json()}) + "\n")
 
 
 def _open(path: Path):
@@ -69,7 +80,7 @@ def resolve(path: str | Path, what: str = "report") -> Path:
     return p
 
 
-def read(path: str | Path, what: str = "report") -> tuple[dict, list[dict]]:
+def read(path: str | Path, what: str = "report") -> tuple[dict, list[Record]]:
     """(header, records) of a report file or folder; a UsageError for anything else."""
     path = resolve(path, what)
     header, records = None, []
@@ -85,7 +96,7 @@ def read(path: str | Path, what: str = "report") -> tuple[dict, list[dict]]:
                                          f"this harness reads {READABLE}")
                     header = header or row
                 elif row.get("type") == "record":
-                    records.append(row)
+                    records.append(Record.from_json(row))
     except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError) as exc:
         raise UsageError(f"{what} {path}: not a harness report ({type(exc).__name__})") from None
     if header is None:
@@ -93,14 +104,33 @@ def read(path: str | Path, what: str = "report") -> tuple[dict, list[dict]]:
     return header, records
 
 
-def read_traces(path: str | Path) -> list[dict]:
+def read_traces(path: str | Path) -> list[Trace]:
     path = Path(path)
     if not path.exists():
         return []
     with _open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [Trace.from_json(json.loads(line)) for line in f if line.strip()]
 
 
-def record_key(r: dict) -> tuple:
-    """Identifies one check of one segment across runs."""
-    return (r["kernel"], r["case_id"], r["check"], r.get("row"), r.get("segment"))
+def check_writable(report_dir: str | Path, option: str = "--report-dir") -> Path:
+    """A report folder the run can write: made if missing; a file in its way, or a folder the
+    run may not write, is a UsageError naming it (found before any work, not at the end)."""
+    import os
+    path = Path(report_dir)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            raise UsageError(f"{option} {report_dir}: {p} is a file, not a folder")
+        if p.exists():
+            break
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{option} {report_dir}: cannot create it ({exc.strerror})") from None
+    probe = path / f".write-test-{os.getpid()}"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"{option} {report_dir}: the folder is not writable "
+                         f"({exc.strerror})") from None
+    return path

@@ -1,0 +1,263 @@
+"""What the records of a run add up to, decided once for every view: counts of outcomes, the
+problems, what was not judged, the grid's cells, the margin over seeds, each plotted row's
+outcome, the selftest's verdict for a zoo kernel, and whether a run judged anything at all.
+Views print these; none of them re-derives a verdict.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Iterable
+
+from harness.judge import judging
+from harness.judge import vocabulary as v
+from harness.judge.record import Record
+
+
+def worst_ratio(records: Iterable[Record]) -> tuple[bool, float | None]:
+    """(any tolerance check measured, worst ratio): None for a non-finite one (reported inf).
+    Bitwise checks have no ratio: their verdicts count, not their numbers."""
+    ratios = [r.ratio for r in records if r.measured and v.has_ratio(r.check)]
+    if not ratios:
+        return False, None
+    if any(x is None for x in ratios):
+        return True, None
+    return True, max(ratios)
+
+
+def ratio_text(r: float | None) -> str:
+    return "inf" if r is None else f"{r:.3g}"
+
+
+def counts(records: Iterable[Record]) -> dict[str, int]:
+    c = Counter(r.outcome for r in records)
+    return {k: c[k] for k in v.OUTCOMES if c[k]}
+
+
+def bad(records: Iterable[Record]) -> list[Record]:
+    """Records a run must be red for: unexpected failures, missed catches and errors."""
+    return [r for r in records if r.bad]
+
+
+def worst_outcome(records: Iterable[Record]) -> str | None:
+    """The most severe outcome among the records (vocabulary.SEVERITY), None if there are none."""
+    present = {r.outcome for r in records}
+    return next((o for o in v.SEVERITY if o in present), None)
+
+
+def judged_nothing(records: Iterable[Record]) -> bool:
+    """No check measured anything (every pair skipped, or nothing ran): a run like that is never
+    green."""
+    return not any(r.measured or r.verdict == v.ERROR for r in records)
+
+
+def unjudged(records: Iterable[Record]) -> Counter:
+    """(kernel, check, reason, judged_by) -> count of checks an expectation left unjudged."""
+    return Counter((r.kernel, r.check, r.message, r.judged_by or "")
+                   for r in records if r.outcome == v.UNJUDGED and r.check != v.LEAK.name)
+
+
+def known(records: Iterable[Record]) -> Counter:
+    """(kernel, check, reason) -> records showing a known upstream bug: segments failing a
+    check as an expectation predicts, and cases raising a declared upstream error (check
+    KERNEL_LEVEL, reason: the error's first line)."""
+    return Counter((r.kernel, r.check, (r.message or "").splitlines()[0][:200]
+                    if not r.segment else r.message)
+                   for r in records if r.outcome == v.KNOWN)
+
+
+def unprobed(records: Iterable[Record]) -> Counter:
+    """(kernel, tensor) -> leak records in which that tensor could not be probed."""
+    c = Counter()
+    for r in records:
+        if r.check == v.LEAK.name:
+            for t in r.unprobed or ():
+                c[(r.kernel, t)] += 1
+    return c
+
+
+def gated(records: Iterable[Record]) -> dict[tuple[str, str], tuple[int, float]]:
+    """(kernel, tensor) -> (leak records that probed it above its run-to-run noise only, the
+    largest change threshold): probed, with less power than bitwise."""
+    out: dict[tuple[str, str], tuple[int, float]] = {}
+    for r in records:
+        if r.check == v.LEAK.name:
+            for t, x in (r.gated or {}).items():
+                n, worst = out.get((r.kernel, t), (0, 0.0))
+                out[(r.kernel, t)] = (n + 1, max(worst, x))
+    return out
+
+
+def detectable(records: Iterable[Record]) -> dict[str, dict[str, float]]:
+    """kernel -> tensor -> the largest (worst) smallest-detectable leak, as a fraction of the
+    tensor's scale, over the kernel's leak records; 0 for tensors probed bitwise everywhere."""
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in records:
+        if r.check != v.LEAK.name or not r.measured:
+            continue
+        for t in r.probed or ():
+            frac = (r.detectable or {}).get(t, 0.0)
+            out[r.kernel][t] = max(out[r.kernel].get(t, 0.0), frac)
+    return dict(out)
+
+
+def false_alarms(records: Iterable[Record]) -> dict[str, float]:
+    """kernel -> probability of at least one false leak verdict over the run (the union bound of
+    its gated probes' false-alarm probabilities; one value per kernel x case)."""
+    per_case: dict[tuple[str, str], float] = {}
+    for r in records:
+        if r.check == v.LEAK.name and r.false_alarm:
+            per_case[r.pair] = max(per_case.get(r.pair, 0.0), r.false_alarm)
+    out: dict[str, float] = defaultdict(float)
+    for (kernel, _), p in per_case.items():
+        out[kernel] += p
+    return dict(out)
+
+
+def uncompared(records: Iterable[Record]) -> Counter:
+    """(kernel, reason) -> leak records the probe measured nothing for."""
+    return Counter((r.kernel, r.message) for r in records
+                   if r.check == v.LEAK.name and r.verdict == v.UNPROBED)
+
+
+def fallbacks(records: Iterable[Record]) -> Counter:
+    """(kernel, why) -> leak records probed on the default build because the deterministic
+    build could not run."""
+    return Counter((r.kernel, r.fallback) for r in records
+                   if r.check == v.LEAK.name and r.fallback)
+
+
+def probe_coverage(records: Iterable[Record]) -> dict[str, tuple[int, int]]:
+    """kernel -> (segments with all four tensors probed, segments with a leak record)."""
+    full, total = Counter(), Counter()
+    for r in records:
+        if r.check == v.LEAK.name and r.segment:
+            total[r.kernel] += 1
+            if r.measured and not r.unprobed:
+                full[r.kernel] += 1
+    return {k: (full[k], total[k]) for k in total}
+
+
+def padding_rows(records: Iterable[Record]) -> dict[str, tuple[int, int]]:
+    """kernel -> (rows with padding judged clean or as expected, rows with padding judged)."""
+    good, total = Counter(), Counter()
+    for r in records:
+        if r.check == v.PADDING.name and r.measured:
+            total[r.kernel] += 1
+            good[r.kernel] += r.outcome in v.GOOD
+    return {k: (good[k], total[k]) for k in total}
+
+
+# ----- the grid: one cell per kernel x layout ---------------------------------------------------
+
+@dataclass
+class Cell:
+    """One kernel on one layout, over every case, check and segment of that layout."""
+    status: str          # vocabulary.CELL_*
+    segments: int = 0    # segments measured
+    failing: int = 0     # segments with at least one failing check (the leak probe included)
+    worst_ratio: float | None = None   # worst tolerance ratio (None: non-finite, or none)
+    has_ratio: bool = False
+
+    @property
+    def measured(self) -> bool:
+        return self.status not in (v.CELL_SKIP, v.CELL_ERROR) and not (
+            self.status == v.CELL_KNOWN and not self.segments)
+
+    @property
+    def bad(self) -> bool:
+        return self.status in v.BAD_CELLS
+
+    @property
+    def text(self) -> str:
+        if not self.measured:
+            return self.status
+        ratio = ratio_text(self.worst_ratio) if self.has_ratio else "—"
+        return f"{self.status} {self.segments - self.failing}/{self.segments} r={ratio}"
+
+    @property
+    def heat(self) -> float | None:
+        """log10 of the worst ratio for the heatmap's colour; a cell with a failing check is
+        at least as red as a ratio of 10, whichever check failed (a leak has no ratio)."""
+        if not self.measured:
+            return None
+        if not self.has_ratio:
+            value = -2.0
+        elif self.worst_ratio is None:
+            value = 4.0
+        else:
+            value = math.log10(max(self.worst_ratio, 1e-4))
+        return max(value, 1.0) if self.status in (v.CELL_FAIL, v.CELL_MISSED) else value
+
+
+def cell(rows: list[Record]) -> Cell:
+    outcomes = counts(rows)
+    seg_fail: dict[tuple, bool] = defaultdict(bool)
+    for r in rows:
+        if r.measured and r.segment:
+            seg_fail[(r.case_id, r.row, r.segment)] |= judging.failed(r)
+    status = next((s for o, s in v.CELL_BY_OUTCOME if outcomes.get(o)), None)
+    has_ratio, worst = worst_ratio(rows)
+    if status is None:
+        if not seg_fail and not any(r.measured for r in rows):
+            status = v.CELL_SKIP
+        else:
+            status = v.CELL_NEAR if has_ratio and judging.near(worst) else v.CELL_OK
+    return Cell(status, len(seg_fail), sum(seg_fail.values()), worst, has_ratio)
+
+
+def grid(records: list[Record]) -> tuple[list[str], list[str], dict[tuple[str, str], Cell]]:
+    by_cell: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in records:
+        by_cell[(r.kernel, r.layout)].append(r)
+    kernels = list(dict.fromkeys(r.kernel for r in records))
+    layouts = sorted(dict.fromkeys(r.layout for r in records))
+    return kernels, layouts, {key: cell(rows) for key, rows in by_cell.items()}
+
+
+# ----- margins over seeds, plotted rows, the selftest -------------------------------------------
+
+def margins(records: list[Record]) -> dict[str, list[float | None]]:
+    """kernel -> the worst tolerance ratio of each case it was expected to pass (None:
+    non-finite): over many seeds, how close a kernel comes to its tolerance."""
+    by_case: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in records:
+        by_case[r.pair].append(r)
+    out: dict[str, list[float | None]] = defaultdict(list)
+    for (kernel, _), rows in by_case.items():
+        has_ratio, worst = worst_ratio(rows)
+        if has_ratio and all(r.expected != v.FAIL for r in rows):
+            out[kernel].append(worst)
+    return dict(out)
+
+
+def row_outcomes(records: Iterable[Record]) -> dict[tuple, str]:
+    """(kernel, case id, check, row) -> the most severe outcome of that check's segments in the
+    row (a row plotted once shows its worst segment, whichever comes last)."""
+    rows: dict[tuple, list[Record]] = defaultdict(list)
+    for r in records:
+        if r.row is not None:
+            rows[(r.kernel, r.case_id, r.check, r.row)].append(r)
+    return {key: worst_outcome(rs) for key, rs in rows.items()}
+
+
+def zoo_verdict(correct: bool, flagged: bool, errored: bool, measured: bool) -> str:
+    """The selftest's verdict for one zoo kernel: a bug must be caught (flagged by some bad
+    record), a correct kernel must run (measure something) and never be flagged."""
+    if errored:
+        return v.ZOO_ERROR
+    if correct:
+        return v.ZOO_FLAGGED if flagged or not measured else v.ZOO_OK
+    return v.ZOO_CAUGHT if flagged else v.ZOO_MISSED
+
+
+def first_catch(records: list[Record]) -> Record | None:
+    """The first bad measurement of one kernel x case: checks in the order out, dq, dk, dv,
+    leak, padding, contract; within a check, the first row and segment."""
+    flagged = [r for r in records if r.outcome in (v.FAIL, v.MISSED)]
+    for chk in (*v.TENSORS, v.LEAK, v.PADDING, v.CONTRACT):
+        hits = [r for r in flagged if r.check == chk.name]
+        if hits:
+            return min(hits, key=lambda r: (r.row if r.row is not None else -1, r.segment or 0))
+    return None

@@ -1,0 +1,102 @@
+"""The harness's words, in one place: the checks, what a record's verdict, expectation and
+outcome can be, the statuses of a grid cell, and the selftest's verdicts. Every other module
+uses these names; none spells its own.
+
+Checks (typed descriptors, not string literals):
+
+    out, dq, dk, dv   tolerance checks of the forward output and the three gradients (valid tokens)
+    leak              the leak probe: bitwise (or above run-to-run noise), no tolerance
+    padding           what the kernel wrote at padding positions: gradients exactly zero, the
+                      output finite (or zero, where the kernel declares that convention)
+    contract          the kernel's output contract: the output's dtype is the query's
+    *                 a record about a whole kernel x case (skip, error, expected error absent)
+
+A record's verdict is what was measured, its expectation what a correct harness must conclude,
+its outcome the two together:
+
+    verdict   pass | fail | unprobed (leak probe: nothing reproducible to compare) | skip | error
+    expected  pass | fail | either (not judged by this check; the leak probe must judge the
+              segment) | known (a known upstream numerical bug that shows on some data only) |
+              error (a known upstream crash)
+    outcome   ok, caught, known            good
+              unjudged, skip               neither good nor bad; every view counts them apart
+              fail, missed, error          bad: the run is red
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    heads: str            # "query" or "kv": whose heads the tensor has ("" for the others)
+    traced: bool          # per-token errors kept for the HTML plots
+    bitwise: bool         # judged without a tolerance (no ratio)
+    peer_factor: float = 0.0
+    floor_eps: float = 0.0
+    per_segment: bool = True   # one record per segment (else one per row, or per kernel x case)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+OUT = Check("out", "query", traced=True, bitwise=False, peer_factor=2.0, floor_eps=2.0)
+DQ = Check("dq", "query", traced=True, bitwise=False, peer_factor=3.0, floor_eps=4.0)
+DK = Check("dk", "kv", traced=False, bitwise=False, peer_factor=3.0, floor_eps=4.0)
+DV = Check("dv", "kv", traced=False, bitwise=False, peer_factor=3.0, floor_eps=4.0)
+LEAK = Check("leak", "", traced=False, bitwise=True)
+PADDING = Check("padding", "", traced=False, bitwise=True, per_segment=False)
+CONTRACT = Check("contract", "", traced=False, bitwise=True, per_segment=False)
+
+TENSORS = (OUT, DQ, DK, DV)      # a kernel program's results, in this order
+CHECKS = {c.name: c for c in (*TENSORS, LEAK, PADDING, CONTRACT)}
+KERNEL_LEVEL = "*"               # the check of a record about a whole kernel x case
+
+
+def check(name: str) -> Check:
+    try:
+        return CHECKS[name]
+    except KeyError:
+        raise KeyError(f"unknown check {name!r}; known: {', '.join(CHECKS)}") from None
+
+
+def has_ratio(check_name: str) -> bool:
+    """Whether records of this check carry an error/tolerance ratio."""
+    chk = CHECKS.get(check_name)
+    return chk is not None and not chk.bitwise
+
+
+# ----- verdicts, expectations, outcomes ---------------------------------------------------------
+
+PASS, FAIL, UNPROBED, SKIP, ERROR = "pass", "fail", "unprobed", "skip", "error"
+MEASURED = frozenset({PASS, FAIL})
+
+EITHER, KNOWN = "either", "known"
+EXPECTATIONS = (PASS, FAIL, EITHER, KNOWN, ERROR)
+
+OK, CAUGHT, UNJUDGED, MISSED = "ok", "caught", "unjudged", "missed"
+GOOD = frozenset({OK, CAUGHT, KNOWN})
+BAD = frozenset({FAIL, MISSED, ERROR})
+OUTCOMES = (OK, CAUGHT, KNOWN, UNJUDGED, SKIP, FAIL, MISSED, ERROR)
+# The worst first: what a row, a cell or a test shows when its records disagree.
+SEVERITY = (ERROR, FAIL, MISSED, CAUGHT, KNOWN, UNJUDGED, OK, SKIP)
+
+# ----- grid cells (kernel x layout) ------------------------------------------------------------
+
+CELL_OK, CELL_NEAR, CELL_CAUGHT, CELL_KNOWN = "ok", "near", "caught", "known"
+CELL_FAIL, CELL_MISSED, CELL_ERROR, CELL_SKIP = "FAIL", "MISSED", "ERROR", "skip"
+# Which outcome, if any record of a cell has it, names the cell (first match wins).
+CELL_BY_OUTCOME = ((ERROR, CELL_ERROR), (FAIL, CELL_FAIL), (MISSED, CELL_MISSED),
+                   (CAUGHT, CELL_CAUGHT), (KNOWN, CELL_KNOWN))
+BAD_CELLS = frozenset({CELL_FAIL, CELL_MISSED, CELL_ERROR})
+
+# ----- the selftest (the bug zoo) --------------------------------------------------------------
+
+ZOO_CAUGHT, ZOO_MISSED, ZOO_OK, ZOO_FLAGGED, ZOO_ERROR = "CAUGHT", "MISSED", "ok", "FLAGGED", "ERROR"
+ZOO_GOOD = frozenset({ZOO_CAUGHT, ZOO_OK})
+
+# ----- padding conventions (a kernel's capability) ----------------------------------------------
+
+PAD_ZERO, PAD_FINITE, PAD_UNDEFINED = "zero", "finite", "undefined"
+PADDING_OUTPUTS = (PAD_ZERO, PAD_FINITE, PAD_UNDEFINED)

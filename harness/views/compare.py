@@ -1,0 +1,87 @@
+"""`python -m harness compare NEW BASELINE` (and a run's `--baseline`): reads both reports,
+asks harness.judge.regression what regressed, and prints it. Exit 1 on a regression, and when
+the two reports have no kernel x case pair in common (nothing was compared: never a silent
+pass)."""
+from __future__ import annotations
+
+from harness.judge import regression
+from harness.views import report_file as rec
+
+SHOWN = 40
+
+
+def mismatch(new_header: dict, base_header: dict) -> list[str]:
+    """Why two reports are not like for like (suite, platform, device), if they are not."""
+    out = []
+    if new_header.get("suite") != base_header.get("suite"):
+        out.append(f"suite {new_header.get('suite')!r} vs the baseline's "
+                   f"{base_header.get('suite')!r}")
+    env_new, env_base = new_header.get("environment", {}), base_header.get("environment", {})
+    for key in ("platform", "device_kind"):
+        if env_new.get(key) != env_base.get(key):
+            out.append(f"{key} {env_new.get(key)!r} vs the baseline's {env_base.get(key)!r}")
+    return out
+
+
+def same_selection(new_header: dict, base_header: dict) -> bool:
+    """Both runs selected the same cases (suite, case globs, seeds, shard), and the new one ran
+    to its end: then every pair of the baseline should be there. Reports without a selection
+    (older harness versions) are not assumed to match."""
+    new, base = new_header.get("selection"), base_header.get("selection")
+    return new is not None and new == base or bool(new_header.get("interrupted"))
+
+
+def _listed(title: str, lines: list[str], shown: int = SHOWN) -> None:
+    print(f"  {title}: {len(lines)}")
+    for line in lines[:shown]:
+        print(f"    {line}")
+    if len(lines) > shown:
+        print(f"    ... and {len(lines) - shown} more")
+
+
+def compare_files(new_path, base_path, growth: float = 2.0) -> int:
+    new_header, new = rec.read(new_path)
+    base_header, base = rec.read(base_path, what="baseline")
+    print(f"compare {new_path} with baseline {base_path} (growth factor {growth})")
+    differs = mismatch(new_header, base_header)
+    if differs:
+        print(f"  warning: not like for like ({'; '.join(differs)}): expect many new and "
+              "missing pairs")
+    result = regression.compare(new, base, growth, same_selection(new_header, base_header))
+    _listed("verdict flips", [f"{r.kernel} {r.check} {r.where} of {r.case_id}: {b.verdict} -> "
+                              f"{r.verdict}" for b, r in result.flips])
+    print(f"  errors grown beyond their band (> {growth}x): {len(result.grown)}")
+    print(f"  kernel x case in both: {result.common}; new: {len(result.new_cases)}; "
+          f"missing: {len(result.missing_cases)}")
+    print(f"  checks that ran in the baseline and not now: {len(result.lost_checks)}")
+    _listed("missing", [f"{k} on {c}" for k, c in result.missing_cases], shown=20)
+    if result.compared_nothing:
+        print("NOTHING COMPARED: no kernel x case pair of this run is in the baseline (another "
+              "suite, kernels or cases?); this is not a pass")
+        return 1
+    if result.regressed:
+        print(f"REGRESSION ({len(result.regressions)}):")
+        for line in result.regressions[:60]:
+            print(f"  {line}")
+        if len(result.regressions) > 60:
+            print(f"  ... and {len(result.regressions) - 60} more")
+        return 1
+    print("no regression")
+    return 0
+
+
+def write_baseline(out_path, sources) -> int:
+    """`python -m harness baseline OUT RUN...`: one baseline from several runs of the same
+    selection, with each check's error range over them (regression.baseline_from_runs)."""
+    headers, runs = [], []
+    for src in sources:
+        header, records = rec.read(src)
+        headers.append(header)
+        runs.append(records)
+    records = regression.baseline_from_runs(runs)
+    header = {k: x for k, x in headers[0].items() if k not in ("type", "schema", "environment")}
+    header["baseline_of"] = [{"path": str(s), "environment": h.get("environment"),
+                              "wall_s": h.get("wall_s")} for s, h in zip(sources, headers)]
+    rec.write_report(out_path, headers[0].get("environment", {}), records, **header)
+    print(f"baseline of {len(sources)} runs: {len(records)} records -> {out_path}")
+    return 0
