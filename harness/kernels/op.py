@@ -56,6 +56,13 @@ KERNELS = [
            dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=9.0,
            hlo_markers=CUDNN_MARKER,
            description="the fixed op: packed seqlens/offsets, PADDING_CAUSAL, real cuDNN (Hopper+)"),
+    # Picks TE THD or cuDNN's packed layout per shape (config.AUTO_TE_*): either fused call.
+    Kernel("sut:cudnn_flash_auto", _op(attention="cudnn_flash_auto"), takes_max_segments=True,
+           dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=9.0,
+           hlo_markers=(CUDNN_MARKER[0] + "|te_fused_attn_forward_ffi",),
+           deterministic_env={"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"},
+           description="the op's auto mode: TE THD on long rows and short segments (when TE is "
+                       "installed), packed cuDNN elsewhere"),
     Kernel("sut:cudnn_flash_jax:fallback", _op(attention="cudnn_flash_jax", force_fallback=True),
            takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",),
            min_compute_capability=8.0, hlo_markers=CUDNN_MARKER, materializes_scores=True,

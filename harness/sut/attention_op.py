@@ -9,6 +9,8 @@ across their boundaries. Here the segment ids always reach the kernel:
   as a cuDNN bias with a causal mask type. Still fused, still correct, slower.
 - xla_fallback (no cuDNN fused attention below sm80): dense dot_product with the same mask.
 - te_thd: Transformer Engine's THD fused attention, on the same seqlens and offsets.
+- cudnn_flash_auto: te_thd or cudnn_packed, whichever was faster on the H200 for the row
+  length and max_segments_per_seq (config.AUTO_TE_*), te_thd only where TE is installed.
 
 Padding tokens (after the last segment of a row) are computed, not left undefined: with the
 causal mask they join the row's last segment (valid queries never look ahead at them, and with
@@ -56,12 +58,24 @@ def cudnn_backend(name: str, compute_capability: float | None = None):
     return sdpa.dot_product_attention, sdpa.MaskType
 
 
+def te_available() -> bool:
+    """Transformer Engine's JAX extension is installed (not imported: that happens on use)."""
+    import importlib.util
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
 class AttentionOp:
     def __init__(self, config: AttentionConfig):
         if (config.compute_capability is None and config.hardware == "gpu"
                 and config.cudnn_backend == "cudnn" and config.attention != "dot_product"):
             config = dataclasses.replace(config, compute_capability=_device_compute_capability())
         self.config = config.validate()
+        self.te_available = (config.attention == "cudnn_flash_auto"
+                             and config.cudnn_backend == "cudnn" and te_available())
+
+    def path(self, seq_len: int) -> str:
+        """The lowering this op takes for rows of `seq_len` tokens (config.path)."""
+        return self.config.path(seq_len, self.te_available)
 
     @property
     def max_segments(self) -> int:
@@ -87,7 +101,7 @@ class AttentionOp:
             raise ValueError(f"segment_ids {segment_ids.shape} must be [batch, seq] = {(b, t)}")
         if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
             raise ValueError(f"segment_ids must be integers, got {segment_ids.dtype}")
-        path = self.config.path()
+        path = self.path(t)
         if path.startswith("cudnn") or path == "te_thd":
             if str(query.dtype) not in CUDNN_DTYPES:
                 raise ValueError(f"attention={self.config.attention} takes {'/'.join(CUDNN_DTYPES)}, "
@@ -107,7 +121,7 @@ class AttentionOp:
         limit = self.max_segments if self.config.attention != "dot_product" else None
         if lowering.is_concrete(segment_ids):
             lowering.check_concrete(segment_ids, limit)
-        path = self.config.path()
+        path = self.path(query.shape[1])
         if path in ("dot_product", "xla_fallback"):
             return dot_product(query, key, value, segment_ids, causal=causal, scale=scale)
         rows = path == "cudnn_packed" and not self.config.packing   # one sequence per row

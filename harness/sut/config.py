@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KERNELS = ("dot_product", "cudnn_flash_jax", "cudnn_flash_te")
+KERNELS = ("dot_product", "cudnn_flash_jax", "cudnn_flash_te", "cudnn_flash_auto")
 HARDWARE = ("gpu", "cpu", "tpu")
 MODES = ("train", "decode")
 CUDNN_BACKENDS = ("cudnn", "emulator")
@@ -13,6 +13,14 @@ SEGMENT_CHECKS = ("nan", "checkify")
 PACKED_MIN_CC = 9.0
 # Below this, jax's cuDNN fused attention does not run at all.
 CUDNN_MIN_CC = 8.0
+# cudnn_flash_auto: Transformer Engine's THD path where it beat cuDNN's packed layout on the
+# H200 (bf16, 32/8 heads, head_dim 128, fwd+bwd; reports/h200/bench.txt): long rows (1 x 32768:
+# 5.46 vs 6.12 ms) and many short segments (8 x 4096 of 64-256-token segments, M=28: 2.80 vs
+# 4.40 ms); cuDNN's packed layout elsewhere (8 x 2048 with 4 segments: 1.34 vs 1.54 ms;
+# 1 x 8192 with 8: 1.00 vs 1.05 ms). The rule reads what is static: the row length and
+# max_segments_per_seq (the average room per segment).
+AUTO_TE_MIN_SEQ_LEN = 16384
+AUTO_TE_MAX_TOKENS_PER_SEGMENT = 256
 
 
 class ConfigError(ValueError):
@@ -39,13 +47,16 @@ class AttentionConfig:
     # checkify.checkify).
     segment_check: str = "nan"
 
-    def path(self) -> str:
+    def path(self, seq_len: int | None = None, te_available: bool = False) -> str:
         """Which lowering the op takes: dot_product, cudnn_packed (seqlens/offsets, Hopper+),
         cudnn_mask (same-segment mask as a cuDNN bias: below Hopper, or forced),
-        xla_fallback (no cuDNN fused attention below CUDNN_MIN_CC), te_thd."""
+        xla_fallback (no cuDNN fused attention below CUDNN_MIN_CC), te_thd. `seq_len` and
+        `te_available` decide cudnn_flash_auto (prefers_te)."""
         if self.attention == "dot_product":
             return "dot_product"
-        if self.attention == "cudnn_flash_te":
+        if self.attention == "cudnn_flash_te" or (
+                self.attention == "cudnn_flash_auto" and te_available
+                and self.prefers_te(seq_len)):
             return "te_thd"
         cc = self.compute_capability
         if self.cudnn_backend == "cudnn" and cc is not None and cc < CUDNN_MIN_CC:
@@ -53,6 +64,15 @@ class AttentionConfig:
         if self.force_fallback or (cc is not None and cc < PACKED_MIN_CC):
             return "cudnn_mask"
         return "cudnn_packed"
+
+    def prefers_te(self, seq_len: int | None) -> bool:
+        """cudnn_flash_auto's rule (see AUTO_TE_*): TE THD on long rows or many short segments,
+        where the GPU runs THD fused attention (Hopper+) and packing is on."""
+        if (seq_len is None or not self.packing or self.force_fallback
+                or (self.compute_capability or 0) < PACKED_MIN_CC):
+            return False
+        room = seq_len / max(self.max_segments_per_seq or 1, 1)
+        return seq_len >= AUTO_TE_MIN_SEQ_LEN or room <= AUTO_TE_MAX_TOKENS_PER_SEGMENT
 
     def validate(self) -> "AttentionConfig":
         """Raises ConfigError naming the first rule broken; returns self otherwise."""
