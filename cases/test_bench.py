@@ -11,7 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness.tools import bench
+from harness.tools.bench import command as bench_command
+from harness.tools.bench import entries as bench_entries
+from harness.tools.bench import goals as bench_goals
+from harness.tools.bench import plans as bench_plans
+from harness.tools.bench import shapes as bench_shapes
+from harness.tools.bench import timing as bench_timing
 from harness import cli
 from harness.model.case import Case
 from harness.engine.kernel import Platform
@@ -41,9 +46,9 @@ def small_run(tmp_path_factory):
 def test_small_runs_every_entry_a_cpu_can(small_run):
     stdout, _ = small_run
     lines = stdout.splitlines()
-    for shape in bench.shape_set("small"):
+    for shape in bench_shapes.shape_set("small"):
         start = next(i for i, x in enumerate(lines) if x.startswith(f"{shape.name}: "))
-        table = lines[start:start + 3 + len(bench.ENTRIES)]
+        table = lines[start:start + 3 + len(bench_entries.ENTRIES)]
         assert "ratios against raw:cudnn_packed" in table[1] and "TFLOP/s" in table[2]
         rows = {x.split()[0]: x for x in table[3:]}
         for name in CPU_ENTRIES:
@@ -62,7 +67,7 @@ def test_small_output_json_has_the_fields(small_run):
     assert [r["shape"] for r in report["results"]] == ["seed", "short"]
     for res in report["results"]:
         entries = {e["entry"]: e for e in res["entries"]}
-        assert list(entries) == [e.name for e in bench.ENTRIES]
+        assert list(entries) == [e.name for e in bench_entries.ENTRIES]
         for name in CPU_ENTRIES:
             e = entries[name]
             assert e["skipped"] is None and e["error"] is None
@@ -92,13 +97,13 @@ def test_small_output_json_has_the_fields(small_run):
 def _no_work(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("bench did work before refusing")
-    monkeypatch.setattr(bench, "make_inputs", boom)
-    monkeypatch.setattr(bench, "time_shape", boom)
+    monkeypatch.setattr(bench_timing, "make_inputs", boom)
+    monkeypatch.setattr(bench_command, "time_shape", boom)
 
 
 def test_hopper_on_a_small_cpu_is_refused_in_one_line_before_any_work(monkeypatch, capsys):
     _no_work(monkeypatch)
-    monkeypatch.setattr(bench, "host_memory_bytes", lambda: 8 * bench.GiB)
+    monkeypatch.setattr(bench_plans, "host_memory_bytes", lambda: 8 * bench_plans.GiB)
     assert cli.main(["bench", "--shapes", "hopper"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -109,9 +114,11 @@ def test_hopper_on_a_small_cpu_is_refused_in_one_line_before_any_work(monkeypatc
 
 def test_hopper_is_refused_on_this_cpu():
     cpu = Platform("cpu")
-    need = min(bench.peak_bytes(s.case, True, cpu) for s in bench.shape_set("hopper"))
-    if (bench.host_memory_bytes() or 0) >= need:
-        pytest.skip(f"this host has room for a hopper program (~{need / bench.GiB:.0f} GiB)")
+    need = min(bench_plans.peak_bytes(s.case, True, cpu)
+               for s in bench_shapes.shape_set("hopper"))
+    if (bench_plans.host_memory_bytes() or 0) >= need:
+        pytest.skip(f"this host has room for a hopper program "
+                    f"(~{need / bench_plans.GiB:.0f} GiB)")
     proc = _cli("bench", "--shapes", "hopper", timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "use --shapes small" in proc.stderr
@@ -130,10 +137,10 @@ def test_usage_errors_are_one_line(monkeypatch, capsys, argv, message):
 
 
 def test_entries_that_do_not_fit_are_skipped_with_the_numbers():
-    gpu = Platform("gpu", 9.0, memory_bytes=20 * bench.GiB)
-    shapes = bench.shape_set("hopper")
-    plans = bench.plan_all(shapes, bench.select_entries("sut:cudnn_flash_jax,xla"), gpu,
-                           gpu.memory_bytes, "hopper")
+    gpu = Platform("gpu", 9.0, memory_bytes=20 * bench_plans.GiB)
+    shapes = bench_shapes.shape_set("hopper")
+    plans = bench_plans.plan_all(shapes, bench_entries.select_entries("sut:cudnn_flash_jax,xla"),
+                                 gpu, gpu.memory_bytes, "hopper")
     reasons = {(s.name, p.entry.name): p.reasons for s, row in zip(shapes, plans) for p in row}
     assert not reasons[("seed", "sut:cudnn_flash_jax")] and not reasons[("seed", "xla")]
     assert reasons[("long-8k", "xla")] == [
@@ -144,21 +151,22 @@ def test_entries_that_do_not_fit_are_skipped_with_the_numbers():
 def test_useful_flops_count_same_segment_causal_pairs_only():
     # Segments of 3 and 1 tokens: 3*4/2 + 1 = 7 causal pairs; 2 heads of dim 4; two matmuls of
     # 2 FLOPs per multiply-add: forward 4 * 7 * 4 * 2 = 224; backward 2.5x: 560; total 784.
-    assert bench.useful_flops([3, 1], heads=2, head_dim=4) == (224, 784)
+    assert bench_shapes.useful_flops([3, 1], heads=2, head_dim=4) == (224, 784)
     # The same by brute force over packed rows with padding (padding pairs count nothing).
     for seg in ([1, 1, 1, 2, 0, 0], [1, 2, 2, 2, 2, 3, 3, 0], [1] * 9):
         lengths = [seg.count(n) for n in sorted(set(seg) - {0})]
         pairs = sum(1 for i in range(len(seg)) for j in range(i + 1) if seg[i] and seg[i] == seg[j])
-        assert bench.useful_flops(lengths, heads=2, head_dim=4)[0] == 4 * pairs * 4 * 2, seg
+        assert bench_shapes.useful_flops(lengths, heads=2, head_dim=4)[0] \
+            == 4 * pairs * 4 * 2, seg
 
 
 def test_shapes_have_the_exact_segments():
-    for shape in bench.shape_set("hopper") + bench.shape_set("small"):
+    for shape in bench_shapes.shape_set("hopper") + bench_shapes.shape_set("small"):
         case = shape.case
         assert case.layout == CUSTOM and case.dtype == "bfloat16"
         counts = [case.segments_in_row(r) for r in range(case.batch)]
         assert shape.max_segments == max(counts) + 1
-    hopper = {s.name: s for s in bench.shape_set("hopper")}
+    hopper = {s.name: s for s in bench_shapes.shape_set("hopper")}
     assert [(s.case.batch, s.case.seq_len, s.case.heads, s.case.kv_heads, s.case.head_dim)
             for s in hopper.values()] == [(8, 2048, 32, 8, 128), (1, 8192, 32, 8, 128),
                                           (1, 32768, 32, 8, 128), (8, 4096, 32, 8, 128)]
@@ -169,23 +177,25 @@ def test_shapes_have_the_exact_segments():
 
 
 def test_raw_packed_lengths_and_offsets_equal_the_ops_lowering():
-    seqlen, offsets = bench.packed_lengths_offsets(
+    seqlen, offsets = bench_shapes.packed_lengths_offsets(
         Case(CUSTOM, 2, 8, 1, 1, 8, "bfloat16", 0, rows=((3, 2), (4,))).segment_ids, 3)
     assert seqlen.tolist() == [[3, 2, -1], [4, -1, -1]]
     assert offsets.tolist() == [[0, 3, -1, -1], [0, -1, -1, -1]]
     lowering = jax.jit(lengths_and_offsets, static_argnums=1)
-    for shape in bench.shape_set("small") + bench.shape_set("hopper"):
+    for shape in bench_shapes.shape_set("small") + bench_shapes.shape_set("hopper"):
         seg = shape.case.segment_ids
-        ours = bench.packed_lengths_offsets(seg, shape.max_segments)
+        ours = bench_shapes.packed_lengths_offsets(seg, shape.max_segments)
         theirs = lowering(jnp.asarray(seg), shape.max_segments)
         for a, b in zip(ours, theirs):
             assert a.dtype == np.int32 and np.array_equal(a, np.asarray(b)), shape.name
 
 
 def _result(shape, **medians):
-    roles = {e.name: e.role for e in bench.ENTRIES}
-    return {"shape": shape, "op_vs_causal_only": (medians[bench.OP] / medians[bench.CAUSAL_ONLY]
-                                                  if bench.CAUSAL_ONLY in medians else None),
+    roles = {e.name: e.role for e in bench_entries.ENTRIES}
+    op, causal_only = (bench_entries.entry_with(goal).name
+                       for goal in (bench_entries.THE_OP, bench_entries.REPLACED))
+    return {"shape": shape, "op_vs_causal_only": (medians[op] / medians[causal_only]
+                                                  if causal_only in medians else None),
             "entries": [{"entry": n, "role": roles[n], "median_ms": medians.get(n),
                          "skipped": None if n in medians else "not here", "error": None}
                         for n in roles]}
@@ -196,7 +206,7 @@ def test_goal_checks_are_statements_with_numbers():
                                   "te:thd": 2.31, "sut:cudnn_flash_te": 2.45,
                                   "maxtext_original:cudnn_flash_jax": 3.0}),
                _result("long-32k", **{"sut:cudnn_flash_jax": 2.0})]
-    texts = [g["text"] for g in bench.goal_checks(results)]
+    texts = [g["text"] for g in bench_goals.goal_checks(results)]
     assert texts == [
         "op vs raw packed at seed: +1.7% (2.400 vs 2.360 ms; goal <= +3%: met)",
         "op vs causal-only at the seed shape: 0.80x (2.400 vs 3.000 ms; goal <= 0.67x: not met)",
@@ -209,7 +219,7 @@ def test_goal_checks_are_statements_with_numbers():
 
 def test_samples_of_back_to_back_calls(monkeypatch, tmp_path, capsys):
     # GPUs take several calls per sample; force that path here on one cheap entry.
-    monkeypatch.setattr(bench, "_calls_per_sample", lambda seconds, platform: 3)
+    monkeypatch.setattr(bench_timing, "calls_per_sample", lambda seconds, platform: 3)
     out = tmp_path / "b.json"
     assert cli.main(["bench", "--shapes", "small", "--repeats", "2", "--kernels",
                      "raw:cudnn_packed", "--output", str(out)]) == 0

@@ -266,7 +266,7 @@ def test_maxtext_standalone_source_mirrors_the_adapter(name, fake_maxtext):
 
 
 def test_repro_scripts_are_named_after_the_kernel():
-    from harness.tools.repro import default_output
+    from harness.tools.repro.command import default_output
     assert default_output("maxtext:cudnn_flash_jax") == "repro_maxtext_cudnn_flash_jax.py"
     assert default_output("a/b:c") == "repro_a_b_c.py"
 
@@ -274,7 +274,7 @@ def test_repro_scripts_are_named_after_the_kernel():
 def test_a_lambda_kernel_is_refused_before_any_work():
     from harness.errors import UsageError
     from harness.engine.kernel import Kernel
-    from harness.tools.repro import kernel_source
+    from harness.tools.repro.source import kernel_source
     with pytest.raises(UsageError, match="standalone="):
         kernel_source(Kernel("lam", lambda q, k, v, s, *, causal, scale: q))
     source, needs_harness = kernel_source(select_kernels("maxtext_original:cudnn_flash_jax:"

@@ -25,7 +25,7 @@ def current_platform() -> Platform:
                     memory_bytes=device_memory_bytes())
 
 
-def _version(dist: str) -> str | None:
+def package_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -103,10 +103,11 @@ def describe() -> dict:
         "compute_capability": plat.compute_capability,
         "python": _platform.python_version(),
         "jax": jax.__version__,
-        "jaxlib": _version("jaxlib"),
+        "jaxlib": package_version("jaxlib"),
         "cudnn": _cudnn_version(),
-        "transformer_engine": _version("transformer_engine") or _version("transformer_engine_jax"),
-        "maxtext": _version("maxtext"),
+        "transformer_engine": (package_version("transformer_engine")
+                               or package_version("transformer_engine_jax")),
+        "maxtext": package_version("maxtext"),
         "git_commit": commit,
         "git_dirty": dirty,
         "jax_packed_gqa_offsets_bug": gqa_offsets_bug(),

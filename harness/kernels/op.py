@@ -6,10 +6,10 @@ import functools
 
 from harness.engine.kernel import Kernel
 from harness.kernels.reference import ignores_segments_expectation
-from harness.sut.attention_op import AttentionOp, cudnn_backend
+from harness.sut.attention_op import CUDNN_DTYPES, AttentionOp, cudnn_backend
 from harness.sut.config import AttentionConfig
 
-CUDNN = ("bfloat16", "float16")
+CUDNN = CUDNN_DTYPES
 CUDNN_HEAD_DIMS = tuple(range(8, 257, 8))
 CUDNN_MARKER = ("__cudnn$fmha",)
 

@@ -1,0 +1,57 @@
+"""`python -m harness bench`: plan every (shape, entry) on this device (refusing before any work
+when memory leaves nothing to run), time each shape, print its table and the goals, and write
+the JSON report."""
+from __future__ import annotations
+
+import json
+
+from harness.errors import UsageError
+from harness.tools.bench.entries import select_entries
+from harness.tools.bench.goals import goal_checks
+from harness.tools.bench.plans import memory_budget, plan_all
+from harness.tools.bench.results import print_shape, shape_result
+from harness.tools.bench.shapes import shape_set
+from harness.tools.bench.timing import time_shape
+
+# How the numbers were taken, in the JSON report.
+METHOD = {"timing": "jax.vjp forward+backward, compiled ahead, arguments on device, two "
+                    "warm-ups, repeats interleaved across entries in an order shuffled each "
+                    "round, a sample = one untimed call, then calls_per_sample back-to-back "
+                    "calls / calls_per_sample (1 call, none untimed, on CPUs); spread = "
+                    "(max - min) / median",
+          "useful_flops": "same-segment causal only: forward 4*L(L+1)/2*head_dim*heads per "
+                          "segment, backward 2.5x forward"}
+
+
+def main(args) -> int:
+    from harness.engine.environment import current_platform, describe
+
+    if args.repeats < 1:
+        raise UsageError(f"--repeats {args.repeats}: must be at least 1")
+    shapes = shape_set(args.shapes)
+    entries = select_entries(args.kernels)
+    platform = current_platform()
+    budget = memory_budget(platform)
+    plans = plan_all(shapes, entries, platform, budget, args.shapes)  # refuses before any work
+    if platform.name == "cpu":
+        print("cpu: the cuDNN entries run through the cuDNN emulator (dense, plain JAX); their "
+              "times say nothing about cuDNN's")
+    print("useful TFLOP/s: same-segment causal work only (forward 4*L(L+1)/2*head_dim*heads per "
+          "segment of L tokens, backward 2.5x the forward)\n")
+    results = []
+    for shape, shape_plans in zip(shapes, plans):
+        timings = time_shape(shape, shape_plans, args.repeats) \
+            if any(p.runs for p in shape_plans) else []
+        results.append(shape_result(shape, shape_plans, timings))
+        print_shape(results[-1], args.repeats)
+        del timings
+    checks = goal_checks(results)
+    print("\ngoals" + (" (measured on the cpu through the emulator: the goals are for the GPU)"
+                       if platform.name == "cpu" else "") + ":")
+    for c in checks:
+        print(f"  {c['text']}")
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({"environment": describe(), "shapes": args.shapes, "repeats": args.repeats,
+                       "method": METHOD, "results": results, "goals": checks}, f, indent=1)
+    return 0
