@@ -17,12 +17,12 @@ CANARY = select_kernels("canary_ignores_segments")[0]
 
 def _run(kernel, case):
     records = run_kernel_case(kernel, case, CPU).records
-    assert all(r["verdict"] in ("pass", "fail") for r in records), records[0].get("message")
+    assert all(r.verdict in ("pass", "fail") for r in records), records[0].get("message")
     return records
 
 
 def _failing(records, check):
-    return {(r["row"], r["segment"]) for r in records if r["check"] == check and r["verdict"] == "fail"}
+    return {(r.row, r.segment) for r in records if r.check == check and r.verdict == "fail"}
 
 
 def _reads_other_tokens(case, s):
@@ -33,7 +33,7 @@ def _reads_other_tokens(case, s):
                          ids=lambda c: c.id)
 def test_canary_is_caught_exactly_where_it_reads_across(case):
     records = _run(CANARY, case)
-    assert not [r for r in records if r["outcome"] in ("fail", "missed", "error")]
+    assert not [r for r in records if r.outcome in ("fail", "missed", "error")]
     reading = {(s.row, s.number) for s in case.segments if _reads_other_tokens(case, s)}
     # Causal: the forward output fails on exactly the segments that read earlier tokens
     # (segments after a boundary, or after left padding); dq too, single tokens aside.
@@ -51,15 +51,15 @@ def test_canary_is_caught_exactly_where_it_reads_across(case):
     assert _failing(records, "leak") == crowded
     # Nothing is left unjudged without the probe judging that segment.
     for r in records:
-        if r["expected"] == "either":
-            assert r["outcome"] == "unjudged" and r["judged_by"].startswith("leak:")
+        if r.expected == "either":
+            assert r.outcome == "unjudged" and r.judged_by.startswith("leak:")
 
 
 def test_canary_is_invisible_without_packing():
     case = Case("unpacked/pad-tail", 4, 256, 4, 2, 64, "bfloat16", 0)
     records = _run(CANARY, case)
-    assert not any(r["verdict"] == "fail" for r in records)
-    assert {r["outcome"] for r in records} == {"ok"}
+    assert not any(r.verdict == "fail" for r in records)
+    assert {r.outcome for r in records} == {"ok"}
 
 
 def test_causal_canary_with_left_padding_fails_on_segment_one():
@@ -96,15 +96,15 @@ def _masked_attention(query, key, value, mask, scale):
 def test_one_token_leak_is_caught_at_that_token(dtype):
     case = Case("unaligned/block-edges", 4, 256, 4, 2, 32, dtype, 0)
     records = _run(Kernel("off_by_one", _off_by_one), case)
-    failing_out = [r for r in records if r["check"] == "out" and r["verdict"] == "fail"]
-    assert {(r["row"], r["segment"]) for r in failing_out} == \
+    failing_out = [r for r in records if r.check == "out" and r.verdict == "fail"]
+    assert {(r.row, r.segment) for r in failing_out} == \
         {(s.row, s.number) for s in case.segments if s.number > 1}
-    assert all(r["worst_token"] == r["start"] for r in failing_out), "worst token is the first"
+    assert all(r.worst_token == r.start for r in failing_out), "worst token is the first"
 
 
 def test_a_correct_kernel_passes_everywhere():
     case = Case("packed/many", 4, 256, 4, 2, 32, "bfloat16", 0)
-    assert not any(r["verdict"] == "fail" for r in _run(Kernel("dp", dot_product), case))
+    assert not any(r.verdict == "fail" for r in _run(Kernel("dp", dot_product), case))
 
 
 # ----- the leak probe: bitwise, no tolerance ----------------------------------------------------
@@ -120,8 +120,8 @@ def test_leak_probe_catches_what_rounding_hides(case):
     """Long rows where the canary's dq of a trailing single token, or dk/dv of a long first
     segment, hide inside bf16 noise: the probe still flags every segment of a packed row."""
     records = _run(CANARY, case)
-    hidden = {(r["row"], r["segment"]) for r in records
-              if r["check"] != "leak" and r["expected"] == "either" and r["verdict"] == "pass"}
+    hidden = {(r.row, r.segment) for r in records
+              if r.check != "leak" and r.expected == "either" and r.verdict == "pass"}
     assert hidden, "some wrong gradients pass their tolerance here"
     packed_rows = {s.row for s in case.segments if s.number > 1}
     assert _leaks(records) == {(s.row, s.number) for s in case.segments if s.row in packed_rows}
@@ -151,8 +151,8 @@ def test_padding_read_is_caught_by_the_probe_where_padding_comes_first():
     after_padding = {(s.row, s.number) for s in case.segments
                      if (case.segment_ids[s.row, :s.start] == 0).any()}
     assert after_padding and after_padding <= _leaks(records)
-    assert all("padding" in r["message"] for r in records
-               if r["check"] == "leak" and r["verdict"] == "fail")
+    assert all("padding" in r.message for r in records
+               if r.check == "leak" and r.verdict == "fail")
 
 
 def _noisy_by(amplitude, kernel=dot_product):
@@ -171,21 +171,21 @@ _noisy = _noisy_by(1.0)  # run-to-run noise as large as the values: nothing to c
 def test_a_segment_no_run_leaves_untouched_is_not_compared_not_passed():
     """One unpacked row and no padding: nothing else to redraw, nothing compared."""
     alone = Case("unpacked/full", 1, 64, 2, 2, 16, "float32", 0)
-    leak = [r for r in _run_measured(Kernel("dp", dot_product), alone) if r["check"] == "leak"]
-    assert [r["verdict"] for r in leak] == ["unprobed"] and leak[0]["outcome"] == "unjudged"
-    assert "not compared" in leak[0]["message"]
+    leak = [r for r in _run_measured(Kernel("dp", dot_product), alone) if r.check == "leak"]
+    assert [r.verdict for r in leak] == ["unprobed"] and leak[0].outcome == "unjudged"
+    assert "not compared" in leak[0].message
     # Two unpacked rows: each is compared while the other row is redrawn (a leak across rows).
     two = Case("unpacked/full", 2, 64, 2, 2, 16, "float32", 0)
-    leak = [r for r in _run_measured(Kernel("dp", dot_product), two) if r["check"] == "leak"]
-    assert [r["verdict"] for r in leak] == ["pass", "pass"]
+    leak = [r for r in _run_measured(Kernel("dp", dot_product), two) if r.check == "leak"]
+    assert [r.verdict for r in leak] == ["pass", "pass"]
 
 
 def test_leak_probe_lists_what_is_not_reproducible_as_unprobed():
     case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
-    leak = [r for r in _run(Kernel("noisy", _noisy), case) if r["check"] == "leak"]
-    assert leak and all(r["verdict"] == "pass" and r["outcome"] == "ok" for r in leak)
-    assert all(r["unprobed"] == ["out"] and r["probed"] == ["dq", "dk", "dv"] for r in leak)
-    assert all("not probed (run-to-run noise over 1% of the values): out" in r["message"]
+    leak = [r for r in _run(Kernel("noisy", _noisy), case) if r.check == "leak"]
+    assert leak and all(r.verdict == "pass" and r.outcome == "ok" for r in leak)
+    assert all(r.unprobed == ["out"] and r.probed == ["dq", "dk", "dv"] for r in leak)
+    assert all("not probed (run-to-run noise over 1% of the values): out" in r.message
                for r in leak)
 
 
@@ -194,22 +194,22 @@ def test_a_tensor_with_small_run_to_run_noise_is_probed_above_it():
     The probe still compares it, counting changes above the noise (confirmed twice), says so,
     and still catches a leak there; a correct kernel with that noise passes."""
     case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
-    leak = [r for r in _run(Kernel("noisy_small", _noisy_by(1e-5)), case) if r["check"] == "leak"]
-    assert leak and all(r["verdict"] == "pass" for r in leak)
-    assert all(r["probed"] == ["out", "dq", "dk", "dv"] and not r["unprobed"] for r in leak)
-    assert all(set(r["gated"]) == {"out"} and 0 < r["gated"]["out"] < 1e-3 for r in leak)
-    assert all("above run-to-run noise only" in r["message"] for r in leak)
+    leak = [r for r in _run(Kernel("noisy_small", _noisy_by(1e-5)), case) if r.check == "leak"]
+    assert leak and all(r.verdict == "pass" for r in leak)
+    assert all(r.probed == ["out", "dq", "dk", "dv"] and not r.unprobed for r in leak)
+    assert all(set(r.gated) == {"out"} and 0 < r.gated["out"] < 1e-3 for r in leak)
+    assert all("above run-to-run noise only" in r.message for r in leak)
     from harness.kernels.reference import ignores_segments
     leaky = Kernel("noisy_leaky", _noisy_by(1e-5, ignores_segments),
                    expect=lambda c, check, s: "either" if check != "leak" else (
                        "fail" if c.segments_in_row(s.row) > 1 else "pass"))
     records = _run(leaky, case)
-    leak = [r for r in records if r["check"] == "leak"]
+    leak = [r for r in records if r.check == "leak"]
     # Causal only: later segments read earlier keys; earlier keys' dk/dv see later queries.
-    assert {(r["row"], r["segment"]) for r in leak if r["verdict"] == "fail"} == \
+    assert {(r.row, r.segment) for r in leak if r.verdict == "fail"} == \
         {(s.row, s.number) for s in case.segments if case.segments_in_row(s.row) > 1}
     # The noisy output itself shows the leak above its noise where the segment reads across.
-    assert all("untouched: out" in r["message"] for r in leak if r["start"] > 0)
+    assert all("untouched: out" in r.message for r in leak if r.start > 0)
 
 
 def test_a_leak_that_turns_a_noisy_tensor_nan_is_caught():
@@ -231,10 +231,10 @@ def test_a_leak_that_turns_a_noisy_tensor_nan_is_caught():
     leaky = Kernel("nan_leak", _noisy_by(1e-5, nan_leak), backward=False,
                    expect=lambda c, check, s: "fail" if check == "leak" and s.number == 1
                    and c.segments_in_row(s.row) > 1 else "pass")
-    leak = [r for r in _run_measured(leaky, case) if r["check"] == "leak"]
-    assert all(set(r.get("gated", {})) == {"out"} for r in leak), "the output is gated"
-    assert {r["outcome"] for r in leak} == {"ok", "caught"}, [r["message"] for r in leak]
-    assert {(r["row"], r["segment"]) for r in leak if r["outcome"] == "caught"} == \
+    leak = [r for r in _run_measured(leaky, case) if r.check == "leak"]
+    assert all(set(r.gated or {}) == {"out"} for r in leak), "the output is gated"
+    assert {r.outcome for r in leak} == {"ok", "caught"}, [r.message for r in leak]
+    assert {(r.row, r.segment) for r in leak if r.outcome == "caught"} == \
         {(s.row, s.number) for s in case.segments if s.number == 1 and case.segments_in_row(s.row) > 1}
 
 
@@ -246,12 +246,12 @@ def test_a_kernel_expected_to_leak_that_cannot_be_probed_is_not_ok():
 
     # Forward only, and the output differs run to run: nothing can be probed at all.
     kernel = Kernel("noisy_leaker", _noisy, expect=expect_leak, backward=False)
-    leak = [r for r in _run_measured(kernel, case) if r["check"] == "leak"]
-    assert leak and {r["verdict"] for r in leak} == {"unprobed"}
-    assert {r["outcome"] for r in leak} == {"missed"}, "an expected leak nobody saw is not ok"
+    leak = [r for r in _run_measured(kernel, case) if r.check == "leak"]
+    assert leak and {r.verdict for r in leak} == {"unprobed"}
+    assert {r.outcome for r in leak} == {"missed"}, "an expected leak nobody saw is not ok"
     # Where a leak was expected but the probed tensors did not change, that is missed too.
     partly = Kernel("noisy_leaker_2", _noisy, expect=expect_leak)
-    assert {r["outcome"] for r in _run_measured(partly, case) if r["check"] == "leak"} == {"missed"}
+    assert {r.outcome for r in _run_measured(partly, case) if r.check == "leak"} == {"missed"}
 
 
 def _run_measured(kernel, case):
@@ -263,8 +263,8 @@ def test_unjudged_checks_without_a_probe_are_missed():
     case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
     kernel = Kernel("dp_either", dot_product, expect=lambda c, check, s: "either")
     records = run_kernel_case(kernel, case, CPU, leak=False).records
-    tolerance = [r for r in records if r["check"] != "leak"]
-    assert tolerance and {r["outcome"] for r in tolerance} == {"missed"}
+    tolerance = [r for r in records if r.check in ("out", "dq", "dk", "dv")]
+    assert tolerance and {r.outcome for r in tolerance} == {"missed"}
 
 
 def _rarely_noisy(token):
@@ -328,25 +328,26 @@ def test_a_deterministic_build_out_of_memory_is_retried_then_visibly_replaced(mo
     kernel = Kernel("dp", dot_product)
     monkeypatch.setattr(leak_probe, "probe", out_of_memory(1))
     leak = [r for r in run_kernel_case(kernel, case, CPU, Programs(platform="gpu")).records
-            if r["check"] == "leak"]
-    assert len(calls) == 2 and {r["mode"] for r in leak} == {"deterministic"}
+            if r.check == "leak"]
+    assert len(calls) == 2 and {r.mode for r in leak} == {"deterministic"}
     calls.clear()
     monkeypatch.setattr(leak_probe, "probe", out_of_memory(2))
     leak = [r for r in run_kernel_case(kernel, case, CPU, Programs(platform="gpu")).records
-            if r["check"] == "leak"]
-    assert calls[-1] == {"reruns": leak_probe.RERUNS_UNCERTAIN, "confirm": True}
-    assert {r["mode"] for r in leak} == {"default"} and {r["outcome"] for r in leak} == {"ok"}
-    assert all("deterministic build failed (RuntimeError: RESOURCE_EXHAUSTED" in r["message"]
-               and "128.00GiB" in r["message"] for r in leak)
+            if r.check == "leak"]
+    assert calls[-1] == {"reruns": leak_probe.RERUNS_UNCERTAIN, "confirm": True,
+                         "reproducible": None}
+    assert {r.mode for r in leak} == {"default"} and {r.outcome for r in leak} == {"ok"}
+    assert all("deterministic build failed (RuntimeError: RESOURCE_EXHAUSTED" in r.message
+               and "128.00GiB" in r.message for r in leak)
     # More than the whole device: no retry (letting the caches go cannot make 128 GiB fit).
     from harness.engine import runner
     monkeypatch.setattr(runner, "device_memory_bytes", lambda: 100 * 2**30)
     calls.clear()
     monkeypatch.setattr(leak_probe, "probe", out_of_memory(1))
     leak = [r for r in run_kernel_case(kernel, case, CPU, Programs(platform="gpu")).records
-            if r["check"] == "leak"]
+            if r.check == "leak"]
     assert len(calls) == 2 and calls[-1]["reruns"] == leak_probe.RERUNS_UNCERTAIN
-    assert {r["mode"] for r in leak} == {"default"}
+    assert {r.mode for r in leak} == {"default"}
     assert runner.requested_bytes("allocate 1.04TiB with") == int(1.04 * 2**40)
 
 
@@ -363,7 +364,7 @@ def test_a_deterministic_build_that_cannot_fit_the_device_is_not_run(monkeypatch
     monkeypatch.setattr(programs_module.Program, "memory_bytes", lambda self: 2**40)
     case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
     leak = [r for r in run_kernel_case(Kernel("dp", dot_product), case, CPU,
-                                       Programs(platform="gpu")).records if r["check"] == "leak"]
-    assert calls == [{"reruns": leak_probe.RERUNS_UNCERTAIN, "confirm": True}], calls
-    assert {r["mode"] for r in leak} == {"default"} and {r["outcome"] for r in leak} == {"ok"}
-    assert all("DoesNotFit: needs 1024.0 GiB of device memory" in r["message"] for r in leak)
+                                       Programs(platform="gpu")).records if r.check == "leak"]
+    assert calls == [{"reruns": leak_probe.RERUNS_UNCERTAIN, "confirm": True, "reproducible": None}], calls
+    assert {r.mode for r in leak} == {"default"} and {r.outcome for r in leak} == {"ok"}
+    assert all("DoesNotFit: needs 1024.0 GiB of device memory" in r.message for r in leak)

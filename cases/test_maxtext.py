@@ -20,8 +20,8 @@ CASES = [Case("packed/random", 2, 256, 4, 2, 32, "bfloat16", 0),
 def test_maxtext_kernels_are_skipped_with_the_reason():
     for kernel in select_kernels("maxtext:dot_product,maxtext:cudnn_flash_jax,maxtext:cudnn_flash_te"):
         records = run_kernel_case(kernel, CASES[0], Platform("cpu")).records
-        assert [r["verdict"] for r in records] == ["skip"]
-        message = records[0]["message"]
+        assert [r.verdict for r in records] == ["skip"]
+        message = records[0].message
         assert "'maxtext' is not installed" in message or "Python >= 3.12" in message
 
 
@@ -30,7 +30,7 @@ def test_maxtext_kernels_are_skipped_with_the_reason():
 def test_maxtext_dot_product_honours_segments(case):
     kernel = select_kernels("maxtext:dot_product")[0]
     records = run_kernel_case(kernel, case, Platform("cpu")).records
-    assert records and all(r["verdict"] == "pass" for r in records), records[0].get("message")
+    assert records and all(r.verdict == "pass" for r in records), records[0].get("message")
 
 
 @pytest.mark.skipif(not HAVE_MAXTEXT, reason="maxtext is not installed (Python >= 3.12 only)")
@@ -80,7 +80,7 @@ def test_float16_softmax_sum_bug_shows_and_is_reported_as_known():
     kernel = select_kernels("maxtext:dot_product")[0]
     case = Case.from_id("unaligned/block-edges-b4-t2048-h8kv8-d128-f16-s2")
     records = run_kernel_case(kernel, case, Platform("cpu"), leak=False).records
-    known = [r for r in records if r["outcome"] == "known"]
-    assert known and {r["check"] for r in known} <= {"dq", "dk", "dv"}
-    assert all(r["length"] > 256 for r in known)
-    assert not [r for r in records if r["outcome"] in ("fail", "missed", "error")]
+    known = [r for r in records if r.outcome == "known"]
+    assert known and {r.check for r in known} <= {"dq", "dk", "dv"}
+    assert all(r.length > 256 for r in known)
+    assert not [r for r in records if r.outcome in ("fail", "missed", "error")]

@@ -33,27 +33,27 @@ def _noop(q, k, v, seg, *, causal, scale):
 ])
 def test_unsupported_combinations_are_skipped_with_the_reason(caps, platform, reason):
     records = run_kernel_case(Kernel("k", _noop, **caps), CASE, platform).records
-    assert [r["verdict"] for r in records] == ["skip"]
-    assert reason in records[0]["message"]
+    assert [r.verdict for r in records] == ["skip"]
+    assert reason in records[0].message
 
 
 def test_a_kernel_that_raises_is_an_error_not_a_skip():
     def broken(q, k, v, seg, *, causal, scale):
         raise RuntimeError("cuDNN said no")
     records = run_kernel_case(Kernel("broken", broken), CASE, Platform("cpu")).records
-    assert records[0]["outcome"] == "error" and "cuDNN said no" in records[0]["message"]
+    assert records[0].outcome == "error" and "cuDNN said no" in records[0].message
 
 
 def test_wrong_output_shape_is_an_error():
     def wrong(q, k, v, seg, *, causal, scale):
         return q[:, :-1]
     records = run_kernel_case(Kernel("wrong", wrong), CASE, Platform("cpu")).records
-    assert records[0]["outcome"] == "error" and "output shape" in records[0]["message"]
+    assert records[0].outcome == "error" and "output shape" in records[0].message
 
 
 def test_a_kernel_that_returns_its_query_fails_everywhere():
     records = run_kernel_case(Kernel("noop", _noop), CASE, Platform("cpu")).records
-    assert {r["verdict"] for r in records if r["check"] == "out"} == {"fail"}
+    assert {r.verdict for r in records if r.check == "out"} == {"fail"}
 
 
 def test_duplicate_and_unknown_names_are_refused():
@@ -77,7 +77,8 @@ def test_kernel_module_is_picked_up_by_the_cli(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "report.jsonl").read_text().splitlines()]
     assert lines[0]["type"] == "run" and lines[0]["kernels"] == ["my_attention"]
     assert {x["verdict"] for x in lines[1:]} == {"pass"}
-    assert {x["check"] for x in lines[1:]} == {"out", "dq", "dk", "dv", "leak"}
+    assert {x["check"] for x in lines[1:]} == {"out", "dq", "dk", "dv", "leak", "padding",
+                                               "contract"}
     assert (tmp_path / "summary.md").exists() and (tmp_path / "report.html").exists()
 
 

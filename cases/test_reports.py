@@ -33,15 +33,15 @@ def test_views_show_the_canary_down_to_segment_and_token(tmp_path):
     assert status == 0, "the canary is expected to fail: its catches keep the run green"
     header, records = rec.read(tmp_path / "report.jsonl")
     assert header["schema"] == rec.SCHEMA and header["environment"]["platform"] == "cpu"
-    caught = [r for r in records if r["outcome"] == "caught" and r["check"] == "out"]
-    first = min(caught, key=lambda r: (r["row"], r["segment"]))
+    caught = [r for r in records if r.outcome == "caught" and r.check == "out"]
+    first = min(caught, key=lambda r: (r.row, r.segment))
     md = (tmp_path / "summary.md").read_text()
-    assert "canary_ignores_segments" in md and "🔵 caught" in md and first["segment_label"] in md
-    assert f"| canary_ignores_segments | {first['segment_label']} |" in md
+    assert "canary_ignores_segments" in md and "🔵 caught" in md and first.segment_label in md
+    assert f"| canary_ignores_segments | {first.segment_label} |" in md
     assert "## Not judged" in md
     html = (tmp_path / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 2, "heatmap and at least one token plot"
-    assert f"canary_ignores_segments · out · row {first['row']}" in html
+    assert f"canary_ignores_segments · out · row {first.row}" in html
 
 
 def test_a_failing_kernel_is_listed_by_segment_in_markdown(tmp_path):
@@ -65,31 +65,31 @@ def test_compare_passes_an_unchanged_run_and_flags_planted_regressions(tmp_path)
     base = _records(tmp_path)
     assert not compare(base, base).regressed
 
-    flipped = [dict(r) for r in base]
-    victim = next(r for r in flipped if r["kernel"] == "dot_product" and r["check"] == "dq")
-    victim.update(verdict="fail", outcome="fail", ratio=3.0, max_abs_err=victim["max_abs_err"] * 20)
+    flipped = [r.replace() for r in base]
+    victim = next(r for r in flipped if r.kernel == "dot_product" and r.check == "dq")
+    vars(victim).update(verdict="fail", outcome="fail", ratio=3.0, max_abs_err=victim.max_abs_err * 20)
     result = compare(flipped, base)
     assert result.regressed and len(result.flips) == 1
     assert any("ok -> fail" in line for line in result.regressions)
 
-    grown = [dict(r) for r in base]
-    target = max((r for r in grown if r["kernel"] == "dot_product" and r["check"] != "leak"),
-                 key=lambda r: r["ratio"])
-    target.update(max_abs_err=target["max_abs_err"] * 3, ratio=min(target["ratio"] * 3, 0.99))
+    grown = [r.replace() for r in base]
+    target = max((r for r in grown if r.kernel == "dot_product"
+                  and r.check in ("out", "dq", "dk", "dv")), key=lambda r: r.ratio)
+    vars(target).update(max_abs_err=target.max_abs_err * 3, ratio=min(target.ratio * 3, 0.99))
     result = compare(grown, base, growth=2.0)
     assert result.regressed and len(result.grown) == 1 and not result.flips
 
     # A known upstream bug's errors are compared too: no licence to get worse.
-    known_base = [dict(r) for r in base]
-    bug = next(r for r in known_base if r["kernel"] == "dot_product" and r["check"] == "dk")
-    bug.update(expected="known", verdict="fail", outcome="known", ratio=2.0)
-    known_new = [dict(r) for r in known_base]
-    worse = next(r for r in known_new if rec.record_key(r) == rec.record_key(bug))
-    worse.update(max_abs_err=bug["max_abs_err"] * 10, ratio=20.0)
+    known_base = [r.replace() for r in base]
+    bug = next(r for r in known_base if r.kernel == "dot_product" and r.check == "dk")
+    vars(bug).update(expected="known", verdict="fail", outcome="known", ratio=2.0)
+    known_new = [r.replace() for r in known_base]
+    worse = next(r for r in known_new if r.key == bug.key)
+    vars(worse).update(max_abs_err=bug.max_abs_err * 10, ratio=20.0)
     result = compare(known_new, known_base, growth=2.0)
     assert result.regressed and not result.flips and "error grew" in result.regressions[0]
 
-    fewer = [r for r in base if r["kernel"] != "canary_ignores_segments"]
+    fewer = [r for r in base if r.kernel != "canary_ignores_segments"]
     result = compare(fewer, base)
     assert result.missing_cases == [("canary_ignores_segments", CASE.id)] and not result.regressed
 
@@ -145,7 +145,7 @@ def test_xdist_parts_survive_a_crashed_worker_and_junit_has_properties(tmp_path)
     crashed = out.stdout.split("replacing crashed worker ")[1].split()[0]
     assert gpus["gw2"] == gpus[crashed], (gpus, crashed)
     _, records = rec.read(tmp_path / "r" / "report.jsonl")
-    ran = {(r["kernel"], r["case_id"]) for r in records}
+    ran = {(r.kernel, r.case_id) for r in records}
     assert ("dot_product", "packed/random-b4-t256-h4kv2-d64-bf16-s0") in ran
     assert ("dot_product", "unpacked/full-b4-t256-h4kv2-d64-bf16-s0") in ran
     props = {p.get("name") for p in ET.parse(junit).iter("property")}
@@ -169,11 +169,11 @@ def test_pytest_baseline_flags_grown_errors(tmp_path):
     assert good.returncode == 0, good.stdout[-2000:]
     header, records = rec.read(tmp_path / "good" / "report.jsonl")
     for r in records:  # a baseline in which the kernel was 10x more accurate
-        if r.get("max_abs_err"):
-            r["max_abs_err"] /= 10
+        if r.max_abs_err:
+            r.max_abs_err /= 10
     base = tmp_path / "base.jsonl"
     rec.write_header(base, header["environment"], suite="smoke")
-    rec.append(base, [{k: v for k, v in r.items() if k != "type"} for r in records])
+    rec.append(base, records)
     again = _pytest(*args, "--report-dir", str(tmp_path / "again"), "--baseline", str(base))
     assert again.returncode == 1 and "REGRESSION" in again.stdout, again.stdout[-2000:]
     same = _pytest(*args, "--report-dir", str(tmp_path / "same"), "--baseline",
@@ -218,15 +218,16 @@ def test_junit_worst_ratio_is_finite_for_a_failing_kernel(tmp_path):
 
 
 def _record(check, verdict, outcome, ratio=None, expected="pass", segment=1, **extra):
-    return {"kernel": "k", "case_id": CASE.id, "layout": CASE.layout, "check": check,
+    from harness.judge.record import Record
+    return Record.from_json({"kernel": "k", "case_id": CASE.id, "layout": CASE.layout, "check": check,
             "row": 0, "segment": segment, "segment_label": f"r0s{segment}", "start": 0,
             "length": 4, "max_abs_err": 0.5, "worst_token": 0, "tolerance": 0.0 if check == "leak"
             else 1.0, "ratio": ratio, "verdict": verdict, "expected": expected,
-            "outcome": outcome, **extra}
+            "outcome": outcome, **extra})
 
 
 def test_a_cell_failing_only_the_leak_check_is_red():
-    from harness.views.summary import grid
+    from harness.judge.tallies import grid
     records = [_record(c, "pass", "ok", ratio=0.05) for c in ("out", "dq", "dk", "dv")]
     records.append(_record("leak", "fail", "fail"))
     cell = grid(records)[2][("k", CASE.layout)]
@@ -309,10 +310,10 @@ def test_compare_flags_outcomes_gone_bad_and_checks_gone_missing(tmp_path):
     """Turning the leak probe off leaves the canary's checks to nothing: their verdicts are the
     same, their outcomes went bad, and the leak records are gone. Both are regressions."""
     base = _records(tmp_path)
-    left = [dict(r) for r in base if r["check"] != "leak"]
+    left = [r.replace() for r in base if r.check != "leak"]
     for r in left:
-        if r["outcome"] == "unjudged":
-            r["outcome"] = "missed"
+        if r.outcome == "unjudged":
+            r.outcome = "missed"
     result = compare(left, base)
     assert not result.flips and result.regressed
     assert any("unjudged -> missed" in line for line in result.regressions)
@@ -342,15 +343,15 @@ def test_a_known_numerical_bug_is_reported_as_known_in_every_view_never_as_ok(tm
                leak=False)
     assert writer.finish() == 0
     _, records = rec.read(tmp_path / "report.jsonl")
-    known = [r for r in records if r["outcome"] == "known"]
-    assert known and {r["row"] for r in known} == {1} and all(r["message"] == reason for r in known)
-    assert {r["outcome"] for r in records if r["row"] == 0} == {"ok"}
-    line = f"scaled_dq dq: {sum(r['check'] == 'dq' for r in known)} segments fail as known ({reason})"
+    known = [r for r in records if r.outcome == "known"]
+    assert known and {r.row for r in known} == {1} and all(r.message == reason for r in known)
+    assert {r.outcome for r in records if r.row == 0} == {"ok"}
+    line = f"scaled_dq dq: {sum(r.check == 'dq' for r in known)} segments fail as known ({reason})"
     assert line in (tmp_path / "summary.md").read_text()
     assert "## Known upstream bugs" in (tmp_path / "summary.md").read_text()
     assert line in (tmp_path / "report.html").read_text()
     assert judging.outcome("fail", "known") == "known" and judging.outcome("pass", "known") == "ok"
-    from harness.views.summary import grid
+    from harness.judge.tallies import grid
     cell = grid(records)[2][("scaled_dq", CASE.layout)]
     assert cell.status == "known" and cell.segments and cell.heat is not None, "a coloured cell"
     with pytest.raises(ValueError, match="needs its reason"):

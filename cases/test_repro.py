@@ -70,7 +70,7 @@ def test_canary_repro_shrinks_and_its_script_fails_with_plain_python(tmp_path):
     assert " out, segment " in out
     canary = select_kernels("canary_ignores_segments")[0]
     records = run_kernel_case(canary, shrunk, CPU, leak=False).records
-    assert any(r["check"] == "out" and r["verdict"] == "fail" for r in records)
+    assert any(r.check == "out" and r.verdict == "fail" for r in records)
 
     # The script: jax and numpy only; the shrunk ids as a literal; run from an empty folder with
     # a `harness` on the path that refuses to import (it shadows any installed one).

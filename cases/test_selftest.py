@@ -17,7 +17,7 @@ SMALL = (Case("packed/random", 2, 64, 2, 1, 16, "float32", seed=0),)
 
 
 def _row_before(case, seg):
-    return case.segment_ids[seg["row"], :seg["start"]]
+    return case.segment_ids[seg.row, :seg.start]
 
 
 def _case_of(res):
@@ -25,31 +25,39 @@ def _case_of(res):
 
 
 def _tile_split(case, seg, tile=zoo.BLOCK_TILE):
-    return seg["start"] % tile != 0 or (seg["start"] + seg["length"]) % tile != 0
+    return seg.start % tile != 0 or (seg.start + seg.length) % tile != 0
 
 
 # Where each bug lives: its first catch must be there (a bug caught anywhere else would be
 # caught by accident, and the case that should show it would prove nothing).
 WHERE = {
-    "off_by_one_boundary": lambda c, r: r["segment"] > 1 and r["worst_token"] == r["start"],
+    "off_by_one_boundary": lambda c, r: r.segment > 1 and r.worst_token == r.start,
     "block_granular_mask": lambda c, r: _tile_split(c, r),
     "wrong_gqa_mapping": lambda c, r: c.gqa,
-    "gqa_grad_mean": lambda c, r: c.gqa and r["check"] in ("dk", "dv"),
+    "gqa_grad_mean": lambda c, r: c.gqa and r.check in ("dk", "dv"),
     "padding_keys_attended": lambda c, r: c.padding_inside and (_row_before(c, r) == 0).any(),
-    "scale_applied_twice": lambda c, r: r["check"] == "out",
+    "scale_applied_twice": lambda c, r: r.check == "out",
     "segment_ids_folded": lambda c, r: c.layout == "packed/dozens"
-    and r["segment"] > zoo.FOLD,
+    and r.segment > zoo.FOLD,
     "local_window_512": lambda c, r: c.layout == "unaligned/long-edges"
-    and r["length"] > zoo.WINDOW and r["worst_token"] - r["start"] >= zoo.WINDOW,
-    "dq_only_leak": lambda c, r: r["check"] == "dq" and r["segment"] > 1,
-    "dkdv_only_leak": lambda c, r: r["check"] in ("dk", "dv"),
-    "single_tokens_zeroed": lambda c, r: r["length"] == 1,
-    "last_segment_unmasked": lambda c, r: r["segment"] > 1
-    and r["segment"] == c.segments_in_row(r["row"]),
-    "causal_first_segment_only": lambda c, r: c.causal and r["segment"] > 1,
+    and r.length > zoo.WINDOW and r.worst_token - r.start >= zoo.WINDOW,
+    "dq_only_leak": lambda c, r: r.check == "dq" and r.segment > 1,
+    "dkdv_only_leak": lambda c, r: r.check in ("dk", "dv"),
+    "single_tokens_zeroed": lambda c, r: r.length == 1,
+    "last_segment_unmasked": lambda c, r: r.segment > 1
+    and r.segment == c.segments_in_row(r.row),
+    "causal_first_segment_only": lambda c, r: c.causal and r.segment > 1,
     "causal_flag_ignored": lambda c, r: not c.causal,
     "lengths_only_segments": lambda c, r: c.padding_inside and (_row_before(c, r) == 0).any(),
-    "mask_after_softmax": lambda c, r: r["segment"] > 1,
+    "mask_after_softmax": lambda c, r: r.segment > 1,
+    # Padding hygiene: caught by the padding check on a row with padding, at a padding position.
+    "nan_output_at_padding": lambda c, r: r.check == "padding"
+    and c.segment_ids[r.row, r.worst_token] == 0 and "out non-finite" in r.message,
+    "grads_at_padding": lambda c, r: r.check == "padding"
+    and c.segment_ids[r.row, r.worst_token] == 0 and "dq non-zero" in r.message,
+    "nan_grads_at_padding": lambda c, r: r.check == "padding"
+    and c.segment_ids[r.row, r.worst_token] == 0 and "dk non-finite" in r.message,
+    "float32_output": lambda c, r: r.check == "contract" and "float32" in r.message,
 }
 
 
@@ -70,9 +78,9 @@ def test_selftest_catches_every_bug_where_it_lives_and_flags_no_correct_kernel()
             assert res.worst_ratio < 0.8, f"{res.entry.name}: little margin left"
             continue
         r, case = res.first, _case_of(res)
-        assert r["case_id"] == case.id and r["outcome"] == "fail"
-        assert WHERE[res.entry.name](case, r), (res.entry.name, case.id, r["check"],
-                                                r["segment_label"], r["worst_token"])
+        assert r.case_id == case.id and r.outcome == "fail"
+        assert WHERE[res.entry.name](case, r), (res.entry.name, case.id, r.check,
+                                                r.segment_label, r.worst_token)
         # A broken kernel stops at the case that catches it.
         assert res.cases_run == res.case_index + 1
 

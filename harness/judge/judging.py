@@ -85,6 +85,18 @@ def failed(record: Record) -> bool:
     return record.verdict == v.FAIL
 
 
+# tolerance() adds 1e-30 to keep a tolerance positive; one this small means the true tensor is
+# zero everywhere in the case.
+DEGENERATE_TOLERANCE = 2e-30
+
+
+def is_evidence(record: Record) -> bool:
+    """Whether a failing record shows a bug by itself: a bitwise check's always does; a
+    tolerance check's does unless its tolerance is degenerate (the true tensor is zero
+    everywhere in the case: any rounding fails it, e.g. dq of single-token segments)."""
+    return not v.has_ratio(record.check) or record.tolerance > DEGENERATE_TOLERANCE
+
+
 # ----- expectations and outcomes --------------------------------------------------------------
 
 def expectation(value, check_name: str = "") -> tuple[str, str]:
@@ -305,7 +317,9 @@ def leak_message(leak, found, note: str) -> tuple[str, str]:
         message += "; above run-to-run noise only: " + ", ".join(
             f"{t} changes > {x:.2g}" for t, x in found.gated.items())
     if found.unprobed:
-        message += f"; not probed (run-to-run noise too large): {', '.join(found.unprobed)}"
+        from harness.judge.leak_probe import POWERLESS
+        message += (f"; not probed (run-to-run noise over {POWERLESS:.0%} of the values): "
+                    f"{', '.join(found.unprobed)}")
     if note:
         message += f"; {note}"
     return verdict, message

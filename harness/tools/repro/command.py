@@ -11,7 +11,7 @@ from pathlib import Path
 
 import harness
 from harness.errors import UsageError
-from harness.judge.judging import CHECKS
+from harness.judge.vocabulary import CHECKS
 from harness.model.case import Case
 from harness.tools.repro.script import FAILED_MARK, script_text, writer
 from harness.tools.repro.shrink import as_custom, shrink
@@ -86,12 +86,12 @@ def _find_and_shrink(trials: Trials, original: Case, check: str | None) -> tuple
 def _summary(original: Case, shrunk: Trial, check: str, runs: int, elapsed: float,
              output: Path) -> None:
     worst = shrunk.failing(check)[0]
-    label = f"r{worst['row']}s{worst['segment']}"
-    stop = worst["start"] + worst["length"] - 1
+    label = f"r{worst.row}s{worst.segment}"
+    stop = worst.start + worst.length - 1
     print(f"original case: {original.id}")
     print(f"shrunk case:   {shrunk.case.id}  ({runs} kernel runs, {elapsed:.1f} s)")
-    print(f"failing:       check {check}, segment {label} (row {worst['row']}, tokens "
-          f"{worst['start']}..{stop}): {writer(check).numbers(worst)}")
+    print(f"failing:       check {check}, segment {label} (row {worst.row}, tokens "
+          f"{worst.start}..{stop}): {writer(check).numbers(worst)}")
     print(f"script:        {output}")
 
 

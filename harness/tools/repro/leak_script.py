@@ -4,6 +4,8 @@ harness's groups): a segment whose results change at all reads tokens that are n
 from __future__ import annotations
 
 from harness.engine.kernel import Kernel
+from harness.judge import judging
+from harness.judge.record import Record
 from harness.tools.repro.text import ScriptParts, comment_lines, number_literal
 from harness.tools.repro.trials import Trial
 
@@ -100,23 +102,20 @@ def main():
 '''
 
 
-def found(worst: dict) -> str:
+def found(worst: Record) -> str:
     """The worst segment's numbers, for the script's header."""
-    return (f"changed by {number_literal(worst['max_abs_err'])} (bitwise probe, no tolerance) "
-            f"from token {worst['worst_token']}")
+    return (f"changed by {number_literal(worst.max_abs_err)} (bitwise probe, no tolerance) "
+            f"from token {worst.worst_token}")
 
 
-def numbers(worst: dict) -> str:
+def numbers(worst: Record) -> str:
     """The worst segment's numbers, for the command's summary."""
-    return f"changed by {worst['max_abs_err']:.4g} when other tokens were redrawn"
+    return f"changed by {worst.max_abs_err:.4g} when other tokens were redrawn"
 
 
-def _verdict(record: dict) -> str:
+def _verdict(record: Record) -> str:
     """The harness's leak-probe verdict on a segment, with its message where it failed."""
-    verdict = record["verdict"]
-    if verdict == "fail":  # judge: the judge's verdict, shown with its message
-        verdict += f" ({record['message']})"
-    return verdict
+    return record.verdict + (f" ({record.message})" if judging.failed(record) else "")
 
 
 def parts(kernel: Kernel, trial: Trial, check: str) -> ScriptParts:

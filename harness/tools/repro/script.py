@@ -8,7 +8,7 @@ import platform as _platform
 from pathlib import Path
 
 from harness.engine.kernel import Kernel
-from harness.judge.judging import LEAK
+from harness.judge.vocabulary import LEAK
 from harness.model.case import Case
 from harness.tools.repro import leak_script, tolerance_script
 from harness.tools.repro.source import kernel_source
@@ -74,8 +74,8 @@ def _header(kernel: Kernel, original: Case, trial: Trial, check: str, runs: int,
     case, worst = trial.case, trial.failing(check)[0]
     commit, dirty = git_state()
     device = jax.devices()[0]
-    label = f"r{worst['row']}s{worst['segment']}"
-    tokens = f"{worst['start']}..{worst['start'] + worst['length'] - 1}"
+    label = f"r{worst.row}s{worst.segment}"
+    tokens = f"{worst.start}..{worst.start + worst.length - 1}"
     return ["#!/usr/bin/env python3"] + comment_lines(
         f"Standalone reproduction: {kernel.name} fails the `{check}` check on a packed "
         "sequence (several documents per row told apart by int32 segment ids 1..M, 0 = padding)."
@@ -84,7 +84,7 @@ def _header(kernel: Kernel, original: Case, trial: Trial, check: str, runs: int,
         f"{original.id}`):\n"
         f"  kernel   {kernel.name}\n"
         f"  check    {check}: {CHECK_WORDS[check]}\n"
-        f"  segment  {label} (row {worst['row']}, segment {worst['segment']}, tokens {tokens}): "
+        f"  segment  {label} (row {worst.row}, segment {worst.segment}, tokens {tokens}): "
         f"{parts.found}\n"
         f"  case     {case.id}\n"
         f"           (batch {case.batch}, seq_len {case.seq_len}, heads {case.heads}, kv "

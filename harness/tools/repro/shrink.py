@@ -39,7 +39,7 @@ def _row_moves(case: Case, trial: Trial, check: str) -> Iterator[Case | None]:
     rows = rows_of(case.segment_ids)
     if len(rows) == 1:
         return
-    failing_rows = list(dict.fromkeys(r["row"] for r in trial.failing(check)))
+    failing_rows = list(dict.fromkeys(r.row for r in trial.failing(check)))
     for r in failing_rows:                                    # one row: the worst first
         yield as_custom(case, rows=[rows[r]])
     for r in range(len(rows)):                                # one row less

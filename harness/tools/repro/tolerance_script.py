@@ -4,7 +4,9 @@ segment's max abs error next to the tolerance the harness computed for it on the
 from __future__ import annotations
 
 from harness.engine.kernel import Kernel
-from harness.judge.judging import CHECKS, FLOAT32_FLOOR_FACTOR, TENSORS
+from harness.judge.judging import FLOAT32_FLOOR_FACTOR
+from harness.judge.record import Record
+from harness.judge.vocabulary import CHECKS, TENSORS
 from harness.tools.repro.text import ScriptParts, comment_lines, number_literal
 from harness.tools.repro.trials import Trial
 
@@ -89,19 +91,19 @@ def main():
 '''
 
 
-def found(worst: dict) -> str:
+def found(worst: Record) -> str:
     """The worst segment's numbers, for the script's header."""
-    ratio = "inf" if worst["ratio"] is None else f"{worst['ratio']:.3g}"
-    err = "non-finite" if worst["max_abs_err"] is None else f"{worst['max_abs_err']:.4g}"
-    return (f"max abs err {err} against a tolerance of {worst['tolerance']:.4g} "
-            f"({ratio}x), worst at token {worst['worst_token']}")
+    ratio = "inf" if worst.ratio is None else f"{worst.ratio:.3g}"
+    err = "non-finite" if worst.max_abs_err is None else f"{worst.max_abs_err:.4g}"
+    return (f"max abs err {err} against a tolerance of {worst.tolerance:.4g} "
+            f"({ratio}x), worst at token {worst.worst_token}")
 
 
-def numbers(worst: dict) -> str:
+def numbers(worst: Record) -> str:
     """The worst segment's numbers, for the command's summary."""
-    ratio = "inf" if worst["ratio"] is None else f"{worst['ratio']:.3g}"
-    err = "non-finite" if worst["max_abs_err"] is None else f"{worst['max_abs_err']:.4g}"
-    return f"max abs err {err}, tolerance {worst['tolerance']:.4g}, ratio {ratio}"
+    ratio = "inf" if worst.ratio is None else f"{worst.ratio:.3g}"
+    err = "non-finite" if worst.max_abs_err is None else f"{worst.max_abs_err:.4g}"
+    return f"max abs err {err}, tolerance {worst.tolerance:.4g}, ratio {ratio}"
 
 
 def _segments_comment(check: str, dtype: str) -> str:
@@ -131,7 +133,7 @@ def parts(kernel: Kernel, trial: Trial, check: str) -> ScriptParts:
     for seg in case.segments:
         rec = trial.record(check, seg.row, seg.number)
         rows.append(f"    ({seg.row}, {seg.number}, {seg.start}, {seg.stop}, "
-                    f"{number_literal(rec['tolerance'])}, {number_literal(rec['max_abs_err'])}),")
+                    f"{number_literal(rec.tolerance)}, {number_literal(rec.max_abs_err)}),")
     return ScriptParts(
         found=found(trial.failing(check)[0]),
         method=("The script draws the case's inputs from its seed with numpy (the harness's own "

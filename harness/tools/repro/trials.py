@@ -7,45 +7,36 @@ from dataclasses import dataclass
 
 from harness.errors import UsageError
 from harness.engine.kernel import Kernel, Platform
-from harness.judge.judging import LEAK, TENSORS
+from harness.judge import judging
+from harness.judge import vocabulary as v
+from harness.judge.record import Record
+from harness.judge.vocabulary import LEAK, TENSORS
 from harness.model.case import Case
 
 MAX_RUNS = 150
-# judging.tolerance adds 1e-30 to keep a tolerance positive; a tolerance this small means the
-# true tensor is zero everywhere in the case.
-DEGENERATE_TOLERANCE = 2e-30
 
 
 @dataclass
 class Trial:
     """One run of the kernel on one case: the case and the run's records."""
     case: Case
-    records: list[dict]
+    records: list[Record]
 
-    def failing(self, check: str, evidence: bool = False) -> list[dict]:
+    def failing(self, check: str, evidence: bool = False) -> list[Record]:
         """The check's failing segment records, worst first (those that are evidence first).
         `evidence`: only those, leaving out failures against a tensor that is zero everywhere in
         the case (its tolerance is then only the 1e-30 that keeps it positive: any rounding
         fails it; e.g. dq of a case made of single-token segments)."""
-        # judge: a record fails when the judge's verdict says so (segment records only)
-        bad = [r for r in self.records if r["check"] == check and r["verdict"] == "fail"
-               and r.get("segment")]
+        bad = [r for r in self.records if r.check == check and judging.failed(r) and r.segment]
         if evidence:
-            bad = [r for r in bad if is_evidence(r)]
-        return sorted(bad, key=lambda r: (not is_evidence(r), -(
-            r["ratio"] if r.get("ratio") is not None else float("inf"))))
+            bad = [r for r in bad if judging.is_evidence(r)]
+        return sorted(bad, key=lambda r: (not judging.is_evidence(r), -(
+            r.ratio if r.ratio is not None else float("inf"))))
 
-    def record(self, check: str, row: int, segment: int) -> dict:
+    def record(self, check: str, row: int, segment: int) -> Record:
         """The check's record of one segment."""
-        return next(r for r in self.records if r["check"] == check and r.get("row") == row
-                    and r.get("segment") == segment)
-
-
-def is_evidence(record: dict) -> bool:
-    """Whether a failing record shows a bug: the leak probe's always does; a tolerance check's
-    does unless its tolerance is degenerate (the true tensor is zero everywhere)."""
-    # judge: repro's own rule on which failures count (a degenerate tolerance does not)
-    return record["check"] == LEAK.name or record["tolerance"] > DEGENERATE_TOLERANCE
+        return next(r for r in self.records if r.check == check and r.row == row
+                    and r.segment == segment)
 
 
 class Budget(Exception):
@@ -111,7 +102,7 @@ def target_check(trials: Trials, case: Case, check: str | None) -> Trial:
 def refuse_errors(kernel: Kernel, trial: Trial) -> None:
     """A UsageError if the kernel raised on the case: repro shrinks wrong results only."""
     for r in trial.records:
-        if r["verdict"] == "error":  # judge: a record the judge called an error
-            first = (r.get("message") or "").splitlines()[0][:300] if r.get("message") else ""
+        if r.verdict == v.ERROR:
+            first = r.message.splitlines()[0][:300] if r.message else ""
             raise UsageError(f"{kernel.name} raises on {trial.case.id} ({first}); repro shrinks "
                              "wrong results, not errors")
