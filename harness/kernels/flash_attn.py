@@ -120,10 +120,7 @@ def fa2_flattened(query, key, value, segment_ids, *, causal, scale, max_segments
                       scale=scale, max_segments=max_segments)
 
 
-def fa2_vmapped(query, key, value, segment_ids, *, causal, scale, max_segments):
-    """jax.vmap of flash_attn_jax.flash_mha_varlen over rows, each with its own cu_seqlens:
-    the library's vmap rule flattens the batch itself."""
-    varlen = _fa2().flash_mha_varlen
+def _vmapped(varlen, query, key, value, segment_ids, *, causal, scale, max_segments):
     t = query.shape[1]
 
     def row(q, k, v, cu):
@@ -131,6 +128,13 @@ def fa2_vmapped(query, key, value, segment_ids, *, causal, scale, max_segments):
                       is_causal=causal)
 
     return jax.vmap(row)(query, key, value, row_cu_seqlens(segment_ids, max_segments))
+
+
+def fa2_vmapped(query, key, value, segment_ids, *, causal, scale, max_segments):
+    """jax.vmap of flash_attn_jax.flash_mha_varlen over rows, each with its own cu_seqlens:
+    the library's vmap rule flattens the batch itself."""
+    return _vmapped(_fa2().flash_mha_varlen, query, key, value, segment_ids, causal=causal,
+                    scale=scale, max_segments=max_segments)
 
 
 def fa3_flattened(query, key, value, segment_ids, *, causal, scale, max_segments):

@@ -19,7 +19,8 @@ constraints. The mask costs B x T x T bytes, its bias B x T x T elements of the 
 from __future__ import annotations
 
 from harness.engine.kernel import Kernel
-from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER, _even_seq, _pre_hopper_head_dims
+from harness.kernels.op import (CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER, _even_seq,
+                                _pre_hopper_head_dims)
 from harness.sut.dot_product import segment_mask
 
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 import functools
 
 from harness.engine.kernel import Kernel
-from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER, _even_seq, _pre_hopper_head_dims
+from harness.kernels.op import (CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER, _even_seq,
+                                _pre_hopper_head_dims)
 from harness.kernels.reference import no_f16_on_cpu
 from harness.sut.dot_product import segment_mask
 
