@@ -31,8 +31,8 @@ The two libraries register FFI targets of the same names: whichever is imported 
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -81,19 +81,16 @@ def row_cu_seqlens(segment_ids, max_segments: int):
 
 def load_cudart12() -> None:
     """flash-attn-jax's extension links libcudart.so.12, which a CUDA 13 jax does not bring:
-    load it globally first, from the system or from the nvidia-cuda-runtime-cu12 package. If
-    neither has it, the import that follows fails with the loader's own message."""
+    load it globally first, from the system or from the nvidia-cuda-runtime-cu12 package
+    (nvidia/cuda_runtime/lib on sys.path). If neither has it, the import that follows fails
+    with the loader's own message."""
     try:
         ctypes.CDLL("libcudart.so.12", mode=ctypes.RTLD_GLOBAL)
         return
     except OSError:
         pass
-    try:
-        spec = importlib.util.find_spec("nvidia.cuda_runtime")
-    except ModuleNotFoundError:
-        return
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = os.path.join(folder, "lib", "libcudart.so.12")
+    for root in sys.path:
+        path = os.path.join(root or ".", "nvidia", "cuda_runtime", "lib", "libcudart.so.12")
         if os.path.exists(path):
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
             return

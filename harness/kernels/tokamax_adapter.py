@@ -20,11 +20,14 @@ The implementations (tokamax 0.0.12, read from its source):
 - `triton`: Pallas Triton flash attention. Its kernel calls `pl.dot`, which jax deprecated in
   0.11.0 and removed in 0.12.0: on jax 0.11.2 (the H200) and 0.12 it raises
   "AttributeError: pl.dot was deprecated in JAX v0.11.0, and removed in JAX v0.12.0" when
-  traced: a known upstream incompatibility, declared with expect_error.
+  traced (seen on the H200 with 0.11.2; on 0.12 the same text, raised when its kernel is traced
+  for CUDA on a CPU: cases/test_census_adapters.py): a known upstream incompatibility,
+  declared with expect_error.
 - `mosaic`: Pallas Mosaic GPU flash attention (tokamax maps "mosaic" to "mosaic_gpu" on NVIDIA
   devices; sm90 and sm100 only). It passes `out_shape=` to `plgpu.kernel`, which newer jax
   forwards to `Mesh`: "Mesh.__init__() got an unexpected keyword argument 'out_shape'" on jax
-  0.11.2 (seen on the H200) and 0.12 (same call in its source): known upstream, expect_error.
+  0.11.2 (seen on the H200) and 0.12 (traced for CUDA on a CPU, tokamax's sm90 checks answered
+  yes: cases/test_census_adapters.py): known upstream, declared with expect_error.
 """
 from __future__ import annotations
 
