@@ -194,6 +194,11 @@ def _import_library(kernel: Kernel):
     missing = _missing(kernel)
     if missing:
         pytest.skip(f"{kernel.name}: optional dependency {missing[0]!r} is not installed")
+    clash = [k.name for k in select_kernels(CENSUS) if k.isolation not in (None, kernel.isolation)
+             and k.requires[0] in sys.modules]
+    if kernel.isolation and clash:   # on a GPU the second library's import would fail
+        pytest.skip(f"{kernel.name} cannot share a process with {clash[0]} (isolation "
+                    f"{kernel.isolation!r}): select one group with -k")
     try:
         if kernel.name.startswith("flash_attn:"):
             from harness.kernels.flash_attn import _fa2
