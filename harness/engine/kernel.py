@@ -37,6 +37,13 @@ class Platform:
 
 @dataclass(frozen=True, eq=False)
 class Kernel:
+    """A kernel and its capabilities (the fields below; see the module docstring).
+
+    `isolation` names a process group: kernels of different non-None groups must not share a
+    process, because their libraries clash once both are imported there (flash-attn-jax and
+    flash-attn3-jax register FFI targets of the same names, and the second import fails), so a
+    runner gives each group worker processes of its own. None: the kernel shares any process.
+    """
     name: str
     fn: Callable
     dtypes: tuple[str, ...] = ALL_DTYPES
@@ -74,6 +81,8 @@ class Kernel:
     # max_segments=None)` with nothing but jax, numpy and the kernel's own library: what
     # `python -m harness repro` writes into a standalone script. None: the script imports `fn`.
     standalone: str | None = None
+    # Process group: kernels of different non-None groups never share a process (docstring).
+    isolation: str | None = None
     description: str = ""
     tags: tuple[str, ...] = field(default=())
     # What the kernel writes at padding positions: "zero", "finite" (any finite value) or

@@ -1,0 +1,168 @@
+"""The FlashAttention ports for JAX, through their varlen call `flash_mha_varlen`:
+- `flash_attn:varlen` and `flash_attn:varlen_vmap`: flash-attn-jax 0.6.2 (FlashAttention-2;
+  extra `flash-attn`), called on the packed rows flattened to one token stream, and per row
+  through the library's own vmap rule;
+- `flash_attn3:varlen`: flash-attn3-jax 0.2.3 (FlashAttention-3), flattened (the library has
+  no vmap rule for its varlen primitives: per-row calls cannot be vmapped).
+
+Both take q [total, heads, d], k and v [total, kv_heads, d] (GQA/MQA when kv_heads divides
+heads) and `cu_seqlens` int32 [n+1], the cumulative boundaries of n sequences (0, l1, l1+l2,
+..., the last entry the end of the last sequence), plus static `max_seqlen_q/k` (an upper
+bound on any sequence's length: the row length T here) and `softmax_scale`, `is_causal`.
+
+cu_seqlens cannot leave a gap between two sequences: padding before or between segments is
+expressed as sequences of its own (a stretch of padding attends only itself, and no valid
+query sees it), so these kernels take padding anywhere. Slots are static: a row of at most M
+segments has at most 2M+1 runs (segments and stretches of padding); unused slots are
+zero-length sequences (repeated boundaries). Flattened: every run of every row is a sequence,
+each row's trailing padding included (rows are cut at their start). Per row (vmap): the
+boundaries of the row's runs up to the end of its last segment; trailing padding is left out,
+as a user lists documents, and the library's vmap rule makes it the gap sequence between rows.
+
+From their source (wheels read 2026-11-30): bf16/f16 only (`assert q_dtype in [bfloat16,
+float16]`); FA2 has kernels for head dims up to 256 (its wrapper pads d to a multiple of 8;
+declared: multiples of 8), sm_80 code and PTX; FA3's published wheels carry sm_90 code for
+head_dim 128 only. FFI targets: FA2 `flash_mha_varlen_fwd`/`flash_mha_varlen_bwd`, FA3
+`flash_mha_fwd`/`flash_mha_bwd` (varlen shares them). Neither exposes a determinism switch
+(FA2 passes `deterministic=False` to its backward; FA3's varlen call does not forward one).
+The two libraries register FFI targets of the same names: whichever is imported second fails
+("Duplicate FFI handler registration"), so their kernels are in different isolation groups.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from harness.engine.kernel import Kernel
+from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS
+
+FA2_MARKERS = ("flash_mha_varlen_fwd", "flash_mha_varlen_bwd")
+FA3_MARKERS = ("flash_mha_fwd", "flash_mha_bwd")
+
+
+def run_starts(segment_ids):
+    """[B, T] bool: where a run of equal ids (a segment, or a stretch of padding) begins; every
+    row's first token begins one."""
+    seg = segment_ids.astype(jnp.int32)
+    prev = jnp.concatenate([jnp.full_like(seg[:, :1], -1), seg[:, :-1]], axis=1)
+    return seg != prev
+
+
+def slots_per_row(max_segments: int) -> int:
+    """Runs a row of at most max_segments segments can have: the segments, and a stretch of
+    padding before each and after the last."""
+    return 2 * max_segments + 1
+
+
+def flat_cu_seqlens(segment_ids, max_segments: int):
+    """int32 [B * (2M+1) + 1]: every run of the flattened rows as one sequence; unused slots are
+    zero-length sequences at the end."""
+    b, t = segment_ids.shape
+    starts = jnp.nonzero(run_starts(segment_ids).reshape(-1),
+                         size=b * slots_per_row(max_segments), fill_value=b * t)[0]
+    return jnp.concatenate([starts, jnp.array([b * t])]).astype(jnp.int32)
+
+
+def row_cu_seqlens(segment_ids, max_segments: int):
+    """int32 [B, 2M+1]: per row, the boundaries of its runs up to the end of its last segment
+    (trailing padding left out), the unused slots repeating that end."""
+    _, t = segment_ids.shape
+    index = jnp.arange(t, dtype=jnp.int32)[None]
+    end = jnp.max(jnp.where(segment_ids > 0, index + 1, 0), axis=1)          # [B]
+    starts = run_starts(segment_ids) & (index < end[:, None])
+    first = jax.vmap(lambda s: jnp.nonzero(s, size=2 * max_segments, fill_value=t)[0])(starts)
+    cu = jnp.concatenate([jnp.minimum(first, end[:, None]), end[:, None]], axis=1)
+    return cu.astype(jnp.int32)
+
+
+def load_cudart12() -> None:
+    """flash-attn-jax's extension links libcudart.so.12, which a CUDA 13 jax does not bring:
+    load it globally first, from the system or from the nvidia-cuda-runtime-cu12 package
+    (nvidia/cuda_runtime/lib on sys.path). If neither has it, the import that follows fails
+    with the loader's own message."""
+    try:
+        ctypes.CDLL("libcudart.so.12", mode=ctypes.RTLD_GLOBAL)
+        return
+    except OSError:
+        pass
+    for root in sys.path:
+        path = os.path.join(root or ".", "nvidia", "cuda_runtime", "lib", "libcudart.so.12")
+        if os.path.exists(path):
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            return
+
+
+def _fa2():
+    load_cudart12()
+    import flash_attn_jax
+    return flash_attn_jax
+
+
+def _flattened(varlen, query, key, value, segment_ids, *, causal, scale, max_segments):
+    b, t, heads, d = query.shape
+    cu = flat_cu_seqlens(segment_ids, max_segments)
+    out = varlen(query.reshape(b * t, heads, d), key.reshape(b * t, key.shape[2], d),
+                 value.reshape(b * t, value.shape[2], d), cu, cu, max_seqlen_q=t,
+                 max_seqlen_k=t, softmax_scale=scale, is_causal=causal)
+    return out.reshape(query.shape)
+
+
+def fa2_flattened(query, key, value, segment_ids, *, causal, scale, max_segments):
+    """flash_attn_jax.flash_mha_varlen on the rows flattened to one token stream."""
+    return _flattened(_fa2().flash_mha_varlen, query, key, value, segment_ids, causal=causal,
+                      scale=scale, max_segments=max_segments)
+
+
+def _vmapped(varlen, query, key, value, segment_ids, *, causal, scale, max_segments):
+    t = query.shape[1]
+
+    def row(q, k, v, cu):
+        return varlen(q, k, v, cu, cu, max_seqlen_q=t, max_seqlen_k=t, softmax_scale=scale,
+                      is_causal=causal)
+
+    return jax.vmap(row)(query, key, value, row_cu_seqlens(segment_ids, max_segments))
+
+
+def fa2_vmapped(query, key, value, segment_ids, *, causal, scale, max_segments):
+    """jax.vmap of flash_attn_jax.flash_mha_varlen over rows, each with its own cu_seqlens:
+    the library's vmap rule flattens the batch itself."""
+    return _vmapped(_fa2().flash_mha_varlen, query, key, value, segment_ids, causal=causal,
+                    scale=scale, max_segments=max_segments)
+
+
+def fa3_flattened(query, key, value, segment_ids, *, causal, scale, max_segments):
+    """flash_attn3_jax.flash_mha_varlen on the rows flattened to one token stream."""
+    import flash_attn3_jax
+    return _flattened(flash_attn3_jax.flash_mha_varlen, query, key, value, segment_ids,
+                      causal=causal, scale=scale, max_segments=max_segments)
+
+
+def _sm90_only(case, platform):
+    cc = platform.compute_capability
+    if platform.name == "gpu" and cc is not None and int(cc) != 9:
+        return [f"flash-attn3-jax's published wheels carry sm_90 code only; device has {cc}"]
+    return []
+
+
+_FA2 = dict(dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), padding_anywhere=True,
+            min_compute_capability=8.0, requires=("flash_attn_jax", "einops"),
+            takes_max_segments=True, hlo_markers=FA2_MARKERS, isolation="flash_attn2")
+
+KERNELS = [
+    Kernel("flash_attn:varlen", fa2_flattened, **_FA2,
+           description="flash-attn-jax 0.6.2 flash_mha_varlen (FlashAttention-2), rows "
+                       "flattened with cu_seqlens"),
+    Kernel("flash_attn:varlen_vmap", fa2_vmapped, **_FA2,
+           description="flash-attn-jax 0.6.2 flash_mha_varlen (FlashAttention-2), per-row "
+                       "cu_seqlens through its vmap rule"),
+    Kernel("flash_attn3:varlen", fa3_flattened, dtypes=CUDNN, head_dims=(128,), devices=("gpu",),
+           padding_anywhere=True, min_compute_capability=9.0, constraints=_sm90_only,
+           requires=("flash_attn3_jax", "einops"), takes_max_segments=True,
+           hlo_markers=FA3_MARKERS, isolation="flash_attn3",
+           description="flash-attn3-jax 0.2.3 flash_mha_varlen (FlashAttention-3, Hopper, "
+                       "head_dim 128), rows flattened with cu_seqlens"),
+]
