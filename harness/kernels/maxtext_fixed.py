@@ -26,6 +26,7 @@ where nothing else calls jax's cuDNN SDPA.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib.util
@@ -80,28 +81,37 @@ def original_source() -> Path:
     return Path(spec.origin)
 
 
-def apply_patch(source: Path, patch: Path, out_dir: Path, *, dry_run: bool = False) -> Path:
-    """Applies `patch` to a copy of `source` in out_dir; returns the patched file's path.
-    GNU patch without fuzz (-F0), or `git apply` where patch is missing; PatchError otherwise."""
+def apply_to_tree(patch: Path, root: Path, *, dry_run: bool = False) -> None:
+    """Applies a unified diff whose paths are a/..., b/... inside the folder `root`: GNU patch
+    without fuzz (a drifted source fails rather than patching the nearest match), or `git apply`
+    where patch is missing. PatchError with the tool's message when it does not apply."""
     if shutil.which("patch"):
-        out = out_dir / source.name
-        cmd = ["patch", "--batch", "--forward", "--fuzz=0", "--reject-file=-", f"--output={out}",
-               *(["--dry-run"] if dry_run else []), str(source), str(patch)]
-        cwd, env = None, None
+        cmd = ["patch", "-p1", "--batch", "--forward", "--fuzz=0", "--reject-file=-",
+               f"--directory={root}", f"--input={patch}", *(["--dry-run"] if dry_run else [])]
+        env = None
     elif shutil.which("git"):
-        out = out_dir / UPSTREAM_PATH
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, out)
-        cmd = ["git", "apply", *(["--check"] if dry_run else []), str(patch)]
-        # Never let git find a repository above the scratch folder and apply there instead.
-        cwd, env = out_dir, {**os.environ, "GIT_CEILING_DIRECTORIES": str(out_dir.parent)}
+        cmd = ["git", "-C", str(root), "apply", *(["--check"] if dry_run else []), str(patch)]
+        # Never let git find a repository above `root` and apply the patch there instead.
+        env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(root.parent)}
     else:
         raise PatchError("applying the MaxText patch needs the `patch` tool (GNU patch) or git; "
                          "neither is on PATH")
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         message = " ".join((proc.stdout + proc.stderr).split())
-        raise PatchError(f"{patch} does not apply to {source} ({cmd[0]}): {message}")
+        raise PatchError(f"{patch} does not apply in {root} ({cmd[0]}): {message}")
+
+
+def apply_patch(source: Path, patch: Path, out_dir: Path, *, dry_run: bool = False) -> Path:
+    """A copy of `source` at out_dir/src/maxtext/layers/attention_op.py (the path the patch
+    names), patched there; returns its path. The installed file is never written."""
+    out = out_dir / UPSTREAM_PATH
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, out)
+    try:
+        apply_to_tree(patch, out_dir, dry_run=dry_run)
+    except PatchError as exc:
+        raise PatchError(f"{exc} (source: {source})") from None
     return out
 
 
@@ -111,7 +121,8 @@ def patched_module():
     process) as `maxtext.layers.attention_op_fixed`; the original module stays as it is."""
     mark_absl_flags_parsed()  # MaxText's libraries read absl flags at import
     source, patch = original_source(), patch_path()
-    out_dir = Path(tempfile.mkdtemp(prefix="maxtext-fixed-"))  # kept: tracebacks show its lines
+    out_dir = Path(tempfile.mkdtemp(prefix="maxtext-fixed-"))
+    atexit.register(shutil.rmtree, out_dir, True)  # kept until exit: tracebacks show its lines
     patched = apply_patch(source, patch, out_dir)
     spec = importlib.util.spec_from_file_location(FIXED_MODULE, patched)
     module = importlib.util.module_from_spec(spec)
