@@ -95,9 +95,6 @@ class Kernel:
     # changes that (atomics): the leak probe never trusts a bitwise rerun of it and decides
     # statistically (harness.judge.leak_probe). None: find out by rerunning.
     reproducible: bool | None = None
-    # Kernels of different non-None groups must not share a process (libraries that register
-    # the same FFI targets, or crash their process): they run in worker processes of their own.
-    isolation: str | None = None
 
     def __post_init__(self):
         if self.padding_output not in v.PADDING_OUTPUTS:

@@ -57,13 +57,20 @@ class MaxTextConfig:
 DATASET_TYPE = "tfds"
 
 
-def maxtext_attention(query, key, value, segment_ids, *, causal, scale, max_segments, attention):
+def maxtext_attention(query, key, value, segment_ids, *, causal, scale, max_segments, attention,
+                      attention_op_module=None):
+    """MaxText's AttentionOp in train mode. `attention_op_module`: the module whose AttentionOp
+    runs (default the installed `maxtext.layers.attention_op`; harness.kernels.maxtext_fixed
+    passes that module with the patch under patches/ applied)."""
+    import importlib
+
     import jax
     import numpy as np
     from jax.sharding import Mesh
-    from maxtext.layers.attention_op import AttentionOp
 
     from harness.sut.lowering import positions
+
+    module = attention_op_module or importlib.import_module("maxtext.layers.attention_op")
 
     del causal  # MaxText's decoder attention is causal; the kernel declares causal_only
     _, t, heads, _ = query.shape
@@ -71,8 +78,9 @@ def maxtext_attention(query, key, value, segment_ids, *, causal, scale, max_segm
                            max_segments_per_seq=max_segments, dataset_type=DATASET_TYPE)
     axes = tuple(_base_config()["mesh_axes"])
     mesh = Mesh(np.array(jax.local_devices()[:1]).reshape((1,) * len(axes)), axes)
-    op = AttentionOp(config=config, mesh=mesh, attention_kernel=attention, max_target_length=t,
-                     num_query_heads=heads, num_kv_heads=key.shape[2], dtype=query.dtype)
+    op = module.AttentionOp(config=config, mesh=mesh, attention_kernel=attention,
+                            max_target_length=t, num_query_heads=heads,
+                            num_kv_heads=key.shape[2], dtype=query.dtype)
     out = op(query * jax.numpy.asarray(scale, query.dtype), key, value, segment_ids,
              positions(segment_ids), "train")
     return out[0] if isinstance(out, tuple) else out

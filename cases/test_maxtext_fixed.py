@@ -1,0 +1,226 @@
+"""The MaxText patch (patches/maxtext-0.2.5/) and the maxtext_fixed: kernels, which run MaxText's
+real AttentionOp with it applied. Needs maxtext (Python >= 3.12); elsewhere the kernels are
+skipped with the reason and the rest of this file is skipped.
+
+Run: PYTHONPATH=$PWD /work/venv312/bin/python -m pytest cases/test_maxtext_fixed.py -q
+"""
+import functools
+import importlib.util
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.engine.kernel import Platform
+from harness.engine.registry import select_kernels
+from harness.engine.runner import run_kernel_case
+from harness.judge import judging
+from harness.kernels import maxtext_fixed
+from harness.model.case import Case
+
+HAVE_MAXTEXT = importlib.util.find_spec("maxtext") is not None and sys.version_info >= (3, 12)
+needs_maxtext = pytest.mark.skipif(not HAVE_MAXTEXT,
+                                   reason="maxtext is not installed (Python >= 3.12 only)")
+ROOT = Path(__file__).resolve().parents[1]
+CPU = Platform("cpu")
+FIXED = "maxtext_fixed:cudnn_flash_jax:emulated"
+ORIGINAL = "maxtext:cudnn_flash_jax:emulated"
+# Smoke-suite layouts where the original op is caught: packed, unaligned, single tokens, GQA.
+CASES = [Case("packed/random", 2, 256, 4, 2, 32, "bfloat16", 0),
+         Case("unaligned/block-edges", 4, 256, 4, 4, 32, "float16", 0),
+         Case("extremes/single-tokens", 4, 64, 4, 1, 16, "bfloat16", 1)]
+
+
+def run(name, case):
+    return run_kernel_case(select_kernels(name)[0], case, CPU).records
+
+
+@pytest.mark.skipif(HAVE_MAXTEXT, reason="maxtext is installed here")
+def test_fixed_kernels_are_skipped_with_the_reason():
+    for name in ("maxtext_fixed:cudnn_flash_jax", FIXED, f"{FIXED}-sm80", ORIGINAL):
+        records = run_kernel_case(select_kernels(name)[0], CASES[0], CPU).records
+        assert [r["verdict"] for r in records] == ["skip"]
+        message = records[0]["message"]
+        assert "'maxtext' is not installed" in message or "Python >= 3.12" in message, message
+
+
+# ----- the patch itself ------------------------------------------------------------------------
+
+@needs_maxtext
+@pytest.mark.parametrize("tool", ["patch", "git"])
+def test_patch_applies_cleanly_to_the_installed_source(tool, monkeypatch, tmp_path):
+    if shutil.which(tool) is None:
+        pytest.skip(f"no {tool} here")
+    if tool == "git":  # hide GNU patch: the fallback
+        which = shutil.which
+        monkeypatch.setattr(maxtext_fixed.shutil, "which",
+                            lambda n: None if n == "patch" else which(n))
+    source = maxtext_fixed.original_source()
+    patched = maxtext_fixed.apply_patch(source, maxtext_fixed.patch_path(), tmp_path)
+    text = patched.read_text()
+    assert "def _segment_ids_to_seqlens_offsets(" in text
+    assert "mask_type=MaskType.PADDING_CAUSAL" in text
+    assert "_segment_ids_to_seqlens_offsets" not in source.read_text(), "the original is untouched"
+
+
+@needs_maxtext
+def test_patch_names_maxtexts_source_file_and_is_for_the_installed_version():
+    patch = maxtext_fixed.patch_path()
+    headers = [l for l in patch.read_text().splitlines() if l.startswith(("--- ", "+++ "))]
+    path = maxtext_fixed.UPSTREAM_PATH
+    assert headers == [f"--- a/{path}", f"+++ b/{path}"]
+    assert patch.parent.name == f"maxtext-{maxtext_fixed.version_text()}"
+
+
+@needs_maxtext
+def test_a_patch_that_does_not_apply_is_a_clear_error(tmp_path):
+    lines = maxtext_fixed.original_source().read_text().splitlines(keepends=True)
+    # The decode call's last argument, in the context of the patch's hunk on the train call.
+    causal = next(i for i, l in enumerate(lines) if "mask_type=MaskType.CAUSAL," in l)
+    at = max(i for i in range(causal) if "return_residual=True" in lines[i])
+    lines[at] = lines[at].replace("return_residual=True", "return_residual=False")
+    drifted = tmp_path / "attention_op.py"
+    drifted.write_text("".join(lines))
+    with pytest.raises(maxtext_fixed.PatchError,
+                       match=r"does not apply .*source: .*attention_op.py"):
+        maxtext_fixed.apply_patch(drifted, maxtext_fixed.patch_path(), tmp_path / "out")
+
+
+@needs_maxtext
+def test_unknown_version_has_no_patch_and_its_kernels_skip_with_that(monkeypatch):
+    with pytest.raises(maxtext_fixed.PatchError,
+                       match=r"no patch for maxtext 9\.9\.9.*maxtext-0\.2\.5"):
+        maxtext_fixed.patch_path("9.9.9")
+    monkeypatch.setattr(maxtext_fixed, "version_text", lambda: "9.9.9")
+    records = run(FIXED, CASES[0])
+    assert [r["verdict"] for r in records] == ["skip"]
+    assert "no patch for maxtext 9.9.9" in records[0]["message"]
+
+
+@needs_maxtext
+def test_patched_module_is_loaded_beside_the_original():
+    import maxtext.layers.attention_op as original
+    fixed = maxtext_fixed.patched_module()
+    assert fixed.__name__ == "maxtext.layers.attention_op_fixed" and fixed is not original
+    assert sys.modules["maxtext.layers.attention_op"] is original
+    helper = "_segment_ids_to_seqlens_offsets"
+    assert hasattr(fixed, helper) and not hasattr(original, helper)
+
+
+# ----- the kernels ------------------------------------------------------------------------------
+
+@needs_maxtext
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_emulated_fixed_op_passes_where_the_original_is_caught(case):
+    fixed = run(FIXED, case)
+    assert fixed and all(r["outcome"] == "ok" and r["verdict"] == "pass" for r in fixed), \
+        [(r["check"], r.get("message")) for r in fixed if r["verdict"] != "pass"][:3]
+    checks = {r["check"] for r in fixed}
+    assert {"out", "dq", "dk", "dv", "leak"} <= checks, checks
+    for check in ("out", "dq", "dk", "dv", "leak"):   # every segment, every check
+        judged = {(r["row"], r["segment"]) for r in fixed if r["check"] == check}
+        assert judged == {(s.row, s.number) for s in case.segments}, check
+    original = run(ORIGINAL, case)
+    assert any(r["outcome"] == "caught" and r["check"] == "leak" for r in original)
+    assert not judging.bad(original), [r.get("message") for r in judging.bad(original)][:3]
+
+
+@needs_maxtext
+def test_emulated_sm80_takes_the_mask_path_and_passes():
+    records = run(f"{FIXED}-sm80", CASES[0])
+    assert records and all(r["verdict"] == "pass" for r in records), records[0].get("message")
+    odd = Case("packed/random", 2, 255, 4, 2, 32, "bfloat16", 0)
+    [skip] = run(f"{FIXED}-sm80", odd)
+    assert skip["verdict"] == "skip" and "odd seq_len 255" in skip["message"]
+
+
+def _fixed(q, k, v, seg, **kwargs):
+    """maxtext_fixed.fixed_attention, jitted (eagerly, MaxText's op dispatches op by op)."""
+    import jax
+    return jax.jit(functools.partial(maxtext_fixed.fixed_attention, causal=True, scale=0.25,
+                                     **kwargs))(q, k, v, seg)
+
+
+def _inputs(rows, seq_len=64, heads=4, kv_heads=2, head_dim=16):
+    import jax
+    import jax.numpy as jnp
+    from harness.model.layouts import segment_ids_from_rows
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    b = len(rows)
+    q = jax.random.normal(keys[0], (b, seq_len, heads, head_dim), jnp.bfloat16)
+    k, v = (jax.random.normal(x, (b, seq_len, kv_heads, head_dim), jnp.bfloat16) for x in keys[1:])
+    return q, k, v, jnp.asarray(segment_ids_from_rows(rows, seq_len))
+
+
+@needs_maxtext
+def test_a_row_of_more_segments_than_max_segments_per_seq_is_nan_not_wrong():
+    q, k, v, seg = _inputs([(10, 10, 10, 10, 10), (30, 20)])
+    out = np.asarray(_fixed(q, k, v, seg, max_segments=4, attention="cudnn_flash_jax", emulate=9.0),
+                     np.float32)
+    assert np.isnan(out[0, :50]).all(), "the row with 5 segments over M=4 must be NaN"
+    assert np.isfinite(out[1]).all()
+
+
+@needs_maxtext
+def test_packing_without_max_segments_per_seq_is_refused():
+    q, k, v, seg = _inputs([(30, 20)])
+    with pytest.raises(ValueError, match="max_segments_per_seq must be set when using "
+                                         "cudnn_flash_jax attention and packing"):
+        _fixed(q, k, v, seg, max_segments=-1, attention="cudnn_flash_jax", emulate=9.0)
+
+
+@needs_maxtext
+@pytest.mark.parametrize("emulate", [8.0, None])   # an sm80 GPU; this CPU (not Hopper either)
+def test_packing_with_cudnn_flash_te_below_hopper_is_refused(emulate):
+    q, k, v, seg = _inputs([(30, 20)])
+    with pytest.raises(ValueError, match="Packing with attention=cudnn_flash_te requires a GPU "
+                                         "with compute capability 9.0 or newer"):
+        _fixed(q, k, v, seg, max_segments=4, attention="cudnn_flash_te", emulate=emulate)
+
+
+@needs_maxtext
+def test_emulation_is_undone_after_the_call():
+    from jax._src.cudnn import fused_attention_stablehlo as sdpa
+    before = (sdpa.dot_product_attention, sdpa.check_compute_capability)
+    q, k, v, seg = _inputs([(30, 20)])
+    _fixed(q, k, v, seg, max_segments=4, attention="cudnn_flash_jax", emulate=9.0)
+    assert (sdpa.dot_product_attention, sdpa.check_compute_capability) == before
+    assert not sdpa.check_compute_capability("9.0"), "a CPU is no Hopper GPU"
+
+
+# ----- MaxText's own test of the patch (from the patch) -----------------------------------------
+
+@needs_maxtext
+def test_maxtexts_test_of_the_patch_runs_its_cpu_parts_and_skips_the_gpu_ones():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "maxtext_patch_test.py"), "-q"],
+                          cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=600)
+    tail = proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    assert "3 passed, 8 skipped" in proc.stdout, tail
+    assert proc.stdout.count("Requires a GPU.") == 2, tail   # two skip lines of 4 tests each
+
+
+# ----- the bench before/after (scripts/maxtext_patch_bench.py) on the CPU ---------------------
+
+@needs_maxtext
+def test_patch_bench_times_both_ops_through_the_emulator(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("maxtext_patch_bench",
+                                                  ROOT / "scripts" / "maxtext_patch_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench.json"
+    assert bench.main(["--shape", "small", "--repeats", "2", "--output", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "after / before = " in text and "through the cuDNN emulator" in text, text
+    assert "goal" not in text, "the GPU goal is not judged on a CPU"
+    import json
+    result = json.loads(out.read_text())["result"]
+    rows = {e["entry"]: e for e in result["entries"]}
+    assert [e["via"] for e in rows.values()] == ["emulator", "emulator"]
+    assert all(len(e["times_ms"]) == 2 and e["median_ms"] > 0 for e in rows.values())
+    after, before = (rows[n]["median_ms"] for n in (bench.AFTER, bench.BEFORE))
+    assert result["after_over_before"] == pytest.approx(after / before)
