@@ -28,6 +28,18 @@ def _tile_split(case, seg, tile=zoo.BLOCK_TILE):
     return seg["start"] % tile != 0 or (seg["start"] + seg["length"]) % tile != 0
 
 
+def _reads_wrong_ids(case, r):
+    """The worst token of an out/dq catch reads under the ids it took from another token (or,
+    for a gradient of the keys or the probe, its segment is one the forgotten reorder moves)."""
+    from harness.kernels.load_balance import forgotten_reorder_expectation, forgotten_reorder_masks
+    from harness.model.layouts import Segment
+    if r["check"] in ("out", "dq"):
+        wrong, right = forgotten_reorder_masks(case.segment_ids[r["row"]:r["row"] + 1], case.causal)
+        return not (wrong[0, r["worst_token"]] == right[0, r["worst_token"]]).all()
+    seg = Segment(r["row"], r["segment"], r["start"], r["length"])
+    return forgotten_reorder_expectation(case, r["check"], seg) != "pass"
+
+
 # Where each bug lives: its first catch must be there (a bug caught anywhere else would be
 # caught by accident, and the case that should show it would prove nothing).
 WHERE = {
@@ -50,6 +62,7 @@ WHERE = {
     "causal_flag_ignored": lambda c, r: not c.causal,
     "lengths_only_segments": lambda c, r: c.padding_inside and (_row_before(c, r) == 0).any(),
     "mask_after_softmax": lambda c, r: r["segment"] > 1,
+    "reorder_forgets_segments": _reads_wrong_ids,
 }
 
 
