@@ -30,7 +30,8 @@ from harness.model.case import Case
 from harness.model.layouts import Segment
 
 ROOT = Path(__file__).resolve().parents[1]
-FAKE_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+# CPU devices, also on a machine with GPUs: the CI path, whatever runs it.
+FAKE_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
 CORRECT = ("sharded:sut:dot_product:data", "sharded:sut:dot_product:heads",
            "sharded:cp:dot_product")
 CANARY = "sharded:reorder_canary"
