@@ -94,8 +94,8 @@ def test_kernels_without_their_library_are_skipped_with_the_reason(name):
     case = GPU_CASES[0]
     for platform in (Platform("cpu"), Platform("gpu", 9.0)):
         records = run_kernel_case(kernel, case, platform).records
-        assert [r["verdict"] for r in records] == ["skip"]
-        assert f"optional dependency {missing[0]!r} is not installed" in records[0]["message"]
+        assert [r.verdict for r in records] == ["skip"]
+        assert f"optional dependency {missing[0]!r} is not installed" in records[0].message
 
 
 @pytest.mark.skipif(not HAVE_TOKAMAX, reason="tokamax is not installed (Python >= 3.12 only)")
@@ -104,8 +104,8 @@ def test_kernels_without_their_library_are_skipped_with_the_reason(name):
 def test_tokamax_xla_paths_pass_on_cpu(name, case):
     kernel = select_kernels(name)[0]
     records = run_kernel_case(kernel, case, Platform("cpu")).records
-    assert records and all(r["verdict"] == "pass" for r in records), \
-        [r.get("message") for r in records if r["verdict"] != "pass"][:3]
+    assert records and all(r.verdict == "pass" for r in records), \
+        [r.message for r in records if r.verdict != "pass"][:3]
 
 
 # ----- the adapters' own lowerings, with a reference in place of the library ---------------
@@ -147,8 +147,8 @@ def test_flash_attn_cu_seqlens_keep_segments_apart(way, case):
     fn = functools.partial(getattr(flash_attn, way), reference_varlen)
     kernel = Kernel(f"reference{way}", fn, takes_max_segments=True, padding_anywhere=True)
     records = run_kernel_case(kernel, case, Platform("cpu")).records
-    assert records and all(r["verdict"] == "pass" for r in records), \
-        [r.get("message") for r in records if r["verdict"] != "pass"][:3]
+    assert records and all(r.verdict == "pass" for r in records), \
+        [r.message for r in records if r.verdict != "pass"][:3]
 
 
 def test_flash_attn_slots_cover_every_run():

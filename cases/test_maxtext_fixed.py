@@ -18,7 +18,7 @@ import pytest
 from harness.engine.kernel import Platform
 from harness.engine.registry import select_kernels
 from harness.engine.runner import run_kernel_case
-from harness.judge import judging
+from harness.judge import tallies
 from harness.kernels import maxtext_fixed
 from harness.model.case import Case
 
@@ -43,8 +43,8 @@ def run(name, case):
 def test_fixed_kernels_are_skipped_with_the_reason():
     for name in ("maxtext_fixed:cudnn_flash_jax", FIXED, f"{FIXED}-sm80", ORIGINAL):
         records = run_kernel_case(select_kernels(name)[0], CASES[0], CPU).records
-        assert [r["verdict"] for r in records] == ["skip"]
-        message = records[0]["message"]
+        assert [r.verdict for r in records] == ["skip"]
+        message = records[0].message
         assert "'maxtext' is not installed" in message or "Python >= 3.12" in message, message
 
 
@@ -97,8 +97,8 @@ def test_unknown_version_has_no_patch_and_its_kernels_skip_with_that(monkeypatch
         maxtext_fixed.patch_path("9.9.9")
     monkeypatch.setattr(maxtext_fixed, "version_text", lambda: "9.9.9")
     records = run(FIXED, CASES[0])
-    assert [r["verdict"] for r in records] == ["skip"]
-    assert "no patch for maxtext 9.9.9" in records[0]["message"]
+    assert [r.verdict for r in records] == ["skip"]
+    assert "no patch for maxtext 9.9.9" in records[0].message
 
 
 @needs_maxtext
@@ -117,22 +117,22 @@ def test_patched_module_is_loaded_beside_the_original():
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_emulated_fixed_op_passes_where_the_original_is_caught(case):
     fixed = run(FIXED, case)
-    assert fixed and all(r["outcome"] == "ok" and r["verdict"] == "pass" for r in fixed), \
-        [(r["check"], r.get("message")) for r in fixed if r["verdict"] != "pass"][:3]
-    checks = {r["check"] for r in fixed}
+    assert fixed and all(r.outcome == "ok" and r.verdict == "pass" for r in fixed), \
+        [(r.check, r.message) for r in fixed if r.verdict != "pass"][:3]
+    checks = {r.check for r in fixed}
     assert {"out", "dq", "dk", "dv", "leak"} <= checks, checks
     for check in ("out", "dq", "dk", "dv", "leak"):   # every segment, every check
-        judged = {(r["row"], r["segment"]) for r in fixed if r["check"] == check}
+        judged = {(r.row, r.segment) for r in fixed if r.check == check}
         assert judged == {(s.row, s.number) for s in case.segments}, check
     original = run(ORIGINAL, case)
-    assert any(r["outcome"] == "caught" and r["check"] == "leak" for r in original)
-    assert not judging.bad(original), [r.get("message") for r in judging.bad(original)][:3]
+    assert any(r.outcome == "caught" and r.check == "leak" for r in original)
+    assert not tallies.bad(original), [r.message for r in tallies.bad(original)][:3]
 
 
 @needs_maxtext
 def test_emulated_sm80_takes_the_mask_path_and_passes():
     records = run(f"{FIXED}-sm80", CASES[0])
-    assert records and all(r["verdict"] == "pass" for r in records), records[0].get("message")
+    assert records and all(r.verdict == "pass" for r in records), records[0].get("message")
     odd = Case("packed/random", 2, 255, 4, 2, 32, "bfloat16", 0)
     [skip] = run(f"{FIXED}-sm80", odd)
     assert skip["verdict"] == "skip" and "odd seq_len 255" in skip["message"]

@@ -28,6 +28,18 @@ def _tile_split(case, seg, tile=zoo.BLOCK_TILE):
     return seg.start % tile != 0 or (seg.start + seg.length) % tile != 0
 
 
+def _reads_wrong_ids(case, r):
+    """The worst token of an out/dq catch reads under the ids it took from another token (or,
+    for a gradient of the keys or the probe, its segment is one the forgotten reorder moves)."""
+    from harness.kernels.load_balance import forgotten_reorder_expectation, forgotten_reorder_masks
+    from harness.model.layouts import Segment
+    if r.check in ("out", "dq"):
+        wrong, right = forgotten_reorder_masks(case.segment_ids[r.row:r.row + 1], case.causal)
+        return not (wrong[0, r.worst_token] == right[0, r.worst_token]).all()
+    seg = Segment(r.row, r.segment, r.start, r.length)
+    return forgotten_reorder_expectation(case, r.check, seg) != "pass"
+
+
 # Where each bug lives: its first catch must be there (a bug caught anywhere else would be
 # caught by accident, and the case that should show it would prove nothing).
 WHERE = {
@@ -58,6 +70,7 @@ WHERE = {
     "nan_grads_at_padding": lambda c, r: r.check == "padding"
     and c.segment_ids[r.row, r.worst_token] == 0 and "dk non-finite" in r.message,
     "float32_output": lambda c, r: r.check == "contract" and "float32" in r.message,
+    "reorder_forgets_segments": _reads_wrong_ids,
 }
 
 

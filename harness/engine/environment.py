@@ -22,7 +22,7 @@ def current_platform() -> Platform:
     device = jax.devices()[0]
     cc = getattr(device, "compute_capability", None)
     return Platform(name=device.platform, compute_capability=float(cc) if cc else None,
-                    memory_bytes=device_memory_bytes())
+                    memory_bytes=device_memory_bytes(), device_count=len(jax.devices()))
 
 
 def package_version(dist: str) -> str | None:

@@ -33,6 +33,7 @@ class Platform:
     name: str                      # "cpu" or "gpu"
     compute_capability: float | None = None
     memory_bytes: int | None = None  # what one program may use on the device; None: unknown
+    device_count: int = 1          # devices this process sees (a sharded kernel's mesh)
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,6 +57,8 @@ class Kernel:
     padding_anywhere: bool = False
     devices: tuple[str, ...] = ("cpu", "gpu")
     min_compute_capability: float | None = None
+    # Devices the kernel's mesh spans (harness.kernels.sharded): fewer visible is a skip.
+    min_devices: int = 1
     backward: bool = True
     requires: tuple[str, ...] = ()             # importable modules, checked lazily
     seq_len_multiple: int | None = None
@@ -109,6 +112,8 @@ class Kernel:
                 and (platform.compute_capability or 0) < self.min_compute_capability):
             reasons.append(f"needs compute capability >= {self.min_compute_capability}, "
                            f"device has {platform.compute_capability}")
+        if platform.device_count < self.min_devices:
+            reasons.append(f"needs {self.min_devices} devices, {platform.device_count} visible")
         if case.dtype not in self.dtypes:
             reasons.append(f"dtype {case.dtype} not in {'/'.join(self.dtypes)}")
         if self.head_dims is not None and case.head_dim not in self.head_dims:

@@ -442,6 +442,20 @@ def _float32_output(query, key, value, segment_ids, *, causal, scale):
     return dense(q, k, v, right_mask(segment_ids, causal), scale=scale)
 
 
+def _reorder_forgets_segments(query, key, value, segment_ids, *, causal, scale):
+    # Context parallelism's load-balancing reorder (striped, as for 2 shards) applied to the
+    # tokens and their positions but not to the segment ids: each token carries the id of the
+    # token whose slot it took. Attention in reordered order, output restored to token order.
+    from harness.kernels.load_balance import reorder, restore
+    start, _ = segment_bounds(segment_ids)
+    pos = jnp.where(segment_ids > 0, _positions(segment_ids.shape[1])[None] - start, 0)
+    q, k, v, pos = (reorder(x, 2) for x in (query, key, value, pos))
+    mask = same_segment(segment_ids)                    # ids left in token order
+    if causal:
+        mask = mask & (pos[:, None, :] <= pos[:, :, None])
+    return restore(dense(q, k, v, mask, scale=scale), 2)
+
+
 def _kernel(name, fn, description):
     return Kernel(name, fn, padding_anywhere=True, materializes_scores=True,
                   dtypes=("float32", "bfloat16"), tags=("zoo",), description=description)
@@ -488,6 +502,8 @@ _BUGS = [
      "NaN dk at padding positions (every weight gradient goes NaN)"),
     ("float32_output", _float32_output,
      "output returned in float32 for bfloat16 inputs (the output contract)"),
+    ("reorder_forgets_segments", _reorder_forgets_segments,
+     "context-parallel reorder (striped) moves the tokens, not their segment ids"),
 ]
 
 _CORRECT = [
