@@ -82,6 +82,8 @@ def cmd_run(args) -> int:
     from harness.model.suites import parse_shard, shard, suite_cases
 
     _load_modules(args.kernel_module)
+    if args.worker_pairs:
+        return _run_worker(args)
     kernels = select_kernels(args.kernels)
     cases = suite_cases(args.suite, args.cases, seeds=args.seeds)
     part = parse_shard(args.shard)
@@ -94,6 +96,9 @@ def cmd_run(args) -> int:
         print(f"replacing the report in {report_dir}/ (--report-dir DIR writes elsewhere)",
               file=sys.stderr)
     rec.check_writable(report_dir)
+    from harness.engine import isolation
+    if isolation.needs_workers(kernels):
+        return _run_controller(args, kernels, cases, report_dir)
     programs = _programs(args)
     writer = reporting.ReportWriter(
         report_dir, describe(), suite=args.suite, kernels=[k.name for k in kernels],
@@ -117,6 +122,79 @@ def cmd_run(args) -> int:
     status = writer.finish(baseline=args.baseline, growth=args.growth, timing=programs.report(),
                            interrupted=interrupted)
     return 130 if interrupted else status
+
+
+def _run_worker(args) -> int:
+    """A worker of a controller (harness.engine.isolation): the pairs of its file, records
+    appended as they finish, each pair announced before it starts; no views."""
+    import json
+
+    from harness.engine.environment import current_platform, describe
+    from harness.engine.isolation import STARTED_FILE
+    from harness.engine.registry import select_kernels
+    from harness.engine.runner import run_matrix
+    from harness.model.case import Case
+    from harness.views import report_dir as reporting
+
+    pairs = [tuple(p) for p in json.loads(Path(args.worker_pairs).read_text())]
+    kernels = select_kernels(list(dict.fromkeys(k for k, _ in pairs)))
+    cases = [Case.from_id(c) for c in dict.fromkeys(c for _, c in pairs)]
+    report_dir = Path(args.report_dir)
+    programs = _programs(args)
+    writer = reporting.ReportWriter(report_dir, describe(), suite=args.suite,
+                                    probe_mode=programs.probe_mode,
+                                    leak_probe=not args.no_leak_probe)
+    started = (report_dir / STARTED_FILE).open("a")
+
+    def on_start(kernel, case):
+        started.write(json.dumps({"kernel": kernel.name, "case_id": case.id}) + "\n")
+        started.flush()
+    try:
+        run_matrix(kernels, cases, current_platform(), on_result=lambda k, c, r: writer.add(r),
+                   programs=programs, leak=not args.no_leak_probe, pairs=set(pairs),
+                   on_start=on_start)
+    finally:
+        programs.close()
+        started.close()
+    writer.close(timing=programs.report())
+    return 0
+
+
+def _run_controller(args, kernels, cases, report_dir: Path) -> int:
+    """Kernels of several process groups: each group in workers, one after another; their
+    reports joined into one (harness.engine.isolation)."""
+    from harness.engine import isolation
+    from harness.views import report_file as rec
+    from harness.views.report_dir import finish_merged, merge_reports
+
+    import time
+    start = time.monotonic()
+    workdir = report_dir / "workers"
+    options = ["--suite", args.suite, *isolation.option_flags(args)]
+    dirs, crashes, interrupted = [], [], False
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for group, members in isolation.groups(kernels).items():
+            pairs = [(k.name, c.id) for c in cases for k in members]
+            done = isolation.run_group(group or "main", pairs, workdir, options)
+            dirs += [d for d in done.report_dirs if (d / rec.RECORDS_FILE).exists()]
+            crashes += done.crashes
+    except KeyboardInterrupt:
+        interrupted = True
+        print("interrupted: the report holds what finished", file=sys.stderr)
+    records = isolation.crash_records(crashes, {k.name: k for k in kernels})
+    if records or not dirs:
+        crash_dir = workdir / "crashes"
+        rec.write_report(crash_dir / rec.RECORDS_FILE, {}, records, suite=args.suite)
+        dirs.append(crash_dir)
+    merge_reports(report_dir, dirs)
+    return finish_merged(report_dir, baseline=args.baseline, growth=args.growth,
+                         interrupted=interrupted, suite=args.suite,
+                         wall_s=round(time.monotonic() - start, 1),
+                         kernels=[k.name for k in kernels], cases=len(cases), seeds=args.seeds,
+                         shard=args.shard, selection=_selection(args),
+                         isolation={g or "main": [k.name for k in m]
+                                    for g, m in isolation.groups(kernels).items()})
 
 
 def _interrupt(signum, frame):
@@ -231,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where the report goes (default %(default)s)")
     run.add_argument("--baseline", help="a baseline report (folder or file) to compare with")
     _add_growth(run)
+    run.add_argument("--worker-pairs", help=argparse.SUPPRESS)  # a controller's worker
     run.add_argument("--no-leak-probe", action="store_true",
                      help="tolerance checks only (the views then say the probe did not run)")
     run.add_argument("--no-deterministic-probe", action="store_true",

@@ -189,16 +189,24 @@ def _default_programs() -> Programs:
 
 def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platform,
                on_result: Callable[[Kernel, Case, KernelCaseResult], None] | None = None,
-               programs: Programs | None = None, leak: bool = True) -> KernelCaseResult:
+               programs: Programs | None = None, leak: bool = True,
+               pairs: set[tuple[str, str]] | None = None,
+               on_start: Callable[[Kernel, Case], None] | None = None) -> KernelCaseResult:
     """Cases outermost, grouped by shape, so each case's reference is computed once for all
-    kernels and each shape's programs compile together, ahead of use."""
+    kernels and each shape's programs compile together, ahead of use. `pairs`: only these
+    (kernel name, case id) of the product (a worker's share, harness.engine.isolation);
+    `on_start` is told each pair before it runs."""
     kernels, cases = list(kernels), list(cases)
     programs = programs or _default_programs()
     first = {}
     for i, c in enumerate(cases):
         first.setdefault(c.shape_key, i)
     cases.sort(key=lambda c: first[c.shape_key])
-    supported = [(k, c) for c in cases for k in kernels if not k.unsupported_reasons(c, platform)]
+
+    def chosen(k, c):
+        return pairs is None or (k.name, c.id) in pairs
+    supported = [(k, c) for c in cases for k in kernels
+                 if chosen(k, c) and not k.unsupported_reasons(c, platform)]
     programs.prefetch(supported)
     total = KernelCaseResult()
     # The next cases' inputs, and the leak probe's redrawn ones, are drawn while this one runs
@@ -220,6 +228,10 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
             following = cases[i + INPUTS_AHEAD:i + INPUTS_AHEAD + 1]
             ahead.update({c: drawing.submit(draw, c) for c in following if c not in ahead})
             for kernel in kernels:
+                if not chosen(kernel, case):
+                    continue
+                if on_start:
+                    on_start(kernel, case)
                 start = time.perf_counter()
                 result = run_kernel_case(kernel, case, platform, programs, leak)
                 programs.timing[kernel.name].wall_s += time.perf_counter() - start

@@ -36,6 +36,11 @@ class ReportWriter:
         rec.append(self.dir / rec.RECORDS_FILE, result.records)
         rec.append(self.dir / rec.TRACES_FILE, result.traces, kind="trace")
 
+    def close(self, timing: dict | None = None) -> None:
+        """A worker's end: the wall time and timing in the header; no views, no print-out."""
+        rec.update_header(self.dir / rec.RECORDS_FILE,
+                          wall_s=round(time.monotonic() - self.start, 1), timing=timing or {})
+
     def finish(self, baseline: str | None = None, growth: float = 2.0,
                timing: dict | None = None, interrupted: bool = False) -> int:
         """Records the wall time (and per-kernel timing) in the header, prints the summary,
@@ -53,6 +58,22 @@ class ReportWriter:
             from harness.views.compare import compare_files
             status |= compare_files(self.dir / rec.RECORDS_FILE, baseline, growth=growth)
         return status
+
+
+def finish_merged(report_dir: Path, baseline: str | None = None, growth: float = 2.0,
+                  interrupted: bool = False, **run_info) -> int:
+    """The end of a run whose records came from workers: the header says what the run was,
+    the console shows the joined records, the baseline is checked."""
+    rec.update_header(report_dir / rec.RECORDS_FILE, **run_info,
+                      **({"interrupted": True} if interrupted else {}))
+    header, records = write_views(report_dir)
+    print_console(records)
+    print(f"report: {report_dir}/ (report.jsonl, summary.md, report.html)")
+    status = run_status(records)
+    if baseline:
+        from harness.views.compare import compare_files
+        status |= compare_files(report_dir / rec.RECORDS_FILE, baseline, growth=growth)
+    return 130 if interrupted else status
 
 
 def run_status(records) -> int:

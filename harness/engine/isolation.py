@@ -1,0 +1,194 @@
+"""Kernels whose libraries cannot share a process run in worker processes of their own.
+
+A kernel declares a process group (`Kernel.isolation`): flash-attn-jax and flash-attn3-jax
+register FFI targets of the same names, so whichever is imported second fails; a library may
+also crash its process. When a run selects kernels of more than one group (kernels without a
+group form one group of their own), the CLI becomes a controller that never touches a device
+itself: each group runs in a worker (`python -m harness run --worker-pairs FILE`), one after
+another, each with the whole device. A worker appends its records as it goes and says which
+pair it starts. A worker that dies (a crash, a clash at import) costs one error record, for the
+pair it was running, with the reason; a fresh worker then takes the group's remaining pairs, so
+the rest of the run goes on. The controller joins the workers' reports into one
+(harness.views.report_dir.merge_reports).
+
+pytest uses the same workers: a test whose kernel's group clashes with one already loaded in
+its process runs its pair in a worker (run_pair_in_worker).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STARTED_FILE = "started.jsonl"
+MAX_TAIL = 1500
+_LOADED: set[str] = set()     # isolation groups whose kernels ran in this process
+
+
+def groups(kernels) -> dict[str | None, list]:
+    """Kernels by process group (None: no group), in selection order."""
+    out: dict[str | None, list] = {}
+    for k in kernels:
+        out.setdefault(k.isolation, []).append(k)
+    return out
+
+
+def needs_workers(kernels) -> bool:
+    return len(groups(kernels)) > 1
+
+
+def clashes_here(kernel) -> bool:
+    """Whether this process already ran a kernel of another process group than `kernel`'s."""
+    if kernel.isolation is None:
+        return False
+    return bool(_LOADED - {kernel.isolation})
+
+
+def mark_loaded(kernel) -> None:
+    if kernel.isolation is not None:
+        _LOADED.add(kernel.isolation)
+
+
+@dataclass
+class WorkerResult:
+    report_dirs: list[Path] = field(default_factory=list)
+    crashes: list[tuple[str, str, str]] = field(default_factory=list)  # (kernel, case, why)
+
+
+def worker_command(pairs_file: Path, report_dir: Path, options: list[str]) -> list[str]:
+    return [sys.executable, "-m", "harness", "run", "--worker-pairs", str(pairs_file),
+            "--report-dir", str(report_dir), *options]
+
+
+def _done_pairs(report_dir: Path) -> set[tuple[str, str]]:
+    """Pairs with records in a worker's report (a line cut short by a crash is ignored)."""
+    done = set()
+    path = report_dir / "report.jsonl"
+    if not path.exists():
+        return done
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("type") == "record":
+            done.add((row["kernel"], row["case_id"]))
+    return done
+
+
+def _last_started(report_dir: Path) -> tuple[str, str] | None:
+    path = report_dir / STARTED_FILE
+    if not path.exists():
+        return None
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return (lines[-1]["kernel"], lines[-1]["case_id"]) if lines else None
+
+
+def death(returncode: int, tail: str) -> str:
+    """Why a worker stopped, in one line."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        how = f"killed by {name}"
+    else:
+        how = f"exited with status {returncode}"
+    last = [ln for ln in tail.splitlines() if ln.strip()]
+    return how + (f": {last[-1][:300]}" if last else "")
+
+
+def _stream(command: list[str], echo) -> tuple[int, str]:
+    """Runs a worker, passing its stderr (progress) through as it comes, and keeps the end of
+    it for the reason, should it die."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, errors="replace")
+    tail: list[str] = []
+    try:
+        for line in proc.stderr:
+            if echo is print:
+                sys.stderr.write(line)
+            tail = (tail + [line])[-40:]
+        return proc.wait(), "".join(tail)[-MAX_TAIL:]
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options: list[str],
+              echo=print) -> WorkerResult:
+    """Runs one process group's pairs in workers until every pair has records or an error."""
+    result = WorkerResult()
+    remaining, attempt = list(pairs), 0
+    while remaining:
+        attempt += 1
+        wdir = workdir / f"{name}-{attempt}"
+        wdir.mkdir(parents=True, exist_ok=True)
+        pairs_file = wdir / "pairs.json"
+        pairs_file.write_text(json.dumps(remaining))
+        echo(f"[worker {name}#{attempt}] {len(remaining)} kernel x case pairs")
+        returncode, tail = _stream(worker_command(pairs_file, wdir / "report", options), echo)
+        result.report_dirs.append(wdir / "report")
+        done = _done_pairs(wdir / "report")
+        left = [p for p in remaining if p not in done]
+        if returncode in (0, 1) or not left:
+            if left and returncode in (0, 1):  # should not happen: say so, never drop
+                result.crashes += [(k, c, "the worker ended without running it") for k, c in left]
+            break
+        crashed = _last_started(wdir / "report")
+        if crashed not in left:
+            crashed = left[0]
+        why = death(returncode, tail)
+        result.crashes.append((*crashed, f"the worker process for isolation group {name!r} "
+                                         f"died while running it ({why})"))
+        echo(f"[worker {name}#{attempt}] died on {crashed[0]} {crashed[1]}: {why}")
+        remaining = [p for p in left if p != crashed]
+    return result
+
+
+def crash_records(crashes, kernels_by_name) -> list:
+    """Error records for the pairs whose worker died (judged like any kernel that raised: an
+    error, or known where the kernel declares that crash)."""
+    from harness.judge import judging
+    from harness.model.case import Case
+    return [judging.error_record(kernels_by_name[k], Case.from_id(c), why)
+            for k, c, why in crashes]
+
+
+def run_pair_in_worker(kernel, case, options: list[str], workdir: Path):
+    """One kernel x case in a worker of its own (pytest, where the kernel's group clashes with
+    one this process already loaded): its records and traces, or an error record."""
+    from harness.engine.runner import KernelCaseResult
+    from harness.views import report_file as rec
+    workdir.mkdir(parents=True, exist_ok=True)
+    result = run_group(kernel.isolation or "main", [(kernel.name, case.id)], workdir, options,
+                       echo=lambda line: None)
+    out = KernelCaseResult()
+    for d in result.report_dirs:
+        if (d / rec.RECORDS_FILE).exists():
+            out.records += [r for r in rec.read(d)[1] if r.pair == (kernel.name, case.id)]
+            out.traces += [t for t in rec.read_traces(d / rec.TRACES_FILE)
+                           if (t.kernel, t.case_id) == (kernel.name, case.id)]
+    out.records += crash_records(result.crashes, {kernel.name: kernel})
+    return out
+
+
+def option_flags(args) -> list[str]:
+    """The options of this run a worker repeats (kernel modules, the probe, the cache)."""
+    flags = []
+    for path in getattr(args, "kernel_module", []) or []:
+        flags += ["--kernel-module", str(Path(path).resolve()) if os.path.exists(path) else path]
+    if getattr(args, "no_leak_probe", False):
+        flags.append("--no-leak-probe")
+    if getattr(args, "no_deterministic_probe", False):
+        flags.append("--no-deterministic-probe")
+    if getattr(args, "no_compilation_cache", False):
+        flags.append("--no-compilation-cache")
+    elif getattr(args, "compilation_cache", None):
+        flags += ["--compilation-cache", str(args.compilation_cache)]
+    return flags
