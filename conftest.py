@@ -204,15 +204,36 @@ def run_case(request, platform, programs):
     from harness.engine.runner import run_kernel_case
     config = request.config
 
+    from harness.engine import isolation
+
     def run(kernel, case):
         start = time.perf_counter()
-        if not kernel.unsupported_reasons(case, platform):
-            programs.prefetch([(kernel, case)])
-        result = run_kernel_case(kernel, case, platform, programs,
-                                 leak=not config.getoption("--no-leak-probe"))
+        if isolation.clashes_here(kernel):
+            # Its library cannot share this process with one already loaded here (the same FFI
+            # targets): the pair runs in a worker of its own.
+            result = isolation.run_pair_in_worker(kernel, case, _worker_options(config),
+                                                  _parts(config) / "isolated" / uuid.uuid4().hex)
+        else:
+            isolation.mark_loaded(kernel)
+            if not kernel.unsupported_reasons(case, platform):
+                programs.prefetch([(kernel, case)])
+            result = run_kernel_case(kernel, case, platform, programs,
+                                     leak=not config.getoption("--no-leak-probe"))
         programs.timing[kernel.name].wall_s += time.perf_counter() - start
         return result
     return run
+
+
+def _worker_options(config) -> list[str]:
+    flags = ["--suite", config.getoption("--suite")]
+    for path in config.getoption("--kernel-module"):
+        flags += ["--kernel-module", str(Path(path).resolve()) if Path(path).exists() else path]
+    for option in ("--no-leak-probe", "--no-deterministic-probe", "--no-compilation-cache"):
+        if config.getoption(option):
+            flags.append(option)
+    if config.getoption("--compilation-cache"):
+        flags += ["--compilation-cache", config.getoption("--compilation-cache")]
+    return flags
 
 
 @pytest.fixture(scope="session")

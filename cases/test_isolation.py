@@ -1,0 +1,114 @@
+"""Kernels whose libraries cannot share a process (Kernel.isolation) run in workers of their own;
+a worker that dies costs one error record, and the rest of the run goes on."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ONE = "packed/random-b4-t256-h4kv4-d32-f32-s0"
+TWO = "unaligned/odd-b4-t256-h4kv4-d32-f32-s0"
+
+# Two "libraries" that register the same process-wide name, as flash-attn-jax and
+# flash-attn3-jax register FFI targets of the same names: whichever comes second fails.
+CLASHING = """
+import sys, harness
+from harness.kernels.reference import dot_product
+
+def _load(group):
+    owner = sys.modules.setdefault("_ffi_owner", type(sys)("_ffi_owner"))
+    if getattr(owner, "group", group) != group:
+        raise RuntimeError("Duplicate FFI handler registration for flash_mha_fwd")
+    owner.group = group
+
+def make(group):
+    def kernel(q, k, v, seg, *, causal, scale):
+        _load(group)
+        return dot_product(q, k, v, seg, causal=causal, scale=scale)
+    return kernel
+
+harness.register_kernel("clash_a", make("a"), isolation="a", dtypes=("float32",))
+harness.register_kernel("clash_b", make("b"), isolation="b", dtypes=("float32",))
+harness.register_kernel("plain", dot_product, dtypes=("float32",))
+"""
+
+CRASHING = """
+import os, harness
+from harness.kernels.reference import dot_product
+
+def crashes_on_odd(q, k, v, seg, *, causal, scale):
+    import jax
+    def die(x):
+        if os.environ.get("CRASH_ODD") == "1":
+            os._exit(7)  # the library takes its process down
+        return x
+    # The layout is only known when it runs: a host callback looks at the ids.
+    out = dot_product(q, k, v, seg, causal=causal, scale=scale)
+    odd = jax.pure_callback(lambda s: die(s), jax.ShapeDtypeStruct(seg.shape, seg.dtype), seg)
+    return out + 0 * jax.lax.stop_gradient(odd[:, :, None, None]).astype(out.dtype)
+
+harness.register_kernel("crashy", crashes_on_odd, isolation="crashy", dtypes=("float32",))
+"""
+
+
+def _run(*args, env=None):
+    import os
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900, env={**os.environ, **(env or {})})
+
+
+def _records(report_dir):
+    lines = [json.loads(x) for x in (Path(report_dir) / "report.jsonl").read_text().splitlines()]
+    return lines[0], [r for r in lines[1:] if r["type"] == "record"]
+
+
+def test_kernels_that_cannot_share_a_process_run_in_workers(tmp_path):
+    module = tmp_path / "clash.py"
+    module.write_text(CLASHING)
+    out = _run("run", "--kernel-module", str(module), "--kernels", "clash_a,clash_b,plain",
+               "--cases", ONE, "--report-dir", str(tmp_path / "r"), "--no-leak-probe")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    header, records = _records(tmp_path / "r")
+    assert {r["kernel"] for r in records} == {"clash_a", "clash_b", "plain"}
+    assert {r["outcome"] for r in records} == {"ok"}, [r["message"] for r in records
+                                                      if r["outcome"] != "ok"][:3]
+    assert header["isolation"] == {"a": ["clash_a"], "b": ["clash_b"], "main": ["plain"]}
+    assert header["selection"]["cases"] == ONE and header["environment"]["platform"] == "cpu"
+    # The clash is real: in one process, the second library fails (an error, never a pass).
+    same = tmp_path / "same.py"
+    same.write_text(CLASHING.replace('isolation="b"', 'isolation="a"'))
+    out = _run("run", "--kernel-module", str(same), "--kernels", "clash_a,clash_b",
+               "--cases", ONE, "--report-dir", str(tmp_path / "s"), "--no-leak-probe")
+    assert out.returncode == 1
+    errors = [r for r in _records(tmp_path / "s")[1] if r["outcome"] == "error"]
+    assert errors and "Duplicate FFI handler registration" in errors[0]["message"]
+
+
+def test_a_worker_that_dies_is_one_error_and_the_run_goes_on(tmp_path):
+    module = tmp_path / "crashy.py"
+    module.write_text(CRASHING)
+    out = _run("run", "--kernel-module", str(module), "--kernels", "crashy,dot_product",
+               "--cases", f"{ONE},{TWO}", "--report-dir", str(tmp_path / "r"), "--no-leak-probe",
+               env={"CRASH_ODD": "1"})
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    _, records = _records(tmp_path / "r")
+    crashed = [r for r in records if r["kernel"] == "crashy"]
+    # Both of its cases die: each is one error naming the death; nothing is dropped.
+    assert {(r["case_id"], r["outcome"]) for r in crashed} == {(ONE, "error"), (TWO, "error")}
+    assert all("died while running it (exited with status 7" in r["message"] for r in crashed)
+    # The kernels of the other group ran every case.
+    fine = {r["case_id"] for r in records if r["kernel"] == "dot_product" and r["outcome"] == "ok"}
+    assert fine == {ONE, TWO}
+
+
+def test_pytest_runs_a_clashing_kernel_in_a_worker(tmp_path):
+    module = tmp_path / "clash.py"
+    module.write_text(CLASHING)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-p", "no:xdist", str(ROOT / "cases" / "test_matrix.py"),
+                          "--kernel-module", str(module), "--kernels", "clash_a,clash_b",
+                          "--cases", ONE, "--no-leak-probe", "--report-dir", str(tmp_path / "r")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    _, records = _records(tmp_path / "r")
+    assert {r["kernel"] for r in records if r["outcome"] == "ok"} == {"clash_a", "clash_b"}
