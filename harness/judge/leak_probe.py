@@ -22,9 +22,10 @@ never trusted on a bitwise rerun) are decided statistically, on a change that is
   the threshold is NOISE_FACTOR times the largest (at least NOISE_FLOOR_ULPS roundings of the
   tensor's largest value), raised until the false-alarm probability below fits its budget;
 - amplified: those tensors are probed on perturbations whose redrawn values and cotangents are
-  AMPLITUDE times larger. A leak is linear in what leaks in (another segment's values reach an
-  output through p @ v, its cotangent reaches dk and dv through p^T @ dO), so it grows
-  AMPLITUDE-fold while the noise, the unchanged segment's own rounding, does not;
+  amplitude() times larger (64; 16 in float16). A leak is linear in what leaks in (another
+  segment's values reach an output through p @ v, its cotangent reaches dk and dv through
+  p^T @ dO), so it grows that much while the noise, the unchanged segment's own rounding, does
+  not;
 - confirmed: a token counts as changed only where both of two runs of each perturbation moved it
   past the threshold.
 The false-alarm probability is computed, not assumed: the tail of the pooled run-to-run
@@ -32,7 +33,7 @@ differences is fitted with an exponential (above its 99th percentile; rounding n
 many roundings, has a lighter tail than that), which gives the chance that one run's noise at a
 token passes the threshold; squared for the confirming run, summed over the tokens and runs.
 Each leak record carries it (`false_alarm`) and, per tensor, the smallest leak the probe could
-have seen as a fraction of the tensor's largest value (`detectable`: threshold / (AMPLITUDE *
+have seen as a fraction of the tensor's largest value (`detectable`: threshold / (amplitude *
 scale); zero for a tensor compared bitwise). A tensor whose noise is over POWERLESS of its
 scale is unprobed: listed in the record, never dropped.
 """
@@ -61,10 +62,15 @@ RERUNS_UNCERTAIN = 6
 # A tensor that differs run to run: changes above this many times its largest run-to-run
 # difference count, in both of two runs, on perturbations AMPLITUDE times larger; none at all
 # when that difference is POWERLESS of the tensor's largest value.
-NOISE_FACTOR = 8.0
+NOISE_FACTOR = 4.0
 NOISE_FLOOR_ULPS = 2.0
-AMPLITUDE = 16.0
 POWERLESS = 0.01
+
+
+def amplitude(dtype: str) -> float:
+    """How much larger the amplified perturbation's values and cotangent are: 64, or 16 in
+    float16, whose range (65504) a 64-fold value times a 64-fold cotangent could leave."""
+    return 16.0 if dtype == "float16" else 64.0
 # The false-alarm probability one probe (a kernel on a case) may have: a night of a few hundred
 # probed cases per kernel stays below 1e-3.
 FALSE_ALARM_BUDGET = 1e-6
@@ -229,7 +235,7 @@ def _perturbation(program, base, case, index, bitwise, thresholds, names, confir
             found = {i: (c & again[i][0], np.maximum(m, again[i][1]))
                      for i, (c, m) in found.items()}
     if thresholds:
-        amplified = [_changes(base, program(*perturbed(case, index, AMPLITUDE)))
+        amplified = [_changes(base, program(*perturbed(case, index, amplitude(case.dtype))))
                      for _ in range(2)]
         for name, limit in thresholds.items():
             i = names.index(name)
@@ -301,6 +307,6 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     return ProbeResult(
         _segment_leaks(case, runs, names, nonfinite),
         [n for n in names if n not in unprobed], unprobed, thresholds,
-        detectable={n: float(f"{t / (AMPLITUDE * scale[n]):.3g}") if scale[n] > 0 else math.inf
-                    for n, t in thresholds.items()},
+        detectable={n: float(f"{t / (amplitude(case.dtype) * scale[n]):.3g}")
+                    if scale[n] > 0 else math.inf for n, t in thresholds.items()},
         false_alarm=float(sum(tokens * noise[n].exceed(t) ** 2 for n, t in thresholds.items())))

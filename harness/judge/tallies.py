@@ -107,7 +107,7 @@ def false_alarms(records: Iterable[Record]) -> dict[str, float]:
     its gated probes' false-alarm probabilities; one value per kernel x case)."""
     per_case: dict[tuple[str, str], float] = {}
     for r in records:
-        if r.check == v.LEAK.name and r.false_alarm:
+        if r.check == v.LEAK.name and r.false_alarm is not None:
             per_case[r.pair] = max(per_case.get(r.pair, 0.0), r.false_alarm)
     out: dict[str, float] = defaultdict(float)
     for (kernel, _), p in per_case.items():

@@ -495,15 +495,15 @@ _BUGS = [
     ("mask_after_softmax", _mask_after_softmax,
      "segment mask applied after the softmax, not renormalized"),
     ("nan_output_at_padding", _nan_output_at_padding,
-     "NaN written into the output at padding positions (poisons the next layer)"),
+     "NaN output at padding positions (poisons the next layer)"),
     ("grads_at_padding", _writes_at_padding(lambda x: x),
-     "non-zero dq/dk/dv at padding positions (stale values reach the weight gradients)"),
+     "non-zero dq/dk/dv at padding (stale values reach weight grads)"),
     ("nan_grads_at_padding", _writes_at_padding(lambda x: jnp.full_like(x, jnp.nan), ("dk",)),
-     "NaN dk at padding positions (every weight gradient goes NaN)"),
+     "NaN dk at padding (every weight gradient goes NaN)"),
     ("float32_output", _float32_output,
-     "output returned in float32 for bfloat16 inputs (the output contract)"),
+     "float32 output for bfloat16 inputs (the output contract)"),
     ("reorder_forgets_segments", _reorder_forgets_segments,
-     "context-parallel reorder (striped) moves the tokens, not their segment ids"),
+     "context-parallel reorder moves the tokens, not their segment ids"),
 ]
 
 _CORRECT = [

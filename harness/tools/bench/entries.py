@@ -19,6 +19,8 @@ THE_OP = "the_op"        # the op's packed path: measured against the others in 
 OP_PATH = "op_path"      # a path the op can take: "fastest" takes the best of them
 RAW_BASE = "raw_base"    # the raw packed call: the base of the ratios (what the op adds)
 REPLACED = "replaced"    # the causal-only call the op replaces (the seed shape's goal)
+AUTO = "auto"            # the op's auto mode: measured against the faster raw fused call
+RAW_FUSED = "raw_fused"  # a raw fused call (packed cuDNN, TE THD): the auto mode's yardstick
 
 # How an entry's peak memory grows beside inputs, outputs and gradients (BenchEntry.memory).
 AS_DECLARED = "as_declared"  # its kernel's materializes_scores; a raw call: dense when emulated
@@ -121,9 +123,13 @@ ENTRIES = (
                emulated=lambda: registered("sut:cudnn_flash_jax:emulated"),
                goals=frozenset({THE_OP, OP_PATH})),
     BenchEntry("raw:cudnn_packed", "raw_packed", "cudnn", raw=CUDNN_PACKED,
-               goals=frozenset({RAW_BASE})),
+               goals=frozenset({RAW_BASE, RAW_FUSED})),
     BenchEntry("te:thd", "te", "te", kernel="te:thd", memory=TE_MASKS),
-    BenchEntry("raw:te_thd_offsets", "te", "te", raw=TE_OFFSETS),
+    BenchEntry("raw:te_thd_offsets", "te", "te", raw=TE_OFFSETS, goals=frozenset({RAW_FUSED})),
+    # The op choosing TE THD or packed cuDNN per shape (sut.config.AUTO_TE_*).
+    BenchEntry("sut:cudnn_flash_auto", "op_auto", "cudnn|te", kernel="sut:cudnn_flash_auto",
+               emulated=lambda: registered("sut:cudnn_flash_jax:emulated"),
+               goals=frozenset({AUTO, OP_PATH}), memory=TE_MASKS),
     BenchEntry("sut:cudnn_flash_te", "op_te", "te", kernel="sut:cudnn_flash_te",
                goals=frozenset({OP_PATH}), memory=TE_MASKS),
     # Wrong on packed rows (it attends across segments): timed for the cost of the fix.

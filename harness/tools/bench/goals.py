@@ -4,13 +4,14 @@ seed shape, and its best path within 5% of the fastest correct entry. Which entr
 raw call or the replaced call is each entry's declared capability (entries.BenchEntry.goals)."""
 from __future__ import annotations
 
-from harness.tools.bench.entries import ENTRIES, OP_PATH, RAW_BASE, REPLACED, THE_OP, \
-    entry_with
+from harness.tools.bench.entries import AUTO, ENTRIES, OP_PATH, RAW_BASE, RAW_FUSED, REPLACED, \
+    THE_OP, entry_with
 from harness.tools.bench.shapes import SEED_SHAPE
 
 GOAL_OP_OVER_RAW = 0.03             # the op within 3% of the raw packed call
 GOAL_OP_OVER_CAUSAL = 0.67          # the op at most 0.67x the causal-only call, at the seed shape
 GOAL_OP_OVER_FASTEST = 0.05         # the op's best path within 5% of the fastest correct entry
+GOAL_AUTO_OVER_FUSED = 0.03         # the auto mode within 3% of the faster raw fused call
 
 
 def _goal(goal, shape, value, limit, met, text) -> dict:
@@ -78,6 +79,24 @@ def _op_vs_fastest(res: dict, declared: dict) -> dict:
     return _goal("op_vs_fastest", shape, d, GOAL_OP_OVER_FASTEST, met, text)
 
 
+def _auto_vs_fused(res: dict, declared: dict) -> dict:
+    """The op's auto mode against the faster of the raw fused calls (packed cuDNN, TE THD)."""
+    shape = res["shape"]
+    timed = {e["entry"]: e for e in res["entries"] if e["median_ms"]}
+    auto = [timed[n] for n, spec in declared.items() if AUTO in spec.goals and n in timed]
+    fused = [timed[n] for n, spec in declared.items() if RAW_FUSED in spec.goals and n in timed]
+    if not auto or not fused:
+        return _goal("auto_vs_fused", shape, None, GOAL_AUTO_OVER_FUSED, None,
+                     f"auto mode at {shape}: not measured (auto or raw fused calls not timed)")
+    best = min(fused, key=lambda e: e["median_ms"])
+    d = auto[0]["median_ms"] / best["median_ms"] - 1
+    met = d <= GOAL_AUTO_OVER_FUSED
+    return _goal("auto_vs_fused", shape, d, GOAL_AUTO_OVER_FUSED, met,
+                 f"auto mode at {shape}: {auto[0]['median_ms']:.3f} ms vs {best['entry']} "
+                 f"{best['median_ms']:.3f} ms ({d:+.1%}; goal within "
+                 f"{GOAL_AUTO_OVER_FUSED:.0%}: {_met(met)})")
+
+
 def goal_checks(results: list[dict], entries=ENTRIES) -> list[dict]:
     """The goals as statements with numbers (never asserted), per shape's result. `entries`:
     the declared bench entries, whose capabilities say which row is the op, the raw packed call
@@ -92,4 +111,6 @@ def goal_checks(results: list[dict], entries=ENTRIES) -> list[dict]:
         if res["shape"] == SEED_SHAPE:
             checks.append(_op_vs_causal(res, rows, op_name, replaced_name))
         checks.append(_op_vs_fastest(res, declared))
+        if any(AUTO in e.goals for e in entries):
+            checks.append(_auto_vs_fused(res, declared))
     return checks
