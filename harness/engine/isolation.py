@@ -30,10 +30,13 @@ _LOADED: set[str] = set()     # isolation groups whose kernels ran in this proce
 
 
 def groups(kernels) -> dict[str | None, list]:
-    """Kernels by process group (None: no group), in selection order."""
+    """Kernels by process group (None: no group), in selection order. A kernel whose library is
+    not installed loads nothing (it skips every case): it needs no worker of its own."""
+    import importlib.util
     out: dict[str | None, list] = {}
     for k in kernels:
-        out.setdefault(k.isolation, []).append(k)
+        installed = all(importlib.util.find_spec(m.split(".")[0]) is not None for m in k.requires)
+        out.setdefault(k.isolation if installed else None, []).append(k)
     return out
 
 

@@ -106,6 +106,8 @@ def _largest(caught: list[Record]) -> str:
 
 def _grid(records: list[Record]) -> list[str]:
     kernels, layouts, cells = tallies.grid(records)
+    if not kernels:
+        return ["| kernel | layouts |", "|---|---|", "| (none: no record was written) | |"]
     out = ["| kernel | " + " | ".join(layouts) + " |", "|---|" + "---|" * len(layouts)]
     for kernel in kernels:
         row = []

@@ -22,6 +22,9 @@ def progress(total: int, label: str = "kernel x case"):
         return
 
     start, last, done = time.monotonic(), 0.0, 0
+    # At once: the first pair waits for its shape's programs to compile (a minute on a CPU).
+    print(f"[0/{total}] starting: tracing and compiling the first programs", file=sys.stderr,
+          flush=True)
 
     def step(what: str) -> None:
         nonlocal last, done

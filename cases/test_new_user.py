@@ -1,0 +1,235 @@
+"""What a new user still hit (issue 20): silent greens, tracebacks on bad paths, unclear help and
+output. Each test failed before its fix."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MATRIX = str(ROOT / "cases" / "test_matrix.py")
+ONE_CASE = "packed/random-b4-t256-h4kv2-d64-bf16-s0"
+
+
+def _run(*args, env=None, timeout=600):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def _one_line(out, *needles, status=2):
+    text = out.stdout + out.stderr
+    assert out.returncode == status, text[-3000:]
+    assert "Traceback" not in text and "INTERNALERROR" not in text, text[-3000:]
+    errors = [line for line in text.splitlines() if "error" in line.lower()]
+    assert errors, text[-2000:]
+    assert all(n in text for n in needles), text[-2000:]
+
+
+# ----- silent greens ------------------------------------------------------------------------
+
+def test_a_kernel_module_that_registers_nothing_is_a_usage_error(tmp_path):
+    empty = tmp_path / "nothing.py"
+    empty.write_text("import harness\n")
+    out = _run("-m", "harness", "run", "--kernel-module", str(empty),
+               "--report-dir", str(tmp_path / "r"))
+    _one_line(out, "nothing.py: the module registered no kernel")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_run_where_every_case_skipped_is_not_green(tmp_path):
+    out = _run("-m", "harness", "run", "--kernels", "sut:cudnn_flash_jax", "--cases", ONE_CASE,
+               "--report-dir", str(tmp_path / "r"))
+    assert out.returncode == 1, out.stdout[-2000:]
+    assert "nothing was judged" in out.stdout
+    assert "Nothing was judged" in (tmp_path / "r" / "summary.md").read_text()
+    pyt = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", MATRIX, "--kernels",
+               "sut:cudnn_flash_jax", "--cases", ONE_CASE, "--report-dir", str(tmp_path / "p"))
+    assert pyt.returncode == 1, pyt.stdout[-2000:]
+    assert "nothing was judged" in pyt.stdout
+
+
+def _report(tmp_path, name, *args):
+    out = _run("-m", "harness", "run", "--kernels", "dot_product", *args,
+               "--report-dir", str(tmp_path / name))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return tmp_path / name
+
+
+def test_compare_with_nothing_in_common_or_an_interrupted_run_is_not_green(tmp_path):
+    a = _report(tmp_path, "a", "--cases", ONE_CASE)
+    b = _report(tmp_path, "b", "--cases", "unaligned/odd-b4-t256-h4kv2-d64-bf16-s0")
+    out = _run("-m", "harness", "compare", str(a), str(b))
+    assert out.returncode == 1 and "NOTHING COMPARED" in out.stdout, out.stdout
+    # A run of the same selection that stopped early: its missing pairs are regressions.
+    full = _report(tmp_path, "full", "--cases", "packed/*-bf16-*")
+    from harness.views import report_file as rec
+    header, records = rec.read(full)
+    kept = [r for r in records if r.case_id == records[0].case_id]
+    cut = tmp_path / "cut" / "report.jsonl"
+    rec.write_report(cut, header["environment"], kept,
+                     **{k: v for k, v in header.items() if k not in ("type", "schema",
+                                                                     "environment")},
+                     interrupted=True)
+    out = _run("-m", "harness", "compare", str(cut), str(full))
+    assert out.returncode == 1 and "missing now" in out.stdout, out.stdout[-2000:]
+
+
+def test_missing_pairs_beyond_twenty_say_how_many_more(tmp_path):
+    from harness.judge.regression import Comparison
+    from harness.views import compare
+    lines = [f"k{i} on c" for i in range(25)]
+    import io
+    from contextlib import redirect_stdout
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        compare._listed("missing", lines, shown=20)
+    assert "... and 5 more" in buf.getvalue()
+    assert Comparison().compared_nothing
+
+
+def test_a_seed_expanded_case_id_is_a_case_the_cli_runs(tmp_path):
+    out = _run("-m", "harness", "run", "--kernels", "dot_product", "--cases",
+               ONE_CASE.replace("-s0", "-s2"), "--report-dir", str(tmp_path / "r"))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    from harness.views import report_file as rec
+    assert {r.case_id for r in rec.read(tmp_path / "r")[1]} == {ONE_CASE.replace("-s0", "-s2")}
+
+
+def test_an_interrupted_run_with_nothing_finished_says_so_in_a_well_formed_report(tmp_path):
+    from harness.views import report_file as rec
+    from harness.views.markdown import render
+    md = render({"suite": "nightly", "environment": {}, "interrupted": True}, [])
+    assert "every kernel expected to pass passed" not in md
+    assert "Nothing was judged" in md and "interrupted" in md
+    table = [line for line in md.splitlines() if line.startswith("|")]
+    assert all(line.count("|") == table[0].count("|") for line in table), table
+    assert rec.SCHEMA
+
+
+def test_a_run_prints_progress_before_its_first_pair_finishes(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--kernels", "dot_product",
+                             "--cases", ONE_CASE, "--report-dir", str(tmp_path / "r")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stderr.readline()
+    proc.wait(timeout=600)
+    assert first.startswith("[0/1] starting"), first
+
+
+# ----- tracebacks for a user's mistake ------------------------------------------------------
+
+@pytest.mark.parametrize("make", ["file", "readonly"])
+def test_a_report_dir_that_cannot_be_written_is_one_line(tmp_path, make):
+    if make == "file":
+        target = tmp_path / "afile"
+        target.write_text("x")
+        target, needle = target / "r", "is a file, not a folder"
+    else:
+        target, needle = Path("/proc/harness-reports"), "cannot create it"
+    out = _run("-m", "harness", "run", "--kernels", "dot_product", "--cases", ONE_CASE,
+               "--report-dir", str(target))
+    _one_line(out, needle)
+    merge = _run("-m", "harness", "merge", str(target), str(tmp_path))
+    assert merge.returncode == 2 and "Traceback" not in merge.stderr
+    pyt = _run("-m", "pytest", "-p", "no:cacheprovider", MATRIX, "--kernels", "dot_product",
+               "--cases", ONE_CASE, "--report-dir", str(target))
+    assert pyt.returncode == 4 and needle in pyt.stderr, pyt.stdout[-1000:] + pyt.stderr[-1000:]
+    assert "Traceback" not in pyt.stderr
+
+
+KERNEL = ("import harness\nfrom harness.kernels.reference import dot_product\n"
+          "harness.register_kernel('mine', dot_product)\n")
+
+
+def test_kernel_modules_by_any_name_folder_or_dotted_name(tmp_path):
+    no_suffix = tmp_path / "kernels_conf"
+    no_suffix.write_text(KERNEL)
+    out = _run("-m", "harness", "list", "--kernel-module", str(no_suffix))
+    assert out.returncode == 0 and "mine" in out.stdout, out.stderr[-2000:]
+    _one_line(_run("-m", "harness", "list", "--kernel-module", str(tmp_path)), "a folder")
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kernels.py").write_text(KERNEL)
+    out = _run("-m", "harness", "list", "--kernel-module", "mypkg.kernels",
+               env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    assert out.returncode == 0 and "mine" in out.stdout, out.stderr[-2000:]
+    _one_line(_run("-m", "harness", "list", "--kernel-module", "nopkg.nomodule"),
+              "no importable module")
+
+
+def test_a_compilation_cache_that_is_a_file_and_a_repro_output_under_a_file(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    _one_line(_run("-m", "harness", "run", "--kernels", "dot_product", "--cases", ONE_CASE,
+                   "--compilation-cache", str(afile), "--report-dir", str(tmp_path / "r")),
+              "a file, not a folder")
+    out = _run("-m", "harness", "repro", "canary_ignores_segments", ONE_CASE, "--output",
+               str(afile / "repro.py"), timeout=60)
+    _one_line(out, "is a file, not a folder")
+
+
+# ----- smaller ------------------------------------------------------------------------------
+
+def test_growth_must_be_a_factor_above_one(tmp_path):
+    out = _run("-m", "harness", "compare", str(tmp_path), str(tmp_path), "--growth", "-1")
+    _one_line(out, "--growth", "must be above 1")
+
+
+def test_a_kernel_with_the_wrong_signature_is_refused_when_registered(tmp_path):
+    module = tmp_path / "bad_sig.py"
+    module.write_text("import harness\ndef k(q, k, v):\n    return q\n"
+                      "harness.register_kernel('bad_sig', k)\n")
+    _one_line(_run("-m", "harness", "list", "--kernel-module", str(module)),
+              "bad_sig.py:4", "cannot be called as fn(query, key, value, segment_ids")
+
+
+def test_merge_says_where_it_wrote_and_which_pairs_repeat(tmp_path):
+    a = _report(tmp_path, "a", "--cases", ONE_CASE)
+    out = _run("-m", "harness", "merge", str(tmp_path / "m"), str(a), str(a))
+    assert out.returncode == 0
+    assert f"merged 2 reports into {tmp_path / 'm'}" in out.stdout
+    assert "repeats 1 kernel x case pairs of an earlier source" in out.stderr
+
+
+@pytest.mark.parametrize("command, options", [
+    ("run", ["--report-dir", "default reports/latest", "--growth"]),
+    ("list", ["--suite", "--cases", "--verbose"]),
+    ("compare", ["--growth", "the report to judge"]),
+    ("repro", ["--kernel-module", "a registered kernel name", "failing case's id"]),
+])
+def test_help_says_what_each_option_does(command, options):
+    out = _run("-m", "harness", command, "--help")
+    text = " ".join(out.stdout.split())
+    for option in options:
+        assert option in text, (command, option)
+    assert "default reports/latest" in text or command != "run"
+
+
+def test_console_grid_headers_stay_apart_and_outcomes_read_as_words(tmp_path):
+    out = _run("-m", "harness", "run", "--kernels", "dot_product",
+               "--cases", "unaligned/*-bf16-s0", "--report-dir", str(tmp_path / "r"))
+    assert out.returncode == 0
+    assert "unaligne…" not in out.stdout and "long-edges" in out.stdout and "odd" in out.stdout
+    outcomes = next(line for line in out.stdout.splitlines() if line.startswith("outcomes:"))
+    assert "{" not in outcomes and "ok " in outcomes
+
+
+def test_the_example_kernels_pytest_line_runs_only_the_matrix():
+    doc = (ROOT / "examples" / "my_kernel.py").read_text()
+    line = next(x for x in doc.splitlines() if "pytest" in x)
+    assert "cases/test_matrix.py" in line
+
+
+def test_pytest_header_starts_when_the_run_started(tmp_path):
+    out = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", MATRIX, "--kernels",
+               "dot_product", "--cases", ONE_CASE, "--report-dir", str(tmp_path / "r"))
+    assert out.returncode == 0, out.stdout[-2000:]
+    header = json.loads((tmp_path / "r" / "report.jsonl").read_text().splitlines()[0])
+    import datetime
+    started = datetime.datetime.fromisoformat(header["environment"]["time_utc"])
+    ended = datetime.datetime.fromtimestamp((tmp_path / "r" / "report.jsonl").stat().st_mtime,
+                                            datetime.timezone.utc)
+    assert (ended - started).total_seconds() >= header["wall_s"] - 2
+    assert "SKIPPED" not in out.stdout
