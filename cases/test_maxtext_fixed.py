@@ -204,23 +204,24 @@ def test_maxtexts_test_of_the_patch_runs_its_cpu_parts_and_skips_the_gpu_ones():
     assert proc.stdout.count("Requires a GPU.") == 2, tail   # two skip lines of 4 tests each
 
 
-# ----- the bench before/after (scripts/maxtext_patch_bench.py) on the CPU ---------------------
+# ----- the bench before/after (python -m harness bench: MaxText's op before and after) ----
 
 @needs_maxtext
-def test_patch_bench_times_both_ops_through_the_emulator(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("maxtext_patch_bench",
-                                                  ROOT / "scripts" / "maxtext_patch_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_the_bench_times_maxtexts_op_before_and_after_the_patch(tmp_path):
     out = tmp_path / "bench.json"
-    assert bench.main(["--shape", "small", "--repeats", "2", "--output", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "after / before = " in text and "through the cuDNN emulator" in text, text
-    assert "goal" not in text, "the GPU goal is not judged on a CPU"
+    proc = subprocess.run([sys.executable, "-m", "harness", "bench", "--shapes", "small",
+                           "--repeats", "2", "--output", str(out), "--kernels",
+                           "maxtext:cudnn_flash_jax,maxtext_fixed:cudnn_flash_jax"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     import json
-    result = json.loads(out.read_text())["result"]
-    rows = {e["entry"]: e for e in result["entries"]}
-    assert [e["via"] for e in rows.values()] == ["emulator", "emulator"]
+    report = json.loads(out.read_text())
+    seed = next(r for r in report["results"] if r["shape"] == "seed")
+    rows = {e["entry"]: e for e in seed["entries"]}
+    assert [rows[n]["via"] for n in ("maxtext:cudnn_flash_jax",
+                                     "maxtext_fixed:cudnn_flash_jax")] == ["emulator", "emulator"]
     assert all(len(e["times_ms"]) == 2 and e["median_ms"] > 0 for e in rows.values())
-    after, before = (rows[n]["median_ms"] for n in (bench.AFTER, bench.BEFORE))
-    assert result["after_over_before"] == pytest.approx(after / before)
+    goal = next(g for g in report["goals"] if g["goal"] == "patch_after_vs_before")
+    after, before = (rows[n]["median_ms"] for n in ("maxtext_fixed:cudnn_flash_jax",
+                                                    "maxtext:cudnn_flash_jax"))
+    assert goal["value"] == pytest.approx(after / before)

@@ -20,6 +20,8 @@ OP_PATH = "op_path"      # a path the op can take: "fastest" takes the best of t
 RAW_BASE = "raw_base"    # the raw packed call: the base of the ratios (what the op adds)
 REPLACED = "replaced"    # the causal-only call the op replaces (the seed shape's goal)
 AUTO = "auto"            # the op's auto mode: measured against the faster raw fused call
+PATCH_BEFORE = "patch_before"  # MaxText's own op as installed (0.2.5: causal only, wrong)
+PATCH_AFTER = "patch_after"    # the same op with patches/maxtext-<version>/ applied
 RAW_FUSED = "raw_fused"  # a raw fused call (packed cuDNN, TE THD): the auto mode's yardstick
 
 # How an entry's peak memory grows beside inputs, outputs and gradients (BenchEntry.memory).
@@ -141,6 +143,15 @@ ENTRIES = (
                kernel="sut:cudnn_flash_jax:fallback", emulated=_emulated_fallback,
                memory=MASK_BIAS),
     BenchEntry("xla", "dense", "xla", kernel="xla"),
+    # MaxText's AttentionOp before and after the patch (installed maxtext; Python >= 3.12).
+    BenchEntry("maxtext:cudnn_flash_jax", "maxtext_before", "cudnn",
+               kernel="maxtext:cudnn_flash_jax",
+               emulated=lambda: registered("maxtext:cudnn_flash_jax:emulated"),
+               goals=frozenset({PATCH_BEFORE}), correct=False),
+    BenchEntry("maxtext_fixed:cudnn_flash_jax", "maxtext_after", "cudnn",
+               kernel="maxtext_fixed:cudnn_flash_jax",
+               emulated=lambda: registered("maxtext_fixed:cudnn_flash_jax:emulated"),
+               goals=frozenset({PATCH_AFTER})),
 )
 
 

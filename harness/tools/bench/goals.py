@@ -4,14 +4,15 @@ seed shape, and its best path within 5% of the fastest correct entry. Which entr
 raw call or the replaced call is each entry's declared capability (entries.BenchEntry.goals)."""
 from __future__ import annotations
 
-from harness.tools.bench.entries import AUTO, ENTRIES, OP_PATH, RAW_BASE, RAW_FUSED, REPLACED, \
-    THE_OP, entry_with
+from harness.tools.bench.entries import AUTO, ENTRIES, OP_PATH, PATCH_AFTER, PATCH_BEFORE, \
+    RAW_BASE, RAW_FUSED, REPLACED, THE_OP, entry_with
 from harness.tools.bench.shapes import SEED_SHAPE
 
 GOAL_OP_OVER_RAW = 0.03             # the op within 3% of the raw packed call
 GOAL_OP_OVER_CAUSAL = 0.67          # the op at most 0.67x the causal-only call, at the seed shape
 GOAL_OP_OVER_FASTEST = 0.05         # the op's best path within 5% of the fastest correct entry
 GOAL_AUTO_OVER_FUSED = 0.03         # the auto mode within 3% of the faster raw fused call
+GOAL_PATCH_OVER_BEFORE = 0.67       # MaxText's op after the patch <= 0.67x before, seed shape
 
 
 def _goal(goal, shape, value, limit, met, text) -> dict:
@@ -97,6 +98,25 @@ def _auto_vs_fused(res: dict, declared: dict) -> dict:
                  f"{GOAL_AUTO_OVER_FUSED:.0%}: {_met(met)})")
 
 
+def _patch_after_vs_before(res: dict, declared: dict) -> dict:
+    """MaxText's own op after the patch against before it, at the seed shape."""
+    shape = res["shape"]
+    timed = {e["entry"]: e for e in res["entries"] if e["median_ms"]}
+    pick = lambda goal: next((timed[n] for n, spec in declared.items()  # noqa: E731
+                              if goal in spec.goals and n in timed), None)
+    before, after = pick(PATCH_BEFORE), pick(PATCH_AFTER)
+    if before is None or after is None:
+        return _goal("patch_after_vs_before", shape, None, GOAL_PATCH_OVER_BEFORE, None,
+                     f"MaxText's op after/before the patch at {shape}: not measured (maxtext "
+                     "not installed, or an entry not timed)")
+    r = after["median_ms"] / before["median_ms"]
+    met = r <= GOAL_PATCH_OVER_BEFORE
+    return _goal("patch_after_vs_before", shape, r, GOAL_PATCH_OVER_BEFORE, met,
+                 f"MaxText's op after/before the patch at {shape}: {r:.2f}x "
+                 f"({after['median_ms']:.3f} vs {before['median_ms']:.3f} ms; goal <= "
+                 f"{GOAL_PATCH_OVER_BEFORE:.2f}x: {_met(met)})")
+
+
 def goal_checks(results: list[dict], entries=ENTRIES) -> list[dict]:
     """The goals as statements with numbers (never asserted), per shape's result. `entries`:
     the declared bench entries, whose capabilities say which row is the op, the raw packed call
@@ -110,6 +130,8 @@ def goal_checks(results: list[dict], entries=ENTRIES) -> list[dict]:
         checks.append(_op_vs_raw(res["shape"], rows, op_name, raw_name))
         if res["shape"] == SEED_SHAPE:
             checks.append(_op_vs_causal(res, rows, op_name, replaced_name))
+            if any(PATCH_AFTER in e.goals for e in entries):
+                checks.append(_patch_after_vs_before(res, declared))
         checks.append(_op_vs_fastest(res, declared))
         if any(AUTO in e.goals for e in entries):
             checks.append(_auto_vs_fused(res, declared))
