@@ -1,4 +1,5 @@
-"""python -m harness run | list | report | merge | compare | baseline | bench | selftest | repro
+"""python -m harness run | list | report | merge | compare | baseline | bench | selftest | repro |
+census
 
 Every user mistake (a path, a kernel or suite name, a glob, a module, a baseline, a shape too
 big for the device) is one line on stderr and exit status 2, found before any work starts."""
@@ -287,6 +288,12 @@ def cmd_repro(args) -> int:
     return repro_main(args)
 
 
+def cmd_census(args) -> int:
+    from harness.tools.census import main as census_main
+    _load_modules(args.kernel_module)
+    return census_main(args)
+
+
 def _usage(message: str):
     from harness.errors import UsageError
     return UsageError(message)
@@ -355,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--shapes", default="small",
                        help="small (a few hundred tokens: any device, CPU included) or hopper "
                             "(8x2048, 1x8192, 1x32768, short segments; 32/8 heads, head_dim "
-                            "128: GPUs; refused with one line where nothing fits)")
+                            "128: GPUs; refused with one line where nothing fits); census "
+                            "(the seed shape and 1x8192 of hopper)")
     bench.add_argument("--repeats", type=int, default=10,
                        help="timed calls per entry (median, min, spread; default %(default)s)")
     bench.add_argument("--output", help="write the results and goal checks as JSON here")
@@ -382,6 +390,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--kernel-module", action="append", default=[], metavar="PATH",
                     help="a Python file (or module) that registers the kernel (repeatable)")
     rp.set_defaults(func=cmd_repro)
+
+    from harness.tools.census.options import add_arguments as census_arguments
+    cen = sub.add_parser("census", help="every packed path judged, timed and tabled: the suite, "
+                                        "one bench, reproducers, reports/census/census.md")
+    census_arguments(cen, _add_compilation, seed_count)
+    cen.set_defaults(func=cmd_census)
     return parser
 
 

@@ -20,7 +20,9 @@ METHOD = {"timing": "jax.vjp forward+backward, compiled ahead, arguments on devi
                     "calls / calls_per_sample (1 call, none untimed, on CPUs); spread = "
                     "(max - min) / median",
           "useful_flops": "same-segment causal only: forward 4*L(L+1)/2*head_dim*heads per "
-                          "segment, backward 2.5x forward"}
+                          "segment, backward 2.5x forward",
+          "xla_memory": "XLA's memory analysis of the compiled fwd+bwd program, bytes: temp, "
+                        "arguments, outputs, alias; total = temp + arguments + outputs"}
 
 
 def main(args) -> int:

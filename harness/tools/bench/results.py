@@ -21,11 +21,12 @@ def _row(p: Plan, t: Timing | None, total_flops: int) -> dict:
            "min_ms": None, "max_ms": None, "spread": None, "times_ms": [],
            "ratio": None, "ratio_base": None, "ratio_to_raw_packed": None,
            "useful_tflops": None, "calls_per_sample": None, "max_abs_diff_vs_op": None,
-           "notes": p.notes}
+           "xla_memory": None, "notes": p.notes}
     if t is not None:
         row["error"] = t.error
         row["max_abs_diff_vs_op"] = t.diff
         row["calls_per_sample"] = t.calls
+        row["xla_memory"] = t.memory
         if t.times and t.error is None:
             med = statistics.median(t.times)
             row.update(median_ms=med * 1e3, min_ms=min(t.times) * 1e3,

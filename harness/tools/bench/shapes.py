@@ -88,13 +88,20 @@ def _small() -> list[Shape]:
     ]
 
 
-SHAPE_SETS: dict[str, Callable[[], list[Shape]]] = {"small": _small, "hopper": _hopper}
+def _census() -> list[Shape]:
+    # The census's two shapes (harness.tools.census): the seed shape and one row of 8192.
+    return [s for s in _hopper() if s.name in (SEED_SHAPE, "long-8k")]
+
+
+SHAPE_SETS: dict[str, Callable[[], list[Shape]]] = {"small": _small, "hopper": _hopper,
+                                                    "census": _census}
 
 
 def shape_set(name: str) -> list[Shape]:
     if name not in SHAPE_SETS:
         raise UsageError(f"unknown shape set {name!r} for --shapes; known: "
-                         f"{', '.join(SHAPE_SETS)} (small: any device; hopper: GPU shapes)")
+                         f"{', '.join(SHAPE_SETS)} (small: any device; hopper, census: GPU "
+                         "shapes)")
     return SHAPE_SETS[name]()
 
 

@@ -47,6 +47,23 @@ class Timing:
     calls: int = 1                                      # back-to-back calls per sample
     error: str | None = None
     diff: float | None = None
+    memory: dict | None = None                          # xla_memory of the compiled program
+
+
+def xla_memory(compiled) -> dict | None:
+    """XLA's memory analysis of a compiled program, in bytes: temp (its buffers and the fused
+    kernels' workspaces), arguments, outputs, alias (outputs sharing an argument's buffer) and
+    total = temp + arguments + outputs, the program's footprint as compiled; None where the
+    backend gives no analysis."""
+    try:
+        stats = compiled.memory_analysis()
+        parts = {"temp": int(stats.temp_size_in_bytes),
+                 "arguments": int(stats.argument_size_in_bytes),
+                 "outputs": int(stats.output_size_in_bytes),
+                 "alias": int(stats.alias_size_in_bytes)}
+    except Exception:  # a backend without the analysis
+        return None
+    return {**parts, "total": parts["temp"] + parts["arguments"] + parts["outputs"]}
 
 
 def _markers(p: Plan) -> tuple[str, ...]:
@@ -105,6 +122,7 @@ def _compile(timings: list[Timing], on_device: dict) -> dict:
             if id(t) in futures:
                 try:
                     t.compiled = futures[id(t)].result()
+                    t.memory = xla_memory(t.compiled)
                 except Exception as exc:
                     t.error = _error(exc)
     return lowered

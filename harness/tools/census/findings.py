@@ -1,0 +1,145 @@
+"""The census's reproducers: for a kernel with a failing check, `harness repro`'s minimal script
+(its first failing case, shrunk); for a kernel that raised, a small script that calls it on the
+smallest case it raised on and exits 1 while it raises. Beside each script, `<name>.md` (a short
+upstream report: what, where, the numbers, the versions, the command) and `<name>.txt` (the
+script's output on this machine)."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+from pathlib import Path
+
+from harness.errors import UsageError
+from harness.judge import vocabulary as v
+from harness.judge.record import Record
+from harness.tools.census.scripts import error_script, report_text
+
+# Checks `harness repro` can shrink (a tolerance check, or the leak probe), in its order.
+SHRINKABLE = (*(c.name for c in v.TENSORS), v.LEAK.name)
+NUMBERS_SHOWN = 8
+
+
+def safe_name(kernel: str) -> str:
+    """A kernel's name as a file name ('tokamax:triton' -> 'tokamax_triton')."""
+    return kernel.replace(":", "_").replace("/", "_")
+
+
+def failing(records) -> list[Record]:
+    """Records that show a wrong result: a failing check that the run judged (an unexpected
+    failure, a caught bug, a known upstream one); not the unjudged (rounding-level) ones."""
+    return [r for r in records if r.verdict == v.FAIL and r.outcome in (v.FAIL, v.CAUGHT,
+                                                                          v.KNOWN)]
+
+
+def raised(records) -> list[Record]:
+    """Records of a kernel that raised (an error, or a declared upstream error: known)."""
+    return [r for r in records if r.verdict == v.ERROR]
+
+
+def write_findings(repro_dir: Path, kernels, header: dict, records: list[Record],
+                   kernel_modules: list[str], command: str) -> list[dict]:
+    """Every kernel's reproducers; one dict per script written (or attempted). `header`: the
+    part's run (environment, suite); `command`: the census command of the part."""
+    from harness.tools.census.command import versions
+    written = []
+    for kernel in kernels:
+        mine = [r for r in records if r.kernel == kernel.name]
+        fails, errors = failing(mine), raised(mine)
+        if not fails and not errors:
+            continue
+        repro_dir.mkdir(parents=True, exist_ok=True)
+        context = dict(header=header, versions=versions([kernel])[kernel.name],
+                       command=command, records=mine)
+        name = safe_name(kernel.name)
+        if fails:
+            written.append(fail_repro(kernel, fails, repro_dir / f"{name}.py", context))
+        if errors:
+            path = repro_dir / (f"{name}-error.py" if fails else f"{name}.py")
+            written.append(error_repro(kernel, errors, path, kernel_modules, context))
+    return written
+
+
+def _run_script(path: Path, needs_harness: bool) -> tuple[int | None, str]:
+    """The script run with plain python in an empty folder (as `harness repro` checks its
+    own); its output goes to <name>.txt."""
+    from harness.tools.repro.command import verify
+    code, output = verify(path, needs_harness)
+    path.with_suffix(".txt").write_text(f"$ python {path.name}\n{output.rstrip()}\n"
+                                        f"(exit status {code})\n")
+    return code, output
+
+
+def fail_repro(kernel, fails: list[Record], path: Path, context: dict) -> dict:
+    """`harness repro` on the first failing case (its first shrinkable check), then the
+    script's run and the report text."""
+    from harness.tools.repro import main as repro_main
+    from harness.tools.repro.command import reproduced
+    from harness.tools.repro.source import kernel_source
+    entry = {"kernel": kernel.name, "kind": "fail", "script": None, "report": None,
+             "problem": None, "exit_status": None}
+    shrinkable = [r for r in fails if r.check in SHRINKABLE]
+    log = io.StringIO()
+    if not shrinkable:
+        entry["note"] = ("its failures are in checks `harness repro` does not shrink ("
+                         + ", ".join(sorted({r.check for r in fails})) + "): no script")
+    else:
+        case_id = shrinkable[0].case_id
+        on_case = [r for r in shrinkable if r.case_id == case_id]
+        check = min(on_case, key=lambda r: SHRINKABLE.index(r.check)).check
+        entry.update(case_id=case_id, check=check)
+        ns = argparse.Namespace(kernel=kernel.name, case_id=case_id, check=check,
+                                output=str(path))
+        print(f"[census] repro {kernel.name} {check} on {case_id}", flush=True)
+        try:
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                repro_main(ns)
+        except UsageError as exc:
+            entry["problem"] = f"harness repro: {exc}"
+        except Exception as exc:  # the census goes on; the report says what broke
+            entry["problem"] = f"harness repro raised {type(exc).__name__}: {exc}"
+        if path.exists():
+            code, output = _run_script(path, kernel_source(kernel)[1])
+            entry.update(script=path.name, exit_status=code,
+                         reproduced=reproduced(code, output))
+            if not entry["reproduced"] and not entry["problem"]:
+                entry["problem"] = f"the script did not show the failure (exit status {code})"
+    entry["repro_log"] = log.getvalue()[-4000:]
+    entry["report"] = _write_report(path, kernel, fails, entry, context)
+    return entry
+
+
+def smallest_case(records: list[Record]) -> str:
+    """The case id of the smallest case among the records (tokens x heads x head_dim)."""
+    def size(r: Record) -> tuple:
+        work = (r.batch or 0) * (r.seq_len or 0) * ((r.heads or 0) + 2 * (r.kv_heads or 0))
+        return (work * (r.head_dim or 0), r.case_id)
+    return min(records, key=size).case_id
+
+
+def error_repro(kernel, errors: list[Record], path: Path, kernel_modules: list[str],
+                context: dict) -> dict:
+    """A script that calls the kernel (forward and backward, as the run did) on the smallest
+    case it raised on, prints the error and exits 1 while it raises."""
+    from harness.tools.repro.command import reproduced
+    # Errors of the kernel's own program first: a leak-probe error (e.g. a deterministic build
+    # that does not fit) may not show in the default program the script runs.
+    direct = [r for r in errors if not r.message.startswith("leak probe:")] or errors
+    case_id = smallest_case(direct)
+    first = next(r for r in direct if r.case_id == case_id)
+    modules = [str(Path(m).resolve()) if Path(m).exists() else m for m in kernel_modules]
+    path.write_text(error_script(kernel, case_id, first, modules, context))
+    print(f"[census] error reproducer for {kernel.name} on {case_id}", flush=True)
+    code, output = _run_script(path, needs_harness=True)
+    entry = {"kernel": kernel.name, "kind": "error", "case_id": case_id, "script": path.name,
+             "exit_status": code, "reproduced": reproduced(code, output), "problem": None}
+    if not entry["reproduced"]:
+        entry["problem"] = f"the script did not raise the error here (exit status {code})"
+    entry["report"] = _write_report(path, kernel, errors, entry, context)
+    return entry
+
+
+def _write_report(path: Path, kernel, found: list[Record], entry: dict, context: dict) -> str:
+    md = path.with_suffix(".md")
+    md.write_text(report_text(kernel, found, entry, context, NUMBERS_SHOWN))
+    return md.name

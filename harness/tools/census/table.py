@@ -1,0 +1,265 @@
+"""The census table from every part under <report-dir>/parts/: one row per kernel, from the part
+that measured it most (parts run on different machines are copied into one folder; a kernel a
+part could only skip, e.g. for want of its library, is taken from the part that ran it).
+
+Every verdict comes from the records as judged (harness.judge.tallies, the vocabulary); this
+module only groups them: a column's cell is the worst outcome over its cases, with the count of
+cases by outcome (a case's outcome is the worst of its records)."""
+from __future__ import annotations
+
+import datetime
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.judge import tallies
+from harness.judge import vocabulary as v
+from harness.judge.record import Record
+from harness.tools.census.findings import safe_name
+from harness.tools.census.options import census_names
+
+LONG_ROW = 8192
+GiB = 2 ** 30
+_GRADS = ("dq", "dk", "dv")
+
+# (key, title, which records belong to the column); head-dim columns are added per head dim.
+COLUMNS = (
+    ("all", "all cases", lambda r: True),
+    ("packed", "packed", lambda r: r.family == "packed"),
+    ("unaligned", "unaligned", lambda r: r.family == "unaligned"),
+    ("padded", "padded (before/between)", lambda r: r.family == "padded"),
+    ("bidirectional", "bidirectional", lambda r: not r.causal),
+    ("long", f"long rows (>= {LONG_ROW})", lambda r: (r.seq_len or 0) >= LONG_ROW),
+    ("float16", "float16", lambda r: r.dtype == "float16"),
+    ("gqa", "GQA/MQA", lambda r: r.heads is not None and r.heads != r.kv_heads),
+)
+SHOWN = {v.FAIL: "FAIL", v.MISSED: "MISSED", v.ERROR: "ERROR"}   # bad outcomes, as the grid
+
+
+@dataclass
+class Part:
+    name: str
+    path: Path
+    header: dict = field(default_factory=dict)
+    records: list[Record] = field(default_factory=list)
+    bench: dict | None = None
+    versions: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+
+def _json(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def read_parts(report_dir: Path) -> list[Part]:
+    from harness.views import report_file as rec
+    parts = []
+    for path in sorted(p for p in (report_dir / "parts").glob("*") if p.is_dir()):
+        part = Part(path.name, path, bench=_json(path / "bench.json"),
+                    versions=_json(path / "versions.json") or {},
+                    meta=_json(path / "part.json") or {})
+        nightly = path / "nightly"
+        if (nightly / rec.RECORDS_FILE).exists():
+            part.header, part.records = rec.read(nightly)
+        parts.append(part)
+    return parts
+
+
+def assign(parts: list[Part]) -> dict[str, tuple[Part, list[Record]]]:
+    """kernel -> (the part that measured it most, its records there); ties: the later part."""
+    best: dict[str, tuple[tuple, Part, list[Record]]] = {}
+    for index, part in enumerate(parts):
+        by_kernel: dict[str, list[Record]] = defaultdict(list)
+        for r in part.records:
+            by_kernel[r.kernel].append(r)
+        for kernel, rows in by_kernel.items():
+            score = (sum(r.verdict != v.SKIP for r in rows), index)
+            if kernel not in best or score >= best[kernel][0]:
+                best[kernel] = (score, part, rows)
+    return {k: (p, rows) for k, (_, p, rows) in best.items()}
+
+
+def outcome_word(outcome: str | None) -> str:
+    return "—" if outcome is None else SHOWN.get(outcome, outcome)
+
+
+def column_cell(records: list[Record]) -> dict:
+    """The worst outcome over the column's cases, and its cases counted by their outcome."""
+    by_case: dict[str, list[Record]] = defaultdict(list)
+    for r in records:
+        by_case[r.case_id].append(r)
+    per_case = Counter(tallies.worst_outcome(rows) for rows in by_case.values())
+    counts = {o: per_case[o] for o in v.SEVERITY if per_case[o]}   # worst first
+    worst = tallies.worst_outcome(records)
+    if not counts:
+        text = "—"
+    else:
+        text = ", ".join(f"{outcome_word(o)} {n}" for o, n in counts.items())
+    return {"worst": worst, "bad": worst in v.BAD, "counts": counts, "cases": len(by_case),
+            "text": text}
+
+
+def _violation_text(tensor: str, kinds: Counter, biggest: float, rows: int) -> str:
+    if kinds.get("non-finite"):
+        return f"{tensor} NaN/Inf in {kinds['non-finite']}/{rows} rows"
+    return f"{tensor} non-zero (max {biggest:.3g}) in {kinds['non-zero']}/{rows} rows"
+
+
+def padding_summary(records: list[Record], convention: str) -> dict:
+    """What the kernel wrote at padding positions, from the padding records' violations."""
+    rows = [r for r in records if r.check == v.PADDING.name and r.measured]
+    if not rows:
+        return {"rows": 0, "violations": {}, "text": "—"}
+    kinds: dict[str, Counter] = defaultdict(Counter)
+    biggest: dict[str, float] = defaultdict(float)
+    for r in rows:
+        for tensor, d in (r.violations or {}).items():
+            kinds[tensor][d["kind"]] += 1
+            biggest[tensor] = max(biggest[tensor], d.get("max") or 0.0)
+    words = [_violation_text(t, kinds[t], biggest[t], len(rows)) for t in _GRADS if kinds[t]]
+    if not words:
+        words.append("grads 0")
+    if kinds["out"]:
+        words.append(_violation_text("out", kinds["out"], biggest["out"], len(rows)))
+    else:
+        words.append({v.PAD_ZERO: "out 0", v.PAD_UNDEFINED: "out not checked (undefined)"}
+                     .get(convention, "out finite"))
+    text = ", ".join(words) + f" ({len(rows)} padded rows)"
+    return {"rows": len(rows), "convention": convention, "text": text,
+            "violations": {t: dict(k) for t, k in kinds.items()}}
+
+
+def backward_summary(kernel: str, records: list[Record]) -> dict:
+    """Whether the probed build's results were bitwise reproducible run to run (no tensor
+    gated above its noise or left unprobed), and the smallest leak the probe could see."""
+    leaks = [r for r in records if r.check == v.LEAK.name and r.probed is not None]
+    detect = {t: frac for t, frac in tallies.detectable(records).get(kernel, {}).items()}
+    detect_text = ", ".join(f"{t} {'bitwise' if f == 0 else format(f, '.2g')}"
+                            for t, f in detect.items()) or "—"
+    if not leaks:
+        return {"reproducible": None, "text": "not probed", "detectable": detect,
+                "detectable_text": detect_text}
+    gated = {t: n for (k, t), (n, _) in tallies.gated(records).items() if k == kernel}
+    worst = {t: x for (k, t), (_, x) in tallies.gated(records).items() if k == kernel}
+    unprobed = {t: n for (k, t), n in tallies.unprobed(records).items() if k == kernel}
+    modes = sorted({r.mode for r in leaks if r.mode})
+    build = f"{'/'.join(modes) or 'default'} build"
+    if not gated and not unprobed:
+        text = f"yes: bitwise ({build})"
+    else:
+        words = [f"{t} differs run to run ({n} segments, gated at <= {worst[t]:.2g})"
+                 for t, n in gated.items()]
+        words += [f"{t} unprobed ({n} segments)" for t, n in unprobed.items()]
+        text = f"no: {'; '.join(words)} ({build})"
+    return {"reproducible": not gated and not unprobed, "modes": modes, "gated": gated,
+            "unprobed": unprobed, "text": text, "detectable": detect,
+            "detectable_text": detect_text,
+            "false_alarm": tallies.false_alarms(records).get(kernel)}
+
+
+def shape_key(res: dict) -> str:
+    return f"{res['shape']} {res['batch']}x{res['seq_len']}"
+
+
+def bench_cell(entry: dict) -> dict:
+    """One kernel at one bench shape: time, useful TFLOP/s, XLA's memory analysis."""
+    memory = entry.get("xla_memory")
+    cell = {"median_ms": entry.get("median_ms"), "useful_tflops": entry.get("useful_tflops"),
+            "spread": entry.get("spread"), "xla_memory": memory,
+            "skipped": entry.get("skipped"), "error": entry.get("error")}
+    if entry.get("skipped"):
+        cell["text"] = "skip"
+    elif entry.get("error"):
+        cell["text"] = "ERROR"
+    elif entry.get("median_ms") is None:
+        cell["text"] = "not timed"
+    else:
+        cell["text"] = f"{entry['median_ms']:.3g} ms, {entry['useful_tflops']:.3g} TFLOP/s"
+    cell["memory_text"] = "—" if not memory else f"{memory['total'] / GiB:.3g} GiB"
+    return cell
+
+
+def bench_shapes(parts: list[Part]) -> list[dict]:
+    shapes = {}
+    for part in parts:
+        for res in (part.bench or {}).get("results", []):
+            shapes.setdefault(shape_key(res), {"key": shape_key(res), "label": res["label"],
+                                               "useful_flops": res["useful_flops"]})
+    return list(shapes.values())
+
+
+def bench_row(kernel: str, part: Part, parts: list[Part]) -> dict[str, dict]:
+    """The kernel's bench cells: from its own part, else from any part that timed it."""
+    out = {}
+    for source in [part] + [p for p in parts if p is not part]:
+        for res in (source.bench or {}).get("results", []):
+            entry = next((e for e in res["entries"] if e.get("kernel") == kernel), None)
+            if entry is not None and shape_key(res) not in out:
+                out[shape_key(res)] = dict(bench_cell(entry), part=source.name)
+    return out
+
+
+def repro_files(report_dir: Path, kernel: str) -> list[str]:
+    folder, name = report_dir / "repro", safe_name(kernel)
+    return [f"repro/{p.name}" for p in (folder / f"{name}.py", folder / f"{name}-error.py")
+            if p.exists()]
+
+
+def kernel_row(kernel: str, part: Part, records: list[Record], parts: list[Part],
+               report_dir: Path, known) -> dict:
+    head_dims = sorted({r.head_dim for r in records if r.head_dim})
+    cells = {key: column_cell([r for r in records if keep(r)]) for key, _, keep in COLUMNS}
+    cells.update({f"d{d}": column_cell([r for r in records if r.head_dim == d])
+                  for d in head_dims})
+    registered = known.get(kernel)
+    convention = registered.padding_output if registered else v.PAD_FINITE
+    return {"kernel": kernel, "part": part.name,
+            "also_in": [p.name for p in parts if p is not part
+                        and any(r.kernel == kernel for r in p.records)],
+            "description": registered.description if registered else "",
+            "cells": cells, "outcomes": tallies.counts(records),
+            "padding": padding_summary(records, convention),
+            "backward": backward_summary(kernel, records),
+            "bench": bench_row(kernel, part, parts),
+            "versions": part.versions.get(kernel, {}),
+            "repro": repro_files(report_dir, kernel)}
+
+
+def part_summary(part: Part) -> dict:
+    bench = part.bench or {}
+    return {"name": part.name, "environment": part.header.get("environment", {}),
+            "suite": part.header.get("suite"), "selection": part.header.get("selection"),
+            "cases": part.header.get("cases"), "kernels": part.header.get("kernels"),
+            "wall_s": part.header.get("wall_s"), "probe_mode": part.header.get("probe_mode"),
+            "command": part.meta.get("command"), "census_wall_s": part.meta.get("wall_s"),
+            "problems": part.meta.get("problems", []),
+            "bench": {"shapes": bench.get("shapes"), "repeats": bench.get("repeats"),
+                      "method": bench.get("method"), "errors": bench.get("errors") or (
+                          {"all": bench["error"]} if bench.get("error") else {})}}
+
+
+def build(report_dir: Path) -> dict:
+    """census.json's content."""
+    from harness.engine.registry import all_kernels
+    parts = read_parts(report_dir)
+    chosen = assign(parts)
+    known = all_kernels()
+    order = census_names(chosen) + [k for k in chosen if k not in census_names(chosen)]
+    rows = [kernel_row(k, *chosen[k], parts, report_dir, known) for k in order]
+    head_dims = sorted({int(key[1:]) for row in rows for key in row["cells"]
+                        if key.startswith("d") and key[1:].isdigit()})
+    columns = [{"key": key, "title": title} for key, title, _ in COLUMNS]
+    columns += [{"key": f"d{d}", "title": f"head dim {d}"} for d in head_dims]
+    return {"schema": 1, "generated_utc": datetime.datetime.now(datetime.timezone.utc)
+            .isoformat(timespec="seconds"), "parts": [part_summary(p) for p in parts],
+            "columns": columns, "bench_shapes": bench_shapes(parts), "rows": rows}
+
+
+def write_table(report_dir: Path) -> tuple[Path, Path, int]:
+    from harness.tools.census.render import markdown
+    census = build(report_dir)
+    js, md = report_dir / "census.json", report_dir / "census.md"
+    js.write_text(json.dumps(census, indent=1) + "\n")
+    md.write_text(markdown(census))
+    return md, js, len(census["rows"])
