@@ -239,13 +239,21 @@ def part_summary(part: Part) -> dict:
                           {"all": bench["error"]} if bench.get("error") else {})}}
 
 
+def selection_order(parts: list[Part]) -> list[str]:
+    """Kernels as the parts selected them (their headers), then any other with records."""
+    names = [k for p in parts for k in (p.header.get("kernels") or [])]
+    names += [r.kernel for p in parts for r in p.records]
+    present = {r.kernel for p in parts for r in p.records}
+    return [k for k in dict.fromkeys(names) if k in present]
+
+
 def build(report_dir: Path) -> dict:
     """census.json's content."""
     from harness.engine.registry import all_kernels
     parts = read_parts(report_dir)
     chosen = assign(parts)
     known = all_kernels()
-    order = census_names(chosen) + [k for k in chosen if k not in census_names(chosen)]
+    order = list(dict.fromkeys(census_names(chosen) + selection_order(parts)))
     rows = [kernel_row(k, *chosen[k], parts, report_dir, known) for k in order]
     head_dims = sorted({int(key[1:]) for row in rows for key in row["cells"]
                         if key.startswith("d") and key[1:].isdigit()})
