@@ -156,7 +156,7 @@ def test_list_into_a_closed_pipe_is_quiet():
 def test_help_lists_every_command():
     out = _run("-m", "harness", "--help")
     for command in ("run", "list", "report", "merge", "compare", "baseline", "bench", "selftest",
-                    "repro"):
+                    "repro", "census"):
         assert command in out.stdout
 
 

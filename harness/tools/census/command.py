@@ -21,13 +21,23 @@ FINDINGS_FILE = "findings.json"
 
 
 def select(args) -> list:
-    """The kernels this part covers: --kernels, else the census set that is registered."""
+    """The kernels this part covers: --kernels, else the census set that is registered, less
+    --without."""
+    import fnmatch
     from harness.engine.registry import all_kernels, select_kernels
     if args.kernels:
+        if args.without:
+            raise UsageError("--kernels and --without: give one of them")
         return select_kernels(args.kernels)
     names = census_names(all_kernels())
+    globs = [g.strip() for g in (args.without or "").split(",") if g.strip()]
+    unmatched = [g for g in globs if not any(fnmatch.fnmatchcase(n, g) for n in names)]
+    if unmatched:
+        raise UsageError(f"--without {', '.join(unmatched)}: no kernel of the census set "
+                         "matches")
+    names = [n for n in names if not any(fnmatch.fnmatchcase(n, g) for g in globs)]
     if not names:
-        raise UsageError("no kernel of the census set is registered")
+        raise UsageError("no kernel of the census set is left to run")
     return select_kernels(names)
 
 
@@ -147,7 +157,8 @@ def _child(args, group, members, part_dir: Path) -> list[str]:
     argv = [sys.executable, "-m", "harness", "census", "--after-run", "--part", args.part,
             "--report-dir", str(args.report_dir), "--kernels", ",".join(k.name for k in members),
             "--suite", args.suite, "--seeds", str(args.seeds), "--shapes", args.shapes,
-            "--repeats", str(args.repeats), *_option_argv(args)]
+            "--repeats", str(args.repeats), "--repro-runs", str(args.repro_runs),
+            *_option_argv(args)]
     argv += ["--cases", args.cases] if args.cases else []
     argv += ["--no-bench"] * args.no_bench + ["--no-repro"] * args.no_repro
     print(f"[census] {group or 'main'}: bench, versions and reproducers in a child process",
@@ -178,7 +189,7 @@ def after_run(args, kernels, part_dir: Path, group: str | None = "") -> int:
         command = (json.loads(meta.read_text()).get("command") if meta.exists() else None) \
             or command_line(args)
         written = write_findings(Path(args.report_dir) / "repro", kernels, header, records,
-                                 list(args.kernel_module), command)
+                                 list(args.kernel_module), command, args.repro_runs)
         (out / FINDINGS_FILE).write_text(json.dumps(written, indent=1) + "\n")
         failed |= any(w.get("problem") for w in written)
     return failed
@@ -264,6 +275,8 @@ def command_line(args) -> str:
              "--report-dir", str(args.report_dir)]
     if args.kernels:
         words += ["--kernels", args.kernels]
+    if args.without:
+        words += ["--without", args.without]
     if args.cases:
         words += ["--cases", args.cases]
     if args.seeds != 1:
@@ -272,5 +285,7 @@ def command_line(args) -> str:
         words += ["--kernel-module", module]
     words += ["--no-bench"] if args.no_bench else ["--shapes", args.shapes, "--repeats",
                                                    str(args.repeats)]
-    words += ["--no-repro"] * args.no_repro + ["--no-leak-probe"] * args.no_leak_probe
+    words += ["--no-repro"] if args.no_repro else (
+        ["--repro-runs", str(args.repro_runs)] if args.repro_runs != 40 else [])
+    words += ["--no-leak-probe"] * args.no_leak_probe
     return " ".join(shlex.quote(w) for w in words)

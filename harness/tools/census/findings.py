@@ -18,6 +18,7 @@ from harness.tools.census.scripts import error_script, report_text
 # Checks `harness repro` can shrink (a tolerance check, or the leak probe), in its order.
 SHRINKABLE = (*(c.name for c in v.TENSORS), v.LEAK.name)
 NUMBERS_SHOWN = 8
+CRASH_TEXT = "died while running it"   # harness.engine.isolation's words for a dead worker
 
 
 def safe_name(kernel: str) -> str:
@@ -38,7 +39,7 @@ def raised(records) -> list[Record]:
 
 
 def write_findings(repro_dir: Path, kernels, header: dict, records: list[Record],
-                   kernel_modules: list[str], command: str) -> list[dict]:
+                   kernel_modules: list[str], command: str, max_runs: int) -> list[dict]:
     """Every kernel's reproducers; one dict per script written (or attempted). `header`: the
     part's run (environment, suite); `command`: the census command of the part."""
     from harness.tools.census.command import versions
@@ -50,7 +51,7 @@ def write_findings(repro_dir: Path, kernels, header: dict, records: list[Record]
             continue
         repro_dir.mkdir(parents=True, exist_ok=True)
         context = dict(header=header, versions=versions([kernel])[kernel.name],
-                       command=command, records=mine)
+                       command=command, records=mine, max_runs=max_runs)
         name = safe_name(kernel.name)
         if fails:
             written.append(fail_repro(kernel, fails, repro_dir / f"{name}.py", context))
@@ -89,7 +90,7 @@ def fail_repro(kernel, fails: list[Record], path: Path, context: dict) -> dict:
         check = min(on_case, key=lambda r: SHRINKABLE.index(r.check)).check
         entry.update(case_id=case_id, check=check)
         ns = argparse.Namespace(kernel=kernel.name, case_id=case_id, check=check,
-                                output=str(path))
+                                output=str(path), max_runs=context["max_runs"])
         print(f"[census] repro {kernel.name} {check} on {case_id}", flush=True)
         try:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
@@ -99,8 +100,9 @@ def fail_repro(kernel, fails: list[Record], path: Path, context: dict) -> dict:
         except Exception as exc:  # the census goes on; the report says what broke
             entry["problem"] = f"harness repro raised {type(exc).__name__}: {exc}"
         if path.exists():
-            code, output = _run_script(path, kernel_source(kernel)[1])
-            entry.update(script=path.name, exit_status=code,
+            needs_harness = kernel_source(kernel)[1]
+            code, output = _run_script(path, needs_harness)
+            entry.update(script=path.name, exit_status=code, needs_harness=needs_harness,
                          reproduced=reproduced(code, output))
             if not entry["reproduced"] and not entry["problem"]:
                 entry["problem"] = f"the script did not show the failure (exit status {code})"
@@ -131,8 +133,12 @@ def error_repro(kernel, errors: list[Record], path: Path, kernel_modules: list[s
     path.write_text(error_script(kernel, case_id, first, modules, context))
     print(f"[census] error reproducer for {kernel.name} on {case_id}", flush=True)
     code, output = _run_script(path, needs_harness=True)
+    # A kernel whose worker died (harness.engine.isolation) takes the script's process with it:
+    # a death by a signal is that crash, shown.
+    crashed = CRASH_TEXT in first.message and code is not None and code < 0
     entry = {"kernel": kernel.name, "kind": "error", "case_id": case_id, "script": path.name,
-             "exit_status": code, "reproduced": reproduced(code, output), "problem": None}
+             "exit_status": code, "reproduced": reproduced(code, output) or crashed,
+             "crash": crashed, "needs_harness": True, "problem": None}
     if not entry["reproduced"]:
         entry["problem"] = f"the script did not raise the error here (exit status {code})"
     entry["report"] = _write_report(path, kernel, errors, entry, context)

@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser, add_compilation, seed_count) -> No
                    help="run every case under N seeds (default %(default)s)")
     p.add_argument("--kernels", help="comma-separated kernel names (default: the census set "
                                      "that is registered; harness/tools/census/options.py)")
+    p.add_argument("--without", metavar="KERNELS",
+                   help="leave these out of the census set (comma-separated names or globs, "
+                        "e.g. 'flash_attn*': another part runs them)")
     p.add_argument("--kernel-module", action="append", default=[], metavar="PATH",
                    help="a Python file (or module) that registers kernels (repeatable)")
     p.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, metavar="DIR",
@@ -63,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser, add_compilation, seed_count) -> No
     p.add_argument("--no-bench", action="store_true", help="leave the bench out")
     p.add_argument("--no-repro", action="store_true",
                    help="write no reproducers for failures and errors")
+    p.add_argument("--repro-runs", type=seed_count, default=40,
+                   help="kernel runs `harness repro` may spend shrinking one kernel's failing "
+                        "case (default %(default)s; each new shape compiles anew)")
     p.add_argument("--table-only", action="store_true",
                    help="rebuild census.md and census.json from the parts present; run nothing")
     p.add_argument("--no-leak-probe", action="store_true",

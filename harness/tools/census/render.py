@@ -88,21 +88,24 @@ def _behaviour(census: dict) -> list[str]:
                  row["backward"]["detectable_text"]]
         cells += [bench[s["key"]]["text"] if s["key"] in bench else "—" for s in shapes]
         cells += [bench[s["key"]]["memory_text"] if s["key"] in bench else "—" for s in shapes]
-        libs = ", ".join(f"{m} {x}" for m, x in row["versions"].items()) or "—"
+        libs = ", ".join(f"{m} {x or 'not installed'}"
+                         for m, x in row["versions"].items()) or "—"
         cells += [libs, _links(row)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines
 
 
 def _skips(census: dict) -> list[str]:
-    """Kernels that only skipped, with the part they came from: their absence, explained in
-    the records (`harness report parts/<part>/nightly` lists the reasons)."""
+    """Kernels that only skipped, with the part they came from and the records' reasons: their
+    absence, explained."""
     out = []
     for row in census["rows"]:
         cell = row["cells"].get("all")
         if cell and cell["worst"] == "skip":
-            out.append(f"- `{row['kernel']}` skipped every case in part `{row['part']}` "
-                       f"(reasons: `parts/{row['part']}/nightly/summary.md`)")
+            reasons = "; ".join(f"{_cell(m)} ({n} cases)"
+                                for m, n in row.get("skip_reasons", {}).items())
+            out.append(f"- `{row['kernel']}` skipped every case in part `{row['part']}`: "
+                       f"{reasons or 'see its records'}")
     return out
 
 

@@ -157,6 +157,14 @@ def _reproduce(entry: dict, context: dict) -> list[str]:
         lines = ["```sh", f"python {entry['script']}", "```",
                  f"It exits 1 while the kernel {what}; its output on the census machine: "
                  f"`{entry['script'][:-3]}.txt` (exit status {entry['exit_status']})."]
+        if entry.get("needs_harness"):
+            lines.append("It imports attention-harness for the kernel: run it inside the "
+                         "harness's checkout (or with the checkout on PYTHONPATH), with the "
+                         "libraries the census ran with (on the H200 runner: the bundles' "
+                         "`activate.sh`).")
+        if entry.get("crash"):
+            lines.append("The kernel crashes its process (as the census's worker died): the "
+                         "script dies with it, by the signal in its exit status.")
         log = [ln for ln in entry.get("repro_log", "").splitlines()
                if ln.split(":")[0] in ("original case", "shrunk case", "failing")]
         lines += ["", "From `harness repro`:", "```", *log, "```"] if log else []

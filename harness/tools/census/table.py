@@ -223,6 +223,9 @@ def kernel_row(kernel: str, part: Part, records: list[Record], parts: list[Part]
             "backward": backward_summary(kernel, records),
             "bench": bench_row(kernel, part, parts),
             "versions": part.versions.get(kernel, {}),
+            "skip_reasons": dict(Counter(r.message for r in records
+                                         if r.verdict == v.SKIP and r.check == v.KERNEL_LEVEL)
+                                 .most_common(3)),
             "repro": repro_files(report_dir, kernel)}
 
 

@@ -16,7 +16,7 @@ from harness.model.case import Case
 from harness.tools.repro.script import FAILED_MARK, script_text, writer
 from harness.tools.repro.shrink import as_custom, shrink
 from harness.tools.repro.source import kernel_source
-from harness.tools.repro.trials import Trial, Trials, target_check
+from harness.tools.repro.trials import MAX_RUNS, Trial, Trials, target_check
 
 # The folder that holds the `harness` package: on the script's path when the kernel is harness
 # code.
@@ -111,7 +111,9 @@ def main(args) -> int:
     start = time.perf_counter()
     programs = Programs()
     try:
-        trials = Trials(kernel, current_platform(), programs)
+        # A caller may spend fewer kernel runs (the census: one budget per kernel).
+        trials = Trials(kernel, current_platform(), programs,
+                        max_runs=getattr(args, "max_runs", None) or MAX_RUNS)
         shrunk, check = _find_and_shrink(trials, original, check)
     finally:
         programs.close()
