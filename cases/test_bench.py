@@ -1,6 +1,7 @@
 """python -m harness bench: every entry a CPU can run runs (the cuDNN ones through the emulator),
 the report's fields, the refusals, the useful-FLOP formula and the raw packed call's lengths and
 offsets. Nothing here times anything: the bench's numbers are read, never judged."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -90,8 +91,13 @@ def test_small_output_json_has_the_fields(small_run):
     goals = {(g["goal"], g["shape"]) for g in report["goals"]}
     assert goals == {("op_vs_raw_packed", "seed"), ("op_vs_causal_only", "seed"),
                      ("op_vs_fastest", "seed"), ("op_vs_raw_packed", "short"),
-                     ("op_vs_fastest", "short")}
-    assert all(g["text"] and g["value"] is not None for g in report["goals"])
+                     ("op_vs_fastest", "short"), ("auto_vs_fused", "seed"),
+                     ("auto_vs_fused", "short"), ("patch_after_vs_before", "seed")}
+    # MaxText's op before and after the patch is measured where maxtext is installed (3.12).
+    maxtext = importlib.util.find_spec("maxtext") is not None
+    assert all(g["text"] and (g["value"] is not None or
+                              (g["goal"] == "patch_after_vs_before" and not maxtext))
+               for g in report["goals"])
 
 
 def _no_work(monkeypatch):
@@ -210,11 +216,25 @@ def test_goal_checks_are_statements_with_numbers():
     assert texts == [
         "op vs raw packed at seed: +1.7% (2.400 vs 2.360 ms; goal <= +3%: met)",
         "op vs causal-only at the seed shape: 0.80x (2.400 vs 3.000 ms; goal <= 0.67x: not met)",
+        "MaxText's op after/before the patch at seed: not measured (maxtext not installed, or "
+        "an entry not timed)",
         "fastest at seed: te:thd 2.310 ms; op 2.400 ms via sut:cudnn_flash_jax (+3.9%, goal "
         "within 5%: met)",
+        "auto mode at seed: not measured (auto or raw fused calls not timed)",
         "op vs raw packed at long-32k: not measured (raw:cudnn_packed: not here)",
         "fastest at long-32k: sut:cudnn_flash_jax 2.000 ms, an op path (goal within 5%: met)",
+        "auto mode at long-32k: not measured (auto or raw fused calls not timed)",
     ]
+    # The auto mode against the faster raw fused call, and MaxText's op after the patch.
+    results = [_result("seed", **{"sut:cudnn_flash_jax": 2.40, "raw:cudnn_packed": 2.36,
+                                  "raw:te_thd_offsets": 2.30, "sut:cudnn_flash_auto": 2.35,
+                                  "maxtext:cudnn_flash_jax": 3.0,
+                                  "maxtext_fixed:cudnn_flash_jax": 1.8})]
+    texts = [g["text"] for g in bench_goals.goal_checks(results)]
+    assert ("auto mode at seed: 2.350 ms vs raw:te_thd_offsets 2.300 ms (+2.2%; goal within "
+            "3%: met)") in texts
+    assert ("MaxText's op after/before the patch at seed: 0.60x (1.800 vs 3.000 ms; goal <= "
+            "0.67x: met)") in texts
 
 
 def test_samples_of_back_to_back_calls(monkeypatch, tmp_path, capsys):
