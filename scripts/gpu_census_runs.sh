@@ -38,20 +38,19 @@ if [ "$phase" = a1 ]; then
   step census-te 470 python3 -m harness census --part te --without 'flash_attn*' \
     --report-dir "$r/census"
   nightly nightly-1-rest 110 --kernels "$(kernels 'n not in CENSUS_KERNELS')"
-  tar -cf - census nightly-1-rest nvidia-smi.txt steps.txt *.log | xz -T0 -6 \
+  cd "$r" && tar -cf - census nightly-1-rest nvidia-smi.txt steps.txt *.log | xz -T0 -6 \
     > "$OUT/h200-a1.tar.xz"
 elif [ "$phase" = a2 ]; then
   step bench 150 python3 -m harness bench --shapes hopper --repeats 20 --output "$r/bench.json"
   step patch-test 60 python3 scripts/maxtext_patch_test.py -q
   nightly nightly-2 130
   nightly nightly-3 120
-  nightly nightly-4 120
-  tar -cf - bench.json nightly-2 nightly-3 nightly-4 steps.txt *.log | xz -T0 -6 \
+  cd "$r" && tar -cf - bench.json nightly-2 nightly-3 steps.txt *.log | xz -T0 -6 \
     > "$OUT/h200-a2.tar.xz"
 else
-  step census-fa 290 python3 -m harness census --part fa \
+  step census-fa 330 python3 -m harness census --part fa \
     --kernels flash_attn:varlen,flash_attn:varlen_vmap,flash_attn3:varlen --report-dir "$r/census"
-  nightly nightly-b 280 --kernels "$(kernels '"transformer_engine" not in k.requires')"
-  tar -cf - census nightly-b nvidia-smi.txt steps.txt *.log | xz -T0 -6 > "$OUT/h200-b.tar.xz"
+  nightly nightly-b 230 --kernels "$(kernels '"transformer_engine" not in k.requires')"
+  cd "$r" && tar -cf - census nightly-b nvidia-smi.txt steps.txt *.log | xz -T0 -6 > "$OUT/h200-b.tar.xz"
 fi
 cat "$r/steps.txt"

@@ -60,8 +60,9 @@ def read_parts(report_dir: Path) -> list[Part]:
                     versions=_json(path / "versions.json") or {},
                     meta=_json(path / "part.json") or {})
         nightly = path / "nightly"
-        if (nightly / rec.RECORDS_FILE).exists():
-            part.header, part.records = rec.read(nightly)
+        if any((nightly / name).exists() for name in (rec.RECORDS_FILE,
+                                                      rec.RECORDS_FILE + ".gz")):
+            part.header, part.records = rec.read(nightly)   # committed parts are gzipped
         parts.append(part)
     return parts
 

@@ -1,0 +1,49 @@
+"""The regression gate on real runs: two committed H200 nightlies of one commit
+(reports/h200/census-runs/) compare with zero regressions, while a planted 3x growth on a check
+whose runs agree bitwise, and a verdict flip anywhere, are caught."""
+from pathlib import Path
+
+import pytest
+
+from harness.judge import regression
+from harness.views import report_file as rec
+
+RUNS = Path(__file__).resolve().parent.parent / "reports" / "h200" / "census-runs"
+
+
+@pytest.fixture(scope="module")
+def runs():
+    _, first = rec.read(RUNS / "nightly-1")
+    _, second = rec.read(RUNS / "nightly-2")
+    # nightly-2 stopped at its time limit: compare the pairs it finished.
+    done = {r.pair for r in second}
+    return [r for r in first if r.pair in done], second
+
+
+def test_two_nightlies_of_one_commit_have_no_regression(runs):
+    first, second = runs
+    result = regression.compare(second, first)
+    assert result.common > 1000 and not result.regressed, result.regressions[:5]
+    assert not result.flips
+
+
+def test_a_planted_growth_and_a_planted_flip_are_caught(runs):
+    first, second = runs
+    base = regression.baseline_from_runs([first, second])
+    by_key = {r.key: r for r in second}
+    stable = [b for b in base if regression.err_range(b)[2] == 2
+              and regression.err_range(b)[0] == regression.err_range(b)[1]
+              and b.max_abs_err and b.outcome == "ok" and b.ratio and b.ratio < 0.3]
+    assert len(stable) > 1000, "most checks agree bitwise between the two runs"
+    target = stable[len(stable) // 2]
+    grown = [r.replace(max_abs_err=r.max_abs_err * 3, ratio=r.ratio * 3) if r.key == target.key
+             else r for r in second]
+    result = regression.compare(grown, base)
+    assert result.regressed and [b.key for b, _ in result.grown] == [target.key]
+    # The same growth against a single-run baseline at this low ratio: calibrated as noise.
+    assert not regression.compare(grown, first).grown
+    flip = next(r for r in second if r.check == "leak" and r.verdict == "pass")
+    flipped = [r.replace(verdict="fail", outcome="fail") if r.key == flip.key else r
+               for r in second]
+    result = regression.compare(flipped, base)
+    assert result.regressed and len(result.flips) == 1 and by_key[flip.key].verdict == "pass"
