@@ -188,9 +188,8 @@ def test_within_traces_forward_and_backward_inside_the_contexts():
 
 def _harness(python, *args, tmp_path, extra_env=None):
     env = {**os.environ, **FAKE_DEVICES, "PYTHONPATH": str(ROOT), **(extra_env or {})}
-    return subprocess.run([python, "-m", "harness", *args, "--report-dir", str(tmp_path),
-                           "--no-compilation-cache"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run([python, "-m", "harness", *args, "--report-dir", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def _records(report_dir):
