@@ -173,7 +173,25 @@ def _matrix(config):
 def pytest_generate_tests(metafunc):
     if "kernel_case" in metafunc.fixturenames:
         pairs = metafunc.config._harness_matrix
-        metafunc.parametrize("kernel_case", pairs, ids=[f"{k.name}:{c.id}" for k, c in pairs])
+        # One xdist group per shape: with --dist loadgroup (the default here under -n) the
+        # tests that share a shape's programs (its oracle, above all) run in one worker, which
+        # compiles them once.
+        metafunc.parametrize("kernel_case", [
+            pytest.param((k, c), marks=pytest.mark.xdist_group(_shape_group(c)))
+            for k, c in pairs],
+            ids=[f"{k.name}:{c.id}" for k, c in pairs])
+
+
+def _shape_group(case) -> str:
+    return "shape-" + "-".join(str(x) for x in case.shape_key)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """Under -n, schedule the matrix by shape (loadgroup) unless --dist says otherwise."""
+    option = session.config.option
+    if getattr(option, "numprocesses", None) and getattr(option, "dist", None) in ("no", "load"):
+        option.dist = "loadgroup"
 
 
 @pytest.fixture(scope="session")
