@@ -201,8 +201,8 @@ def _import_library(kernel: Kernel):
                     f"{kernel.isolation!r}): select one group with -k")
     try:
         if kernel.name.startswith("flash_attn:"):
-            from harness.kernels.flash_attn import _fa2
-            return _fa2()
+            from harness.kernels.flash_attn import fa2_module
+            return fa2_module()
         module = {"flash_attn3": "flash_attn3_jax", "te": "transformer_engine.jax.flax",
                   "tokamax": "tokamax"}.get(kernel.name.split(":")[0])
         return importlib.import_module(module) if module else None

@@ -10,7 +10,7 @@ import pytest
 from harness.model.case import Case, make_inputs
 from harness.engine.kernel import Kernel
 from harness.kernels.reference import dot_product
-from harness.engine.programs import DEFAULT, DETERMINISTIC, Programs, _environment, traced_under
+from harness.engine.programs import DEFAULT, DETERMINISTIC, Programs, environment_set, traced_under
 
 WIDTH = "HARNESS_TEST_WIDTH"
 
@@ -38,7 +38,7 @@ def test_a_trace_under_an_environment_does_not_reuse_cached_abstract_evaluations
         return jax.jit(lambda x: prim.bind(x)).lower(x).out_info.shape[0]
 
     assert width() == 2
-    with _environment({WIDTH: "4"}), pytest.raises(ValueError, match="doesn't match"):
+    with environment_set({WIDTH: "4"}), pytest.raises(ValueError, match="doesn't match"):
         # The trap: jax's abstract-eval cache answers from the first trace while the lowering
         # reads the environment anew (TE's workspace: no verifier catches it, memory does).
         width()

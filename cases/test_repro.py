@@ -222,9 +222,9 @@ def fake_maxtext(tmp_path, monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(root))
     from harness.kernels import maxtext_adapter
-    maxtext_adapter._base_config.cache_clear()
+    maxtext_adapter.base_config.cache_clear()
     yield sys.modules
-    maxtext_adapter._base_config.cache_clear()
+    maxtext_adapter.base_config.cache_clear()
     for name in [m for m in sys.modules
                  if m in ("yaml", "maxtext") or m.startswith("maxtext.")]:
         if str(root) in (getattr(sys.modules[name], "__file__", None) or ""):

@@ -217,13 +217,13 @@ def test_jitted_bad_rows_make_the_loss_nan(packing, good, bad, causal):
 def test_the_guard_changes_no_value_but_the_poisoned_tokens():
     """Good tokens keep their values (an added +0 may only turn -0 into +0), poisoned ones are
     NaN, and the gradient is the identity."""
-    from harness.sut.attention_op import _poisoned
+    from harness.sut.attention_op import poisoned
     v = jnp.array([-0.0, 3e-38, -1.5, 1.5], jnp.bfloat16).reshape(1, 4, 1, 1)
     poison = jnp.array([[False, False, False, True]])
-    out = np.asarray(jax.jit(_poisoned)(v, poison), np.float32).reshape(-1)
+    out = np.asarray(jax.jit(poisoned)(v, poison), np.float32).reshape(-1)
     assert out[:3].tolist() == np.asarray(v, np.float32).reshape(-1)[:3].tolist()
     assert np.isnan(out[3])
-    g = jax.grad(lambda v: (_poisoned(v, poison) * 2.0).astype(jnp.float32).sum())(v)
+    g = jax.grad(lambda v: (poisoned(v, poison) * 2.0).astype(jnp.float32).sum())(v)
     assert np.asarray(g, np.float32).reshape(-1).tolist() == [2.0] * 4, "identity gradient"
 
 

@@ -304,6 +304,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _run_parser(sub)
+    _view_parsers(sub)
+    _tool_parsers(sub)
+    return parser
+
+
+def _run_parser(sub) -> None:
     run = sub.add_parser("run", help="run the kernel x case matrix and write a report")
     run.add_argument("--suite", default="smoke",
                      help="smoke (CPU, minutes) or nightly (GPU) (default %(default)s)")
@@ -326,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compilation(run)
     run.set_defaults(func=cmd_run)
 
+
+def _view_parsers(sub) -> None:
+    """list, report, merge, compare, baseline."""
     lst = sub.add_parser("list", help="list kernels (and with -v the suite's case ids)")
     lst.add_argument("--suite", default="smoke", help="the suite whose cases are counted and "
                                                        "listed (default %(default)s)")
@@ -357,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("sources", nargs="+", help="report folders or files of the runs")
     base.set_defaults(func=cmd_baseline)
 
+
+def _tool_parsers(sub) -> None:
+    """bench, selftest, repro, census."""
     bench = sub.add_parser("bench", help="time the op's packed path beside raw cuDNN, TE, the "
                                          "causal-only call, the fallback and XLA (fwd+bwd)")
     bench.add_argument("--shapes", default="small",
@@ -396,7 +409,6 @@ def build_parser() -> argparse.ArgumentParser:
                                         "one bench, reproducers, reports/census/census.md")
     census_arguments(cen, _add_compilation, seed_count)
     cen.set_defaults(func=cmd_census)
-    return parser
 
 
 def main(argv=None) -> int:

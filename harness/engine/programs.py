@@ -51,7 +51,7 @@ SWITCH_INTERVAL_S = 0.0005
 
 
 @contextlib.contextmanager
-def _environment(values: dict):
+def environment_set(values: dict):
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:
@@ -86,7 +86,7 @@ def traced_under(env: dict | None):
     with ENVIRONMENT_LOCK:
         _clear_abstract_eval_cache()
         try:
-            with _environment(env):
+            with environment_set(env):
                 yield
         finally:
             _clear_abstract_eval_cache()

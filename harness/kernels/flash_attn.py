@@ -96,7 +96,7 @@ def load_cudart12() -> None:
             return
 
 
-def _fa2():
+def fa2_module():
     load_cudart12()
     import flash_attn_jax
     return flash_attn_jax
@@ -113,7 +113,7 @@ def _flattened(varlen, query, key, value, segment_ids, *, causal, scale, max_seg
 
 def fa2_flattened(query, key, value, segment_ids, *, causal, scale, max_segments):
     """flash_attn_jax.flash_mha_varlen on the rows flattened to one token stream."""
-    return _flattened(_fa2().flash_mha_varlen, query, key, value, segment_ids, causal=causal,
+    return _flattened(fa2_module().flash_mha_varlen, query, key, value, segment_ids, causal=causal,
                       scale=scale, max_segments=max_segments)
 
 
@@ -130,7 +130,7 @@ def _vmapped(varlen, query, key, value, segment_ids, *, causal, scale, max_segme
 def fa2_vmapped(query, key, value, segment_ids, *, causal, scale, max_segments):
     """jax.vmap of flash_attn_jax.flash_mha_varlen over rows, each with its own cu_seqlens:
     the library's vmap rule flattens the batch itself."""
-    return _vmapped(_fa2().flash_mha_varlen, query, key, value, segment_ids, causal=causal,
+    return _vmapped(fa2_module().flash_mha_varlen, query, key, value, segment_ids, causal=causal,
                     scale=scale, max_segments=max_segments)
 
 

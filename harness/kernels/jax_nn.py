@@ -19,8 +19,8 @@ constraints. The mask costs B x T x T bytes, its bias B x T x T elements of the 
 from __future__ import annotations
 
 from harness.engine.kernel import Kernel
-from harness.kernels.op import (CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER, _even_seq,
-                                _pre_hopper_head_dims)
+from harness.kernels.op import (CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER, even_seq,
+                                pre_hopper_head_dims)
 from harness.sut.dot_product import segment_mask
 
 
@@ -36,7 +36,7 @@ def jax_nn_cudnn(query, key, value, segment_ids, *, causal, scale):
 
 
 def _cudnn_limits(case, platform):
-    return _even_seq(case, platform) + _pre_hopper_head_dims(case, platform)
+    return even_seq(case, platform) + pre_hopper_head_dims(case, platform)
 
 
 KERNELS = [

@@ -29,7 +29,7 @@ from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
 
 
 @functools.lru_cache(maxsize=1)
-def _base_config() -> dict:
+def base_config() -> dict:
     import importlib.resources
 
     import yaml
@@ -43,7 +43,7 @@ class MaxTextConfig:
         self.__dict__.update(overrides)
 
     def __getattr__(self, name):
-        base = _base_config()
+        base = base_config()
         if name.startswith("__") or name not in base:
             raise AttributeError(f"maxtext adapter: AttentionOp read config.{name}, which "
                                  "MaxText's base.yml does not define")
@@ -76,7 +76,7 @@ def maxtext_attention(query, key, value, segment_ids, *, causal, scale, max_segm
     _, t, heads, _ = query.shape
     config = MaxTextConfig(attention=attention, enable_dropout=False, dropout_rate=0.0,
                            max_segments_per_seq=max_segments, dataset_type=DATASET_TYPE)
-    axes = tuple(_base_config()["mesh_axes"])
+    axes = tuple(base_config()["mesh_axes"])
     mesh = Mesh(np.array(jax.local_devices()[:1]).reshape((1,) * len(axes)), axes)
     op = module.AttentionOp(config=config, mesh=mesh, attention_kernel=attention,
                             max_target_length=t, num_query_heads=heads,
@@ -86,7 +86,7 @@ def maxtext_attention(query, key, value, segment_ids, *, causal, scale, max_segm
     return out[0] if isinstance(out, tuple) else out
 
 
-def _python_312(case, platform):
+def python_312(case, platform):
     if sys.version_info < (3, 12):
         return [f"maxtext installs on Python >= 3.12 only, this is "
                 f"{sys.version_info.major}.{sys.version_info.minor}"]
@@ -94,7 +94,7 @@ def _python_312(case, platform):
 
 
 # max_segments_per_seq as a GPU user with TE must set it (base.yml's default is -1).
-_COMMON = dict(requires=("maxtext",), causal_only=True, constraints=_python_312,
+_COMMON = dict(requires=("maxtext",), causal_only=True, constraints=python_312,
                takes_max_segments=True)
 
 # MaxText releases whose cudnn_flash_jax ignores decoder_segment_ids in training (the seed

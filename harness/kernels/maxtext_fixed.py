@@ -222,7 +222,7 @@ def _mask_path_limits(cc: float | None):
 
 def _constraints(cc: float | None = None):
     limits = _mask_path_limits(cc)
-    return lambda case, platform: (maxtext_adapter._python_312(case, platform)
+    return lambda case, platform: (maxtext_adapter.python_312(case, platform)
                                    + _has_patch(case, platform) + limits(case, platform))
 
 
@@ -251,7 +251,7 @@ KERNELS = [
                         "cuDNN emulator"),
     _kernel("maxtext:cudnn_flash_jax:emulated", emulate=9.0, patched=False,
             head_dims=CUDNN_HEAD_DIMS, expect=maxtext_adapter.known_bug_expectation,
-            constraints=maxtext_adapter._python_312,
+            constraints=maxtext_adapter.python_312,
             description="MaxText's AttentionOp as installed (unpatched), attention="
                         "cudnn_flash_jax, through the cuDNN emulator: maxtext <= 0.2.5 caught"),
 ]

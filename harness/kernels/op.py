@@ -32,12 +32,12 @@ def original_cudnn_flash_jax(query, key, value, segment_ids, *, causal, scale, b
     return sdpa(query, key, value, scale=scale, mask_type=mask_type.CAUSAL, qkv_layout="BTNH")
 
 
-def _even_seq(case, platform):
+def even_seq(case, platform):
     return [] if case.seq_len % 2 == 0 else [f"odd seq_len {case.seq_len}: cuDNN with a bias "
                                              "needs an even one in training"]
 
 
-def _pre_hopper_head_dims(case, platform):
+def pre_hopper_head_dims(case, platform):
     cc = platform.compute_capability
     if platform.name == "gpu" and cc is not None and cc < 9.0 and case.head_dim > 128:
         return [f"head_dim {case.head_dim} > 128 below Hopper"]
@@ -66,7 +66,7 @@ KERNELS = [
     Kernel("sut:cudnn_flash_jax:fallback", _op(attention="cudnn_flash_jax", force_fallback=True),
            takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",),
            min_compute_capability=8.0, hlo_markers=CUDNN_MARKER, materializes_scores=True,
-           constraints=lambda c, p: _even_seq(c, p) + _pre_hopper_head_dims(c, p),
+           constraints=lambda c, p: even_seq(c, p) + pre_hopper_head_dims(c, p),
            description="the fixed op's pre-Hopper fallback (same-segment mask as cuDNN bias), "
                        "forced"),
     # A CPU stand-in for the packed path: on GPUs the real cuDNN runs (sut:cudnn_flash_jax).
@@ -78,7 +78,7 @@ KERNELS = [
     Kernel("sut:cudnn_flash_jax:emulated-sm80",
            _op(attention="cudnn_flash_jax", cudnn_backend="emulator", compute_capability=8.0),
            takes_max_segments=True, dtypes=CUDNN, head_dims=tuple(range(8, 129, 8)),
-           constraints=_even_seq, devices=("cpu",),  # a CPU stand-in: on GPUs the real fallback
+           constraints=even_seq, devices=("cpu",),  # a CPU stand-in: on GPUs the real fallback
            materializes_scores=True,
            description="the fixed op as on an sm80 GPU (mask fallback), through the emulator"),
     Kernel("maxtext_original:cudnn_flash_jax", original_cudnn_flash_jax, dtypes=CUDNN,

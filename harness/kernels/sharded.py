@@ -253,10 +253,10 @@ def maxtext_ring(query, key, value, segment_ids, *, causal, scale, max_segments)
     from maxtext.layers.attention_op import AttentionOp
     from transformer_engine.jax.sharding import MeshResource, global_shard_guard
 
-    from harness.kernels.maxtext_adapter import DATASET_TYPE, MaxTextConfig, _base_config
+    from harness.kernels.maxtext_adapter import DATASET_TYPE, MaxTextConfig, base_config
 
     del causal
-    axes = tuple(_base_config()["mesh_axes"])
+    axes = tuple(base_config()["mesh_axes"])
     the_mesh = mesh(tuple(CP if a == "context" else 1 for a in axes), axes)
     config = MaxTextConfig(attention="cudnn_flash_te", enable_dropout=False, dropout_rate=0.0,
                            max_segments_per_seq=max_segments, dataset_type=DATASET_TYPE,
@@ -309,8 +309,8 @@ _TE_CP = dict(**_CP, takes_max_segments=True, causal_only=True, dtypes=CUDNN,
               hlo_markers=TE_MARKERS, deterministic_env=TE_DETERMINISTIC)
 
 
-def _python_312(case, platform):
-    from harness.kernels.maxtext_adapter import _python_312 as check
+def python_312(case, platform):
+    from harness.kernels.maxtext_adapter import python_312 as check
     return check(case, platform)
 
 
@@ -330,7 +330,7 @@ KERNELS = [
            description="TE flax DotProductAttention, THD, ring context parallelism over 2 "
                        "devices, striped load balancing"),
     Kernel("sharded:maxtext:cudnn_flash_te", maxtext_ring,
-           requires=("maxtext", "transformer_engine"), constraints=_python_312, **_TE_CP,
+           requires=("maxtext", "transformer_engine"), constraints=python_312, **_TE_CP,
            description="MaxText's AttentionOp, cudnn_flash_te, packing, "
                        "ici_context_parallelism=2 (ring, striped)"),
 ]

@@ -34,8 +34,8 @@ from __future__ import annotations
 import functools
 
 from harness.engine.kernel import Kernel
-from harness.kernels.op import (CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER, _even_seq,
-                                _pre_hopper_head_dims)
+from harness.kernels.op import (CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER, even_seq,
+                                pre_hopper_head_dims)
 from harness.kernels.reference import no_f16_on_cpu
 from harness.sut.dot_product import segment_mask
 
@@ -78,7 +78,7 @@ KERNELS = [
     # a multiple of 8; even T and S in training), as for the op's own mask fallback.
     Kernel("tokamax:cudnn", _impl("cudnn"), dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS,
            devices=("gpu",), min_compute_capability=8.0, hlo_markers=CUDNN_MARKER,
-           constraints=lambda c, p: _even_seq(c, p) + _pre_hopper_head_dims(c, p), **_COMMON,
+           constraints=lambda c, p: even_seq(c, p) + pre_hopper_head_dims(c, p), **_COMMON,
            description="tokamax.dot_product_attention, implementation='cudnn' (jax.nn's cuDNN "
                        "with the mask as a bias)"),
     # Capabilities below are conservative (bf16/f16, head dims multiple of 8 up to 256): not

@@ -170,7 +170,7 @@ class AttentionOp:
         # identity gradient (a custom_vjp) is the cleaner form, but its first H200 run crashed
         # (an XLA CUDA-graph capture error in cuDNN, cause not established), while this form
         # ran clean in every H200 report: it stays until the select is shown clean there.
-        return _poisoned(value, ~ok[:, None] & (segment_ids != 0))
+        return poisoned(value, ~ok[:, None] & (segment_ids != 0))
 
     def _sdpa(self):
         return cudnn_backend(self.config.cudnn_backend, self.config.compute_capability)
@@ -209,7 +209,7 @@ class AttentionOp:
                                dropout_rate=self.config.dropout_rate)
 
 
-def _poisoned(value, poison):
+def poisoned(value, poison):
     """value with NaN where poison [B, T] is set (every head and feature of those tokens)."""
     return value + jnp.where(poison, jnp.nan, 0).astype(value.dtype)[:, :, None, None]
 

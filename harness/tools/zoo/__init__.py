@@ -1,0 +1,106 @@
+"""The bug zoo: broken attention kernels, each a bug class seen in real kernels, and correct
+kernels written with different math. `python -m harness selftest` (harness.tools.selftest) runs them
+all and proves that the harness catches every bug and flags no correct kernel.
+
+Zoo kernels are never registered: they do not appear in `python -m harness list` or in the
+kernel x case matrix.
+
+Every kernel follows harness.engine.kernel: `fn(query, key, value, segment_ids, *, causal, scale)`,
+[batch, seq, heads, head_dim], query head h reads kv head h // (heads // kv_heads). Masks are
+[batch, seq_q, seq_k] booleans built from the segment ids. Valid queries never read padding;
+padding queries (never compared) read something harmless so that nothing is NaN.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.engine.kernel import Kernel
+from harness.tools.zoo.bugs import (BLOCK_TILE, FOLD, WINDOW, always_causal, backward_bug,
+                                    block_granular_mask, causal_first_segment_only,
+                                    float32_output, folded_mask, last_segment_unmasked,
+                                    lengths_only, mask_after_softmax, nan_output_at_padding,
+                                    off_by_one_mask, padding_keys_mask, reference_math,
+                                    reorder_forgets_segments, scale_twice,
+                                    single_tokens_zeroed, window_mask, writes_at_padding,
+                                    wrong_gqa)
+from harness.tools.zoo.reference_math import additive_bias, float64, online_softmax
+
+__all__ = ["BLOCK_TILE", "FOLD", "WINDOW", "Entry", "entries"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    kernel: Kernel
+    bug: str            # the bug class in one line; for a correct kernel, its math
+    correct: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.kernel.name
+
+
+
+def _kernel(name, fn, description):
+    return Kernel(name, fn, padding_anywhere=True, materializes_scores=True,
+                  dtypes=("float32", "bfloat16"), tags=("zoo",), description=description)
+
+
+_BUGS = [
+    ("off_by_one_boundary", reference_math(off_by_one_mask),
+     "boundary off by one: a segment also reads the token before it"),
+    ("block_granular_mask", reference_math(block_granular_mask),
+     "block-granular mask: a 64x64 tile touching a segment is read whole"),
+    ("wrong_gqa_mapping", wrong_gqa,
+     "wrong GQA head mapping: kv head h % kv_heads, not h // group"),
+    ("gqa_grad_mean", backward_bug("mean"),
+     "GQA backward: dk/dv averaged, not summed, over a kv head's group"),
+    ("padding_keys_attended", reference_math(padding_keys_mask),
+     "padding keys attended: the key-side mask lets id 0 through"),
+    ("scale_applied_twice", scale_twice,
+     "wrong scale: applied twice (1/d, not 1/sqrt(d))"),
+    ("segment_ids_folded", reference_math(folded_mask),
+     "segment ids folded into 4 bits: segment 17 reads segment 1"),
+    ("local_window_512", reference_math(window_mask),
+     "a local window: 512-token sliding window left on"),
+    ("dq_only_leak", backward_bug("dq"),
+     "dq-only leak: the dq backward kernel ignores segment ids"),
+    ("dkdv_only_leak", backward_bug("dkdv"),
+     "dk/dv-only leak: the dk/dv backward kernel ignores segment ids"),
+    ("single_tokens_zeroed", single_tokens_zeroed,
+     "single-token segments zeroed by an early exit"),
+    ("last_segment_unmasked", reference_math(last_segment_unmasked),
+     "last segment unmasked: it reads every earlier token"),
+    ("causal_first_segment_only", reference_math(causal_first_segment_only),
+     "non-causal after the first segment: later ones see their future"),
+    ("causal_flag_ignored", reference_math(always_causal),
+     "causal=False ignored: bidirectional rows computed causally"),
+    ("lengths_only_segments", lengths_only,
+     "segments rebuilt from lengths alone: padding between shifts them"),
+    ("mask_after_softmax", mask_after_softmax,
+     "segment mask applied after the softmax, not renormalized"),
+    ("nan_output_at_padding", nan_output_at_padding,
+     "NaN output at padding positions (poisons the next layer)"),
+    ("grads_at_padding", writes_at_padding(lambda x: x),
+     "non-zero dq/dk/dv at padding (stale values reach weight grads)"),
+    ("nan_grads_at_padding", writes_at_padding(lambda x: jnp.full_like(x, jnp.nan), ("dk",)),
+     "NaN dk at padding (every weight gradient goes NaN)"),
+    ("float32_output", float32_output,
+     "float32 output for bfloat16 inputs (the output contract)"),
+    ("reorder_forgets_segments", reorder_forgets_segments,
+     "context-parallel reorder moves the tokens, not their segment ids"),
+]
+
+_CORRECT = [
+    ("ok_additive_bias", additive_bias,
+     "additive -1e9 bias from segment start/stop, GQA by reshape"),
+    ("ok_online_softmax", online_softmax,
+     "online softmax over 128-key blocks (flash-style), fp32 state"),
+    ("ok_float64", float64,
+     "float64 forward and hand-written backward (custom_vjp)"),
+]
+
+
+def entries() -> list[Entry]:
+    """The zoo: the broken kernels, then the correct ones."""
+    return ([Entry(_kernel(name, fn, bug), bug) for name, fn, bug in _BUGS]
+            + [Entry(_kernel(name, fn, math), math, correct=True) for name, fn, math in _CORRECT])
