@@ -252,3 +252,35 @@ def test_bench_reports_of_groups_join_per_shape():
     assert [e["kernel"] for e in joined["results"][0]["entries"]] == ["a", "b"]
     assert joined["errors"] == {"g3": "no room"} and joined["groups"] == ["g1", "g2", "g3"]
     assert one["results"][0]["entries"] == [{"kernel": "a"}]   # the sources stay as they were
+
+
+PADDING_KERNEL = """
+import jax.numpy as jnp, harness
+from harness.tools.zoo.bugs import writes_at_padding
+harness.register_kernel("nan_dk_at_padding", writes_at_padding(
+    lambda x: jnp.full_like(x, jnp.nan), ("dk",)), dtypes=("float32",))
+"""
+
+
+def test_a_padding_failure_gets_a_script_that_shows_it(tmp_path):
+    """`harness repro` does not shrink padding failures: the census writes a script that runs
+    the kernel on the failing case and looks at its padding positions, exit 1 while it shows."""
+    from harness.engine.kernel import Platform
+    from harness.engine.registry import load_kernel_module, select_kernels
+    from harness.engine.runner import run_kernel_case
+    from harness.model.case import Case
+    from harness.tools.census.findings import write_findings
+
+    module = tmp_path / "pad_kernel.py"
+    module.write_text(PADDING_KERNEL)
+    load_kernel_module(module)
+    kernel = select_kernels("nan_dk_at_padding")[0]
+    case = Case("packed/random", 4, 128, 2, 2, 16, "float32", 0)
+    records = run_kernel_case(kernel, case, Platform("cpu"), leak=False).records
+    assert any(r.check == "padding" and r.outcome == "fail" for r in records)
+    written = write_findings(tmp_path / "repro", [kernel], {"suite": "smoke", "environment": {}},
+                             records, [str(module)], "python -m harness census ...", 5)
+    (entry,) = written
+    assert entry["check"] == "padding" and entry["reproduced"] and entry["exit_status"] == 1
+    output = (tmp_path / "repro" / "nan_dk_at_padding.txt").read_text()
+    assert "dk at" in output and "non-finite" in output and "FAILED:" in output

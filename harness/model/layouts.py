@@ -273,7 +273,5 @@ LAYOUTS: dict[str, Layout] = {
     ]
 }
 
-FAMILIES = tuple(dict.fromkeys(lay.family for lay in LAYOUTS.values()))
-
 # Cases given by their rows (python -m harness repro writes shrunk cases this way).
 CUSTOM = "custom/rows"

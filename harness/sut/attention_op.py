@@ -166,10 +166,7 @@ class AttentionOp:
         # it costs a copy of the output, and the value (kv heads only) is the smallest tensor
         # to copy. One elementwise pass, added: an add's gradient is the identity (no pass over
         # dv in the backward). Elsewhere it adds +0, which leaves every value but the sign of a
-        # zero (and, on XLA:CPU, subnormals, flushed) as it was. An exact select with an
-        # identity gradient (a custom_vjp) is the cleaner form, but its first H200 run crashed
-        # (an XLA CUDA-graph capture error in cuDNN, cause not established), while this form
-        # ran clean in every H200 report: it stays until the select is shown clean there.
+        # zero (and, on XLA:CPU, subnormals, flushed) as it was.
         return poisoned(value, ~ok[:, None] & (segment_ids != 0))
 
     def _sdpa(self):

@@ -51,7 +51,8 @@ def write_findings(repro_dir: Path, kernels, header: dict, records: list[Record]
             continue
         repro_dir.mkdir(parents=True, exist_ok=True)
         context = dict(header=header, versions=versions([kernel])[kernel.name],
-                       command=command, records=mine, max_runs=max_runs)
+                       command=command, records=mine, max_runs=max_runs,
+                       kernel_modules=kernel_modules)
         name = safe_name(kernel.name)
         if fails:
             written.append(fail_repro(kernel, fails, repro_dir / f"{name}.py", context))
@@ -80,8 +81,18 @@ def fail_repro(kernel, fails: list[Record], path: Path, context: dict) -> dict:
     entry = {"kernel": kernel.name, "kind": "fail", "script": None, "report": None,
              "problem": None, "exit_status": None}
     shrinkable = [r for r in fails if r.check in SHRINKABLE]
+    padding = [r for r in fails if r.check == v.PADDING.name]
     log = io.StringIO()
-    if not shrinkable:
+    if not shrinkable and padding:
+        from harness.tools.census.padding_script import write_padding_repro
+        case_id = write_padding_repro(kernel, padding, path, context["kernel_modules"])
+        print(f"[census] padding reproducer for {kernel.name} on {case_id}", flush=True)
+        code, output = _run_script(path, needs_harness=True)
+        entry.update(case_id=case_id, check=v.PADDING.name, script=path.name, exit_status=code,
+                     needs_harness=True, reproduced=code == 1 and "FAILED:" in output)
+        if not entry["reproduced"]:
+            entry["problem"] = f"the script did not show the failure (exit status {code})"
+    elif not shrinkable:
         entry["note"] = ("its failures are in checks `harness repro` does not shrink ("
                          + ", ".join(sorted({r.check for r in fails})) + "): no script")
     else:
