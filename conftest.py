@@ -232,8 +232,8 @@ def run_case(request, platform, programs):
             result = isolation.run_pair_in_worker(kernel, case, _worker_options(config),
                                                   _parts(config) / "isolated" / uuid.uuid4().hex)
         else:
-            isolation.mark_loaded(kernel)
             if not kernel.unsupported_reasons(case, platform):
+                isolation.mark_loaded(kernel)   # its library loads only where it runs
                 programs.prefetch([(kernel, case)])
             result = run_kernel_case(kernel, case, platform, programs,
                                      leak=not config.getoption("--no-leak-probe"))
@@ -243,15 +243,15 @@ def run_case(request, platform, programs):
 
 
 def _worker_options(config) -> list[str]:
-    flags = ["--suite", config.getoption("--suite")]
-    for path in config.getoption("--kernel-module"):
-        flags += ["--kernel-module", str(Path(path).resolve()) if Path(path).exists() else path]
-    for option in ("--no-leak-probe", "--no-deterministic-probe", "--no-compilation-cache"):
-        if config.getoption(option):
-            flags.append(option)
-    if config.getoption("--compilation-cache"):
-        flags += ["--compilation-cache", config.getoption("--compilation-cache")]
-    return flags
+    """The options a worker repeats, as the CLI's controller builds them."""
+    import argparse
+
+    from harness.engine.isolation import option_flags
+    names = ("kernel_module", "no_leak_probe", "no_deterministic_probe", "no_compilation_cache",
+             "compilation_cache")
+    options = argparse.Namespace(**{n: config.getoption("--" + n.replace("_", "-"))
+                                    for n in names})
+    return ["--suite", config.getoption("--suite"), *option_flags(options)]
 
 
 @pytest.fixture(scope="session")

@@ -233,3 +233,53 @@ def test_pytest_header_starts_when_the_run_started(tmp_path):
                                             datetime.timezone.utc)
     assert (ended - started).total_seconds() >= header["wall_s"] - 2
     assert "SKIPPED" not in out.stdout
+
+
+# ----- from a cold read of the change -------------------------------------------------------
+
+def test_a_wrong_expectation_function_is_one_line_naming_the_kernel(tmp_path):
+    module = tmp_path / "bad_expect.py"
+    module.write_text("import harness\nfrom harness.kernels.reference import dot_product\n"
+                      "harness.register_kernel('bad_expect', dot_product,\n"
+                      "    expect=lambda case, check, segment: 'either')\n")
+    out = _run("-m", "harness", "run", "--kernel-module", str(module), "--kernels", "bad_expect",
+               "--cases", ONE_CASE, "--report-dir", str(tmp_path / "r"))
+    _one_line(out, "kernel bad_expect: expect(case, 'leak'", "exact")
+
+
+def test_two_kernel_modules_of_one_file_name_both_load(tmp_path):
+    for folder, name in (("a", "ka"), ("b", "kb")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "kernels.py").write_text(KERNEL.replace("'mine'", f"'{name}'"))
+    out = _run("-m", "harness", "list", "--kernel-module", str(tmp_path / "a" / "kernels.py"),
+               "--kernel-module", str(tmp_path / "b" / "kernels.py"))
+    assert out.returncode == 0 and "ka " in out.stdout and "kb " in out.stdout, out.stderr
+
+
+def test_report_of_a_file_and_a_malformed_report_are_one_line(tmp_path):
+    a = _report(tmp_path, "a", "--cases", ONE_CASE, "--no-leak-probe")
+    _one_line(_run("-m", "harness", "report", str(a / "report.jsonl")), "give the report's folder")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"type": "run", "schema": 2, "environment": {}}\n{"type": "record"}\n')
+    _one_line(_run("-m", "harness", "compare", str(a), str(broken)), "not a harness report")
+
+
+def test_the_gate_holds_expected_passes_not_catches_or_rounding_level_checks():
+    from harness.judge import regression
+    from harness.judge.record import Record
+
+    def rec(check, expected, outcome, err, ratio, verdict="pass"):
+        return Record(kernel="k", case_id=ONE_CASE, check=check, verdict=verdict,
+                      expected=expected, outcome=outcome, row=0, segment=1, max_abs_err=err,
+                      ratio=ratio)
+    caught = [rec("out", "fail", "caught", 1.0, 40.0, "fail")]
+    grown = [rec("out", "fail", "caught", 2.5, 100.0, "fail")]
+    assert not regression.compare(grown, caught).regressed, "a canary's error may grow"
+    either = [rec("dk", "either", "unjudged", 0.01, 0.1)]
+    assert not regression.compare([rec("dk", "either", "unjudged", 0.06, 0.6, "fail")],
+                                  either).regressed, "a check left to the probe: rounding"
+    held = [rec("dq", "pass", "ok", 0.01, 0.1)]
+    assert regression.compare([rec("dq", "pass", "ok", 0.06, 0.6)], held).regressed
+    skipped = [Record(kernel="k", case_id=ONE_CASE, check="*", verdict="skip", expected="pass",
+                      outcome="skip")]
+    assert regression.compare(skipped, skipped).compared_nothing

@@ -170,19 +170,21 @@ def _run_controller(args, kernels, cases, report_dir: Path) -> int:
 
     import time
     start = time.monotonic()
+    import shutil
     workdir = report_dir / "workers"
+    shutil.rmtree(workdir, ignore_errors=True)   # an earlier run's workers are not this run's
     options = ["--suite", args.suite, *isolation.option_flags(args)]
     dirs, crashes, interrupted = [], [], False
     signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        for group, members in isolation.groups(kernels).items():
-            pairs = [(k.name, c.id) for c in cases for k in members]
-            done = isolation.run_group(group or "main", pairs, workdir, options)
-            dirs += [d for d in done.report_dirs if (d / rec.RECORDS_FILE).exists()]
-            crashes += done.crashes
-    except KeyboardInterrupt:
-        interrupted = True
-        print("interrupted: the report holds what finished", file=sys.stderr)
+    for group, members in isolation.groups(kernels).items():
+        pairs = [(k.name, c.id) for c in cases for k in members]
+        done = isolation.run_group(group or "main", pairs, workdir, options)
+        dirs += [d for d in done.report_dirs if (d / rec.RECORDS_FILE).exists()]
+        crashes += done.crashes
+        if done.interrupted:
+            interrupted = True
+            print("interrupted: the report holds what finished", file=sys.stderr)
+            break
     records = isolation.crash_records(crashes, {k.name: k for k in kernels})
     if records or not dirs:
         crash_dir = workdir / "crashes"
@@ -224,6 +226,9 @@ def cmd_report(args) -> int:
     from harness.views.report_dir import run_status, write_views
     from harness.views.summary import print_console
     rec.resolve(args.report_dir)
+    if not Path(args.report_dir).is_dir():
+        raise _usage(f"report {args.report_dir}: give the report's folder (the views are "
+                     "written beside report.jsonl)")
     _, records = write_views(Path(args.report_dir))
     print_console(records)
     return run_status(records)

@@ -60,6 +60,7 @@ def mark_loaded(kernel) -> None:
 class WorkerResult:
     report_dirs: list[Path] = field(default_factory=list)
     crashes: list[tuple[str, str, str]] = field(default_factory=list)  # (kernel, case, why)
+    interrupted: bool = False      # stopped by Ctrl-C / SIGTERM: what finished is kept
 
 
 def worker_command(pairs_file: Path, report_dir: Path, options: list[str]) -> list[str]:
@@ -126,23 +127,36 @@ def _stream(command: list[str], echo) -> tuple[int, str]:
 def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options: list[str],
               echo=print) -> WorkerResult:
     """Runs one process group's pairs in workers until every pair has records or an error."""
+    import shutil
     result = WorkerResult()
     remaining, attempt = list(pairs), 0
     while remaining:
         attempt += 1
         wdir = workdir / f"{name}-{attempt}"
-        wdir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(wdir, ignore_errors=True)   # nothing of an earlier run counts as done
+        wdir.mkdir(parents=True)
         pairs_file = wdir / "pairs.json"
         pairs_file.write_text(json.dumps(remaining))
         echo(f"[worker {name}#{attempt}] {len(remaining)} kernel x case pairs")
-        returncode, tail = _stream(worker_command(pairs_file, wdir / "report", options), echo)
         result.report_dirs.append(wdir / "report")
+        try:
+            returncode, tail = _stream(worker_command(pairs_file, wdir / "report", options),
+                                       echo)
+        except KeyboardInterrupt:
+            result.interrupted = True
+            return result
         done = _done_pairs(wdir / "report")
         left = [p for p in remaining if p not in done]
-        if returncode in (0, 1) or not left:
-            if left and returncode in (0, 1):  # should not happen: say so, never drop
-                result.crashes += [(k, c, "the worker ended without running it") for k, c in left]
+        if not left:
             break
+        if returncode == 0:  # should not happen: say so, never drop
+            result.crashes += [(k, c, "the worker ended without running it") for k, c in left]
+            break
+        if returncode == 2:  # a user's mistake (harness.errors.UsageError): the same for all
+            from harness.errors import UsageError
+            last = [ln for ln in tail.splitlines() if ln.strip()]
+            raise UsageError(last[-1].removeprefix("error: ") if last else
+                             f"the worker for isolation group {name!r} refused its pairs")
         crashed = _last_started(wdir / "report")
         if crashed not in left:
             crashed = left[0]

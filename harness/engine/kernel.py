@@ -143,13 +143,21 @@ class Kernel:
 
     def expected(self, case: Case, check: str, segment: Segment) -> tuple[str, str]:
         """(expected, reason): what this kernel must show on that check of that segment."""
-        return judging.expectation(self.expect(case, check, segment) if self.expect else v.PASS,
-                                   check)
+        value = self.expect(case, check, segment) if self.expect else v.PASS
+        return self._expectation(value, check, f"expect(case, {check!r}, {segment.label})")
 
     def expected_padding(self, case: Case, row: int) -> tuple[str, str]:
         """(expected, reason): what the padding check must show on that row."""
         value = self.expect_padding(case, row) if self.expect_padding else v.PASS
-        return judging.expectation(value, v.PADDING.name)
+        return self._expectation(value, v.PADDING.name, f"expect_padding(case, {row})")
+
+    def _expectation(self, value, check: str, call: str) -> tuple[str, str]:
+        """A wrong expectation is the kernel's author's mistake: one line naming it."""
+        try:
+            return judging.expectation(value, check)
+        except ValueError as exc:
+            from harness.errors import UsageError
+            raise UsageError(f"kernel {self.name}: {call} returned {value!r}: {exc}") from None
 
 
 def scores_bytes(case: Case) -> int:

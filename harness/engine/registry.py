@@ -96,7 +96,10 @@ def load_kernel_module(path: str | Path) -> None:
             _import_module(shown)
             return
         raise UsageError(f"--kernel-module {shown}: no such file")
-    module_name = f"harness_user_kernels_{file.stem}"
+    # The path in the name: two files called kernels.py in two folders are two modules.
+    import hashlib
+    module_name = (f"harness_user_kernels_{file.stem}_"
+                   f"{hashlib.sha1(str(file).encode()).hexdigest()[:8]}")
     if module_name in sys.modules:
         return
     mark_absl_flags_parsed()

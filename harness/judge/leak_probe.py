@@ -217,9 +217,11 @@ def _reruns(program, args, base, names, valid, reruns):
 
 def _thresholds(noise: dict, gated: list[str], scale: dict, case: Case, tokens: int,
                 runs: int) -> dict[str, float]:
+    """Each gated tensor's threshold; the kernel x case's false-alarm budget is shared among
+    them (runs x tensors chances for noise to pass twice)."""
     eps = float(jnp.finfo(case.dtype).eps)
-    return {n: noise[n].threshold(NOISE_FLOOR_ULPS * eps * scale[n], tokens, runs)
-            for n in gated}
+    return {n: noise[n].threshold(NOISE_FLOOR_ULPS * eps * scale[n], tokens,
+                                  runs * max(len(gated), 1)) for n in gated}
 
 
 def _perturbation(program, base, case, index, bitwise, thresholds, names, confirm) -> dict:

@@ -73,7 +73,7 @@ PASS, FAIL, UNPROBED, SKIP, ERROR = "pass", "fail", "unprobed", "skip", "error"
 MEASURED = frozenset({PASS, FAIL})
 
 EITHER, KNOWN = "either", "known"
-EXPECTATIONS = (PASS, FAIL, EITHER, KNOWN, ERROR)
+EXPECTATIONS = (PASS, FAIL, EITHER, KNOWN, ERROR)   # ERROR: set by the judge, never returned
 
 OK, CAUGHT, UNJUDGED, MISSED = "ok", "caught", "unjudged", "missed"
 GOOD = frozenset({OK, CAUGHT, KNOWN})

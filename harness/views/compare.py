@@ -24,11 +24,11 @@ def mismatch(new_header: dict, base_header: dict) -> list[str]:
 
 
 def same_selection(new_header: dict, base_header: dict) -> bool:
-    """Both runs selected the same cases (suite, case globs, seeds, shard), and the new one ran
-    to its end: then every pair of the baseline should be there. Reports without a selection
-    (older harness versions) are not assumed to match."""
+    """Both runs selected the same cases (suite, case globs, seeds, shard, kernels): then every
+    pair of the baseline should be there, whether the new run ended or was interrupted. Reports
+    without a selection (older harness versions, merged parts) are not assumed to match."""
     new, base = new_header.get("selection"), base_header.get("selection")
-    return new is not None and new == base or bool(new_header.get("interrupted"))
+    return new is not None and new == base
 
 
 def _listed(title: str, lines: list[str], shown: int = SHOWN) -> None:
@@ -56,8 +56,9 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
     print(f"  checks that ran in the baseline and not now: {len(result.lost_checks)}")
     _listed("missing", [f"{k} on {c}" for k, c in result.missing_cases], shown=20)
     if result.compared_nothing:
-        print("NOTHING COMPARED: no kernel x case pair of this run is in the baseline (another "
-              "suite, kernels or cases?); this is not a pass")
+        print("NOTHING COMPARED: no check was measured in both this run and the baseline "
+              "(another suite, kernels or cases, or every shared pair skipped); this is not a "
+              "pass")
         return 1
     if result.regressed:
         print(f"REGRESSION ({len(result.regressions)}):")

@@ -36,7 +36,7 @@ img { max-width: 100%; }
 <h2>Overview: worst error/tolerance ratio per kernel and layout</h2>
 <img alt="heatmap" src="data:image/png;base64,{{ heatmap }}">
 <h2>Problems ({{ bad|length }})</h2>
-{% if nothing %}<p class="bad">Nothing was judged: every kernel x case was skipped. This run is not a pass.</p>
+{% if nothing %}<p class="bad">Nothing was judged: no check measured anything (every kernel x case skipped, or none finished). This run is not a pass.</p>
 {% elif not bad %}<p>None: every kernel expected to pass passed, every expected failure was caught.</p>
 {% else %}<table><tr><th>kernel</th><th>check</th><th>segment</th><th>tokens</th><th>max abs err</th>
 <th>tolerance</th><th>ratio</th><th>worst token</th><th>case id</th></tr>
@@ -165,7 +165,8 @@ def _plots(records, traces) -> tuple[list[dict], int]:
     plots = []
     for t in wanted[:MAX_PLOTS]:
         state = outcome.get(key(t))
-        state = state if state in _PLOT_ORDER else "near-failing"
+        state = state if state in _PLOT_ORDER else (
+            "near-failing" if state in (v.OK, None) else state)
         plots.append({"title": f"{t.kernel} · {t.check} · row {t.row} · {t.case_id} · {state}",
                       "css": _PLOT_CSS.get(state, ""), "png": _trace_plot(t)})
     return plots, max(0, len(wanted) - MAX_PLOTS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from harness.judge import tallies
+from harness.judge import judging, tallies
 from harness.judge import vocabulary as v
 from harness.judge.record import Record
 from harness.views.summary import (coverage_lines, fmt, known_lines, margin_rows,
@@ -122,8 +122,9 @@ def _problems(records: list[Record]) -> list[str]:
     bad = tallies.bad(records)
     out = ["", f"## Problems ({len(bad)})", ""]
     if tallies.judged_nothing(records):
-        out.append("**Nothing was judged**: every kernel x case was skipped (reasons below). "
-                   "This run is not a pass.")
+        out.append("**Nothing was judged**: no check measured anything (every kernel x case "
+                   "skipped, or the run stopped before the first finished). This run is not a "
+                   "pass.")
     elif not bad:
         out.append("None: every kernel expected to pass passed, every expected failure was caught.")
         return out
@@ -141,7 +142,7 @@ def _problems(records: list[Record]) -> list[str]:
         out += ["", "### What the failing padding, contract and non-finite checks found", ""]
         out += [f"- `{r.kernel}` {r.check} {r.where} of `{r.case_id}`: {r.message[:300]}"
                 for r in explained]
-    errors = [r for r in bad if r.outcome == v.ERROR or not r.where]
+    errors = [r for r in bad if r.outcome == v.ERROR or r.check == v.KERNEL_LEVEL]
     if errors:
         out += ["", "### Errors", ""]
         out += [f"- `{r.kernel}` on `{r.case_id}`: {r.outcome}: {r.message[:300]}"
@@ -180,7 +181,8 @@ def render(header: dict, records: list[Record]) -> str:
     out = ["# Attention harness report", "",
            f"{run_line(header)} · {env_line(header.get('environment', {}))}", "",
            f"outcomes: {outcome_text(records)}", "",
-           "🟢 pass (ratio ≤ 0.5) · 🟡 pass (0.5 < ratio ≤ 1) · 🔵 expected failure caught · "
+           f"🟢 pass (ratio ≤ {judging.NEAR_RATIO}) · 🟡 pass ({judging.NEAR_RATIO} < ratio ≤ 1) · "
+           "🔵 expected failure caught · "
            "🟠 known upstream failure, reproduced · 🔴 unexpected failure or missed catch · "
            "❌ error · ⚪ skipped. A cell reads segments passing every check / segments "
            "measured, and the worst error/tolerance ratio.", ""]

@@ -12,7 +12,7 @@ from harness.views import report_file as rec
 from harness.views.summary import print_console
 
 
-def write_views(report_dir: Path) -> tuple[dict, list[dict]]:
+def write_views(report_dir: Path) -> tuple[dict, list]:
     """summary.md and report.html from the folder's report.jsonl and traces.jsonl."""
     from harness.views.html import write_html
     from harness.views.markdown import write_markdown
@@ -117,7 +117,7 @@ def merge_parts(report_dir: Path, parts: Path, header_info: dict, wall_s: float,
     print(f"\nharness report: {report_dir}/ ({len(records)} records, wall time {wall_s:.0f} s)")
     status = 1 if tallies.judged_nothing(records) else 0
     if status:
-        print("harness: nothing was judged (every kernel x case was skipped): not a pass")
+        print("harness: nothing was judged (no check measured anything): not a pass")
     if baseline:
         from harness.views.compare import compare_files
         status |= compare_files(records_path, baseline, growth=growth)

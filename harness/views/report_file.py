@@ -97,7 +97,8 @@ def read(path: str | Path, what: str = "report") -> tuple[dict, list[Record]]:
                     header = header or row
                 elif row.get("type") == "record":
                     records.append(Record.from_json(row))
-    except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError, TypeError,
+            KeyError) as exc:
         raise UsageError(f"{what} {path}: not a harness report ({type(exc).__name__})") from None
     if header is None:
         raise UsageError(f"{what} {path}: no run header line; not a harness report")

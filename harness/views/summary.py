@@ -147,5 +147,6 @@ def print_console(records: list[Record], console=None) -> None:
         console.print(f"[yellow]{line}[/]", highlight=False)
     console.print(f"outcomes: {outcome_text(records)}", highlight=False)
     if tallies.judged_nothing(records):
-        console.print("[bold red]nothing was judged: every kernel x case was skipped (see the "
-                      "reasons above); this run is not a pass[/]", highlight=False)
+        console.print("[bold red]nothing was judged: no check measured anything (every kernel x "
+                      "case skipped, or none finished; summary.md lists the skips and why); "
+                      "this run is not a pass[/]", highlight=False)
