@@ -51,6 +51,8 @@ def test_a_run_where_every_case_skipped_is_not_green(tmp_path):
 
 
 def _report(tmp_path, name, *args):
+    """A small CLI run (the leak probe off: these tests are about reports, not the probe)."""
+    args = args if "--no-leak-probe" in args else (*args, "--no-leak-probe")
     out = _run("-m", "harness", "run", "--kernels", "dot_product", *args,
                "--report-dir", str(tmp_path / name))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -91,7 +93,8 @@ def test_missing_pairs_beyond_twenty_say_how_many_more(tmp_path):
 
 def test_a_seed_expanded_case_id_is_a_case_the_cli_runs(tmp_path):
     out = _run("-m", "harness", "run", "--kernels", "dot_product", "--cases",
-               ONE_CASE.replace("-s0", "-s2"), "--report-dir", str(tmp_path / "r"))
+               ONE_CASE.replace("-s0", "-s2"), "--no-leak-probe", "--report-dir",
+               str(tmp_path / "r"))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     from harness.views import report_file as rec
     assert {r.case_id for r in rec.read(tmp_path / "r")[1]} == {ONE_CASE.replace("-s0", "-s2")}
@@ -208,7 +211,7 @@ def test_help_says_what_each_option_does(command, options):
 
 
 def test_console_grid_headers_stay_apart_and_outcomes_read_as_words(tmp_path):
-    out = _run("-m", "harness", "run", "--kernels", "dot_product",
+    out = _run("-m", "harness", "run", "--kernels", "dot_product", "--no-leak-probe",
                "--cases", "unaligned/*-bf16-s0", "--report-dir", str(tmp_path / "r"))
     assert out.returncode == 0
     assert "unaligne…" not in out.stdout and "long-edges" in out.stdout and "odd" in out.stdout

@@ -27,8 +27,10 @@ def _seq_len(layout):
     return max(192, LAYOUTS[layout].min_seq_len)
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize("layout, heads, kv_heads", [
+    *[(layout, 4, 2) for layout in LAYOUTS],
+    *[(layout, 4, kv) for layout in ("packed/many", "padded/between", "extremes/single-tokens")
+      for kv in (4, 1)]])
 def test_oracles_agree_on_every_layout_and_head_grouping(layout, heads, kv_heads):
     _agree(Case(layout, 3, _seq_len(layout), heads, kv_heads, 16, "float32", seed=3), 2e-5)
 

@@ -10,7 +10,6 @@ the leak probe on every segment of every packed row.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -27,7 +26,6 @@ from harness.engine.runner import run_kernel_case
 from harness.judge.vocabulary import BAD
 from harness.kernels import load_balance, sharded
 from harness.model.case import Case
-from harness.model.layouts import Segment
 
 ROOT = Path(__file__).resolve().parents[1]
 # CPU devices, also on a machine with GPUs: the CI path, whatever runs it.

@@ -85,7 +85,7 @@ def test_lengths_offsets_and_positions_match_the_segments(layout):
             assert pos[r, s.start:s.stop].tolist() == list(range(s.length))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 5), min_size=12, max_size=12), min_size=1, max_size=3),
        st.integers(1, 4))
 def test_traced_representability_agrees_with_the_concrete_check(rows, max_segments):
@@ -117,7 +117,7 @@ def _packed_reference(lengths, t, m, padding):
     return seqlen + [-1] * (slots - len(seqlen)), offsets + [-1] * (slots + 1 - len(offsets))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.integers(1, 4), max_size=4), min_size=1, max_size=3),
        st.sampled_from([None, "merged", "segment"]))
 def test_the_packed_lowering_matches_its_definition(rows, padding):
@@ -133,7 +133,7 @@ def test_the_packed_lowering_matches_its_definition(rows, padding):
             lengths, t, m, padding), (lengths, padding)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(-1, 6), min_size=10, max_size=10),
        st.sampled_from([None, "merged", "segment"]))
 def test_rows_the_lowering_cannot_represent_get_one_segment_over_the_row(row, padding):

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax.numpy as jnp
+
 from harness.engine.kernel import Kernel
 from harness.tools.zoo.bugs import (BLOCK_TILE, FOLD, WINDOW, always_causal, backward_bug,
                                     block_granular_mask, causal_first_segment_only,
                                     float32_output, folded_mask, last_segment_unmasked,
                                     lengths_only, mask_after_softmax, nan_output_at_padding,
-                                    off_by_one_mask, padding_keys_mask, reference_math,
+                                    off_by_one_mask, padding_keys_mask, with_mask,
                                     reorder_forgets_segments, scale_twice,
                                     single_tokens_zeroed, window_mask, writes_at_padding,
                                     wrong_gqa)
@@ -46,21 +48,21 @@ def _kernel(name, fn, description):
 
 
 _BUGS = [
-    ("off_by_one_boundary", reference_math(off_by_one_mask),
+    ("off_by_one_boundary", with_mask(off_by_one_mask),
      "boundary off by one: a segment also reads the token before it"),
-    ("block_granular_mask", reference_math(block_granular_mask),
+    ("block_granular_mask", with_mask(block_granular_mask),
      "block-granular mask: a 64x64 tile touching a segment is read whole"),
     ("wrong_gqa_mapping", wrong_gqa,
      "wrong GQA head mapping: kv head h % kv_heads, not h // group"),
     ("gqa_grad_mean", backward_bug("mean"),
      "GQA backward: dk/dv averaged, not summed, over a kv head's group"),
-    ("padding_keys_attended", reference_math(padding_keys_mask),
+    ("padding_keys_attended", with_mask(padding_keys_mask),
      "padding keys attended: the key-side mask lets id 0 through"),
     ("scale_applied_twice", scale_twice,
      "wrong scale: applied twice (1/d, not 1/sqrt(d))"),
-    ("segment_ids_folded", reference_math(folded_mask),
+    ("segment_ids_folded", with_mask(folded_mask),
      "segment ids folded into 4 bits: segment 17 reads segment 1"),
-    ("local_window_512", reference_math(window_mask),
+    ("local_window_512", with_mask(window_mask),
      "a local window: 512-token sliding window left on"),
     ("dq_only_leak", backward_bug("dq"),
      "dq-only leak: the dq backward kernel ignores segment ids"),
@@ -68,11 +70,11 @@ _BUGS = [
      "dk/dv-only leak: the dk/dv backward kernel ignores segment ids"),
     ("single_tokens_zeroed", single_tokens_zeroed,
      "single-token segments zeroed by an early exit"),
-    ("last_segment_unmasked", reference_math(last_segment_unmasked),
+    ("last_segment_unmasked", with_mask(last_segment_unmasked),
      "last segment unmasked: it reads every earlier token"),
-    ("causal_first_segment_only", reference_math(causal_first_segment_only),
+    ("causal_first_segment_only", with_mask(causal_first_segment_only),
      "non-causal after the first segment: later ones see their future"),
-    ("causal_flag_ignored", reference_math(always_causal),
+    ("causal_flag_ignored", with_mask(always_causal),
      "causal=False ignored: bidirectional rows computed causally"),
     ("lengths_only_segments", lengths_only,
      "segments rebuilt from lengths alone: padding between shifts them"),

@@ -5,11 +5,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from harness.tools.zoo.reference_math import (MASKED, positions, causal_mask, dense, manual,
-                                              right_mask, same_segment, segment_bounds)
+from harness.tools.zoo.reference_math import (causal_mask, dense, manual, positions,
+                                              right_mask, same_segment, segment_bounds,
+                                              valid_rows)
 
 
-def reference_math(mask_fn, **dense_kw):
+def with_mask(mask_fn, **dense_kw):
     """A kernel that is right except for its mask: mask_fn(segment_ids, causal) -> [B,T,T]."""
     def kernel(query, key, value, segment_ids, *, causal, scale):
         mask = valid_rows(segment_ids, mask_fn(segment_ids, causal),
