@@ -73,7 +73,7 @@ def test_a_nondeterministic_backward_never_flips_a_leak_verdict(rate):
     """Noise that reruns can miss (rate 0.3: most reruns agree bitwise) or never miss: the
     same verdicts on every run, every one ok, with a stated false-alarm probability."""
     verdicts = set()
-    for seed in range(4):
+    for seed in range(3):
         kernel = Kernel(f"atomics_{rate}_{seed}", _noisy_backward(rate, seed), reproducible=False,
                         dtypes=("bfloat16",))
         leak = _leak_records(kernel)

@@ -30,7 +30,7 @@ def test_maxtext_kernels_are_skipped_with_the_reason():
 def test_maxtext_dot_product_honours_segments(case):
     kernel = select_kernels("maxtext:dot_product")[0]
     records = run_kernel_case(kernel, case, Platform("cpu")).records
-    assert records and all(r.verdict == "pass" for r in records), records[0].get("message")
+    assert records and all(r.verdict == "pass" for r in records), records[0].message
 
 
 @pytest.mark.skipif(not HAVE_MAXTEXT, reason="maxtext is not installed (Python >= 3.12 only)")

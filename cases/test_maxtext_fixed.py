@@ -132,10 +132,10 @@ def test_emulated_fixed_op_passes_where_the_original_is_caught(case):
 @needs_maxtext
 def test_emulated_sm80_takes_the_mask_path_and_passes():
     records = run(f"{FIXED}-sm80", CASES[0])
-    assert records and all(r.verdict == "pass" for r in records), records[0].get("message")
+    assert records and all(r.verdict == "pass" for r in records), records[0].message
     odd = Case("packed/random", 2, 255, 4, 2, 32, "bfloat16", 0)
     [skip] = run(f"{FIXED}-sm80", odd)
-    assert skip["verdict"] == "skip" and "odd seq_len 255" in skip["message"]
+    assert skip.verdict == "skip" and "odd seq_len 255" in skip.message
 
 
 def _fixed(q, k, v, seg, **kwargs):
