@@ -170,10 +170,12 @@ def upstream_gqa_offsets_wrong() -> bool:
 
 def _probe_gqa_offsets(sdpa) -> bool:
     heads, kv_heads, head_dim, t = 4, 1, 8, 4
-    q = jnp.zeros((1, t, heads, head_dim), jnp.bfloat16)
-    k = jnp.zeros((1, t, kv_heads, head_dim), jnp.bfloat16)
-    seqlen = jnp.array([[2, 2]], jnp.int32)
-    offsets = jnp.array([[0, 2, -1]], jnp.int32)
-    _, _, _, kv_off = sdpa._fix_seqlen_offsets(seqlen, seqlen, offsets, offsets, q, k)
+    q = np.zeros((1, t, heads, head_dim), jnp.bfloat16)
+    k = np.zeros((1, t, kv_heads, head_dim), jnp.bfloat16)
+    seqlen = np.array([[2, 2]], np.int32)
+    offsets = np.array([[0, 2, -1]], np.int32)
+    # One program (read from the persistent compilation cache), not a dozen eager ops.
+    kv_offsets = jax.jit(lambda s, o: sdpa._fix_seqlen_offsets(s, s, o, o, q, k)[3])
+    kv_off = kv_offsets(seqlen, offsets)
     # Element offset of the second kv segment: 2 tokens of kv_heads * head_dim elements.
     return int(kv_off[0, 1]) != 2 * kv_heads * head_dim

@@ -68,18 +68,20 @@ img { max-width: 100%; }
 """)
 
 
+def _figure(**kwargs):
+    """A figure of matplotlib's object API: no pyplot, no global state, nothing to close."""
+    from matplotlib.figure import Figure
+    fig = Figure(**kwargs)
+    return fig, fig.subplots()
+
+
 def _png(fig) -> str:
-    import matplotlib.pyplot as plt
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 
 def _heatmap(records) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     kernels, layouts, cells = tallies.grid(records)
@@ -89,7 +91,7 @@ def _heatmap(records) -> str:
             cell = cells.get((k, lay))
             if cell is not None and cell.heat is not None:
                 values[i, j] = cell.heat
-    fig, ax = plt.subplots(figsize=(1.3 * len(layouts) + 3, 0.5 * len(kernels) + 1.8))
+    fig, ax = _figure(figsize=(1.3 * len(layouts) + 3, 0.5 * len(kernels) + 1.8))
     im = ax.imshow(values, cmap="RdYlGn_r", vmin=-2, vmax=2, aspect="auto")
     ax.set_xticks(range(len(layouts)), layouts, rotation=35, ha="right")
     ax.set_yticks(range(len(kernels)), kernels)
@@ -106,13 +108,10 @@ def _heatmap(records) -> str:
 
 
 def _trace_plot(trace) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     err = np.array([np.inf if x is None else x for x in trace.token_err], float)
-    fig, ax = plt.subplots(figsize=(10, 2.8))
+    fig, ax = _figure(figsize=(10, 2.8))
     pos = np.arange(err.size)
     compared = np.zeros(err.size, bool)
     for seg in trace.segments:
