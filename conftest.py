@@ -93,10 +93,12 @@ def pytest_configure(config):
             if config.getoption("--seeds") < 1:
                 raise UsageError(f"--seeds {config.getoption('--seeds')}: must be at least 1")
             rec.check_writable(_report_dir(config))
-            if not config.getoption("--no-compilation-cache"):
-                from harness.engine.programs import DEFAULT_CACHE_DIR, enable_compilation_cache
-                enable_compilation_cache(config.getoption("--compilation-cache")
-                                         or DEFAULT_CACHE_DIR)
+        # Every process of the run (workers too, for the harness's own tests as well as the
+        # matrix) reads and writes jax's persistent compilation cache.
+        if not config.getoption("--no-compilation-cache"):
+            from harness.engine.programs import DEFAULT_CACHE_DIR, enable_compilation_cache
+            enable_compilation_cache(config.getoption("--compilation-cache")
+                                     or DEFAULT_CACHE_DIR)
         config._harness_matrix = _matrix(config)
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None

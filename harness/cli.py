@@ -277,8 +277,14 @@ def cmd_bench(args) -> int:
     return bench_main(args)
 
 
+def _cache(args) -> None:
+    from harness.engine.programs import enable_compilation_cache
+    enable_compilation_cache(None if args.no_compilation_cache else args.compilation_cache)
+
+
 def cmd_selftest(args) -> int:
     from harness.tools.selftest import main as selftest_main
+    _cache(args)
     return selftest_main(args)
 
 
@@ -286,6 +292,7 @@ def cmd_repro(args) -> int:
     from harness.tools.repro import main as repro_main
     from harness.views import report_file as rec
     _load_modules(args.kernel_module)
+    _cache(args)
     if args.output:  # a path it cannot write: now, not after minutes of shrinking
         rec.check_writable(Path(args.output).parent, option="--output")
         if Path(args.output).is_dir():
@@ -397,6 +404,7 @@ def _tool_parsers(sub) -> None:
     st = sub.add_parser("selftest", help="the harness's bug zoo: every bug caught, no correct "
                                          "kernel flagged")
     st.add_argument("--bugs", help="comma-separated zoo entries (default: all)")
+    _add_compilation(st)
     st.set_defaults(func=cmd_selftest)
 
     rp = sub.add_parser("repro", help="shrink a failing case and write a standalone script")
@@ -407,6 +415,7 @@ def _tool_parsers(sub) -> None:
     rp.add_argument("--output", help="where the script goes (default repro_<kernel>.py)")
     rp.add_argument("--kernel-module", action="append", default=[], metavar="PATH",
                     help="a Python file (or module) that registers the kernel (repeatable)")
+    _add_compilation(rp)
     rp.set_defaults(func=cmd_repro)
 
     from harness.tools.census.options import add_arguments as census_arguments
