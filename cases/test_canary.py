@@ -353,6 +353,50 @@ def test_a_deterministic_build_out_of_memory_is_retried_then_visibly_replaced(mo
     assert runner.requested_bytes("allocate 1.04TiB with") == int(1.04 * 2**40)
 
 
+def test_a_deterministic_build_that_computes_something_else_is_not_probed(monkeypatch):
+    """The probe compares a kernel's deterministic build with itself, so that build must compute
+    what the default build computes. Seen on two H200s: XLA's deterministic rewrite of a
+    gather's gradient (a scatter-add) mixed batch rows, and every context-parallel kernel read
+    as leaking. A build that fails a tolerance check the default build passes is replaced by
+    the default build, visibly; the records never blame the kernel for it."""
+    from harness.engine import programs as programs_module
+    from harness.engine import runner
+
+    class RowsMixed:
+        """A deterministic build whose gradients of rows 1.. take in row 0's (the bug seen)."""
+        def __init__(self, program):
+            self.program = program
+
+        def __call__(self, *args):
+            out = list(self.program(*args))
+            out[1:] = [g.at[1:].add(g[:1]) for g in out[1:]]
+            return tuple(out)
+
+        def __getattr__(self, name):
+            return getattr(self.program, name)
+
+    real_get = programs_module.Programs.get
+
+    def get(self, kernel, case, mode=programs_module.DEFAULT):
+        program = real_get(self, kernel, case, mode)
+        return RowsMixed(program) if mode == programs_module.DETERMINISTIC else program
+
+    monkeypatch.setattr(programs_module.Programs, "get", get)
+    case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
+    kernel = Kernel("dp", dot_product)
+    records = run_kernel_case(kernel, case, CPU, programs_module.Programs(platform="gpu")).records
+    leak = [r for r in records if r.check == "leak"]
+    assert leak and {r.mode for r in leak} == {"default"}
+    assert {r.outcome for r in records if r.measured} == {"ok"}
+    assert all("deterministic build disagrees with the default build (BuildDisagrees: it "
+               "fails" in r.message and "dq r1s1" in r.message for r in leak), leak[0].message
+    # Without the check, the same build reads as a leak on every segment of row 1.
+    monkeypatch.setattr(runner, "_disagreement", lambda *args: None)
+    records = run_kernel_case(kernel, case, CPU, programs_module.Programs(platform="gpu")).records
+    leaked = {(r.row, r.outcome) for r in records if r.check == "leak"}
+    assert (1, "fail") in leaked and (0, "ok") in leaked
+
+
 def test_a_deterministic_build_that_cannot_fit_the_device_is_not_run(monkeypatch):
     """XLA knows a program's workspace when it compiles it: a build that needs more than the
     whole device is never run (an out-of-memory run is slow), and the record says why."""

@@ -3,10 +3,12 @@
 #   OUT=DIR bash scripts/gpu_sharded.sh a   # TE's reorder against ours (pytest), then every
 #                                           #   sharded kernel on the nightly's MHA shape
 #   OUT=DIR bash scripts/gpu_sharded.sh b   # the same kernels on its GQA shape, and bidirectional
+#   OUT=DIR bash scripts/gpu_sharded.sh ab  # both (about 3 minutes on the x2 runner, warm), and
+#                                           #   reports/h200x2/repro/xla_deterministic_scatter.py
 # Each phase fits one call of the device tool (about 6 minutes, machine start aside).
 # Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit (the git commit).
 set -uo pipefail
-phase=${1:?usage: gpu_sharded.sh a|b}
+phase=${1:?usage: gpu_sharded.sh a|b|ab}
 source .gpu/te/activate.sh && source .gpu/maxtext/activate.sh
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
   HARNESS_GIT_DIRTY=0 HARNESS_COMPILATION_CACHE=/tmp/jaxcache-sharded
@@ -19,13 +21,14 @@ KERNELS=$KERNELS,sharded:sut:cudnn_flash_jax:data,sharded:sut:cudnn_flash_jax:he
 KERNELS=$KERNELS,sharded:cp:dot_product,sharded:reorder_canary
 KERNELS=$KERNELS,sharded:te:ring,sharded:maxtext:cudnn_flash_te
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$r/nvidia-smi.txt" 2>&1
-if [ "$phase" = a ]; then
+if [ "$phase" != b ]; then
   step te-reorder 120 python3 -m pytest -q -p no:cacheprovider cases/test_sharded.py \
     -k "transformer_engine or within or round_trips or striped"
   # Every main layout (one shape: 12 cases), MHA.
   step sharded-mha 330 python3 -m harness run --suite nightly --kernels "$KERNELS" \
     --cases '*-b4-t1024-h8kv8-d64-bf16-s1' --report-dir "$r/sharded-mha"
-else
+fi
+if [ "$phase" != a ]; then
   # GQA (8 query heads over 2 kv heads), head_dim 128, on the layouts with many packed rows;
   # bidirectional rows (TE's ring and MaxText's decoder are causal only: skipped there).
   step sharded-gqa 300 python3 -m harness run --suite nightly --kernels "$KERNELS" \
@@ -33,6 +36,9 @@ else
     --report-dir "$r/sharded-gqa"
   step sharded-bidir 120 python3 -m harness run --suite nightly --kernels "$KERNELS" \
     --cases '*-b4-t1024-h8kv8-d64-bf16-s4-bidir' --report-dir "$r/sharded-bidir"
+fi
+if [ "$phase" = ab ]; then
+  step xla-deterministic-scatter 120 python3 reports/h200x2/repro/xla_deterministic_scatter.py
 fi
 for f in "$r"/*.log; do grep -v "^[EW][0-9]\{4\} \|Source Location\|cuda_status.cc\|^$" "$f" \
   | tail -c 200000 > "$f.txt"; rm "$f"; done

@@ -22,12 +22,13 @@ from typing import Callable, Iterable
 import numpy as np
 
 from harness.engine.kernel import Kernel, Platform
-from harness.engine.programs import DEFAULT, Programs, device_memory_bytes
+from harness.engine.programs import DEFAULT, DETERMINISTIC, Programs, device_memory_bytes
 from harness.judge import judging, leak_probe
 from harness.judge.metrics import token_errors
 from harness.judge.oracle import reference_for
 from harness.judge.record import Record, Trace
-from harness.judge.vocabulary import LEAK, TENSORS
+from harness.judge.tallies import ratio_text
+from harness.judge.vocabulary import LEAK, PASS, TENSORS
 from harness.model.case import Case, make_inputs
 
 # Cases whose inputs are drawn ahead of the one running (make_inputs keeps 8).
@@ -99,15 +100,38 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
     out.records += judging.padding_records(
         kernel, case, {chk.name: err for chk, err in zip(TENSORS, errs)})
     if leak:
-        out.records += _leak_records(kernel, case, programs, inputs, results)
+        out.records += _leak_records(kernel, case, programs, inputs, results,
+                                     _disagreement(kernel, case, ref, out.records))
     out.records = judging.cover_unjudged(out.records)
     return out
 
 
-def _leak_records(kernel, case, programs: Programs, inputs, results) -> list[Record]:
+def _disagreement(kernel, case, ref, default_records: list[Record]):
+    """A check of the probe's own build (the same lowering, compiled deterministically): ''
+    where its results pass every tolerance check the default build passes, else which do not.
+    The probe compares that build with itself, so a build that computes something else (XLA's
+    deterministic rewrite of an op gone wrong) would show its own mistakes as leaks."""
+    passed = {(r.check, r.row, r.segment) for r in default_records
+              if r.verdict == PASS}
+
+    def differs(base) -> str:
+        bad = []
+        for chk, err in zip(TENSORS, token_errors(base, ref.truth[:len(base)])):
+            records, _ = judging.tensor_records(kernel, case, chk, err, ref, DETERMINISTIC)
+            bad += [f"{r.check} {r.where} (ratio {ratio_text(r.ratio)})" for r in records
+                    if (r.check, r.row, r.segment) in passed
+                    and r.verdict != PASS]
+        return (f"it fails {len(bad)} tolerance check(s) the default build passes: "
+                + ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+                if bad else "")
+    return differs
+
+
+def _leak_records(kernel, case, programs: Programs, inputs, results, disagreement=None
+                  ) -> list[Record]:
     """The tolerance-free leak probe (harness.judge.leak_probe), from the kernel's
-    deterministic build where the platform needs one; the judge turns its result into one
-    record per segment."""
+    deterministic build where the platform needs one and it computes what the default build
+    computes (`disagreement`); the judge turns its result into one record per segment."""
     mode, note = programs.probe_mode, ""
     # On GPUs even a deterministic build is not reproducible by construction everywhere (TE's
     # dq on some shapes): a change must show in two runs of each perturbation, so that noise
@@ -121,9 +145,9 @@ def _leak_records(kernel, case, programs: Programs, inputs, results) -> list[Rec
         else:
             try:
                 found = _probe_deterministic(programs.get(kernel, case, mode), inputs, case,
-                                             confirm, reproducible)
+                                             confirm, reproducible, disagreement)
             except Exception as exc:  # e.g. a deterministic workspace that does not fit
-                note = (f"deterministic build failed ({type(exc).__name__}: "
+                note = (f"deterministic build {_failed(exc)} ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0][:300] if str(exc) else ''}); probed the "
                         f"default build ({leak_probe.RERUNS_UNCERTAIN} reruns, each leak "
                         "confirmed by a second run)")
@@ -137,12 +161,20 @@ def _leak_records(kernel, case, programs: Programs, inputs, results) -> list[Rec
     return judging.leak_records(kernel, case, found, mode, note)
 
 
+class BuildDisagrees(RuntimeError):
+    """The deterministic build computes something else than the default build."""
+
+
+def _failed(exc) -> str:
+    return "disagrees with the default build" if isinstance(exc, BuildDisagrees) else "failed"
+
+
 class DoesNotFit(RuntimeError):
     """A program that needs more device memory than the device has: not run at all (an
     out-of-memory run is slow: XLA logs its whole allocator state)."""
 
 
-def _probe_deterministic(program, inputs, case, confirm, reproducible=None):
+def _probe_deterministic(program, inputs, case, confirm, reproducible=None, disagreement=None):
     """The probe on a deterministic build; where its workspace does not fit (cuDNN's and TE's
     deterministic backward passes ask for tens of GiB on long or many-segment rows), once more
     after the harness lets go of the device buffers it keeps for other cases. A build that
@@ -151,8 +183,16 @@ def _probe_deterministic(program, inputs, case, confirm, reproducible=None):
     if need is not None and limit is not None and need > limit:
         raise DoesNotFit(f"needs {need / 2**30:.1f} GiB of device memory (workspace included), "
                          f"more than the {limit / 2**30:.1f} GiB this device has")
+
+    def attempt():
+        base = program(*inputs.device_args)
+        differs = disagreement(base) if disagreement else ""
+        if differs:
+            raise BuildDisagrees(differs)
+        return leak_probe.probe(program, inputs, case, first=base, confirm=confirm,
+                                reproducible=reproducible)
     try:
-        return leak_probe.probe(program, inputs, case, confirm=confirm, reproducible=reproducible)
+        return attempt()
     except Exception as exc:
         if "RESOURCE_EXHAUSTED" not in str(exc):
             raise
@@ -164,7 +204,7 @@ def _probe_deterministic(program, inputs, case, confirm, reproducible=None):
     make_inputs.cache_clear()
     reference_for.cache_clear()
     gc.collect()
-    return leak_probe.probe(program, inputs, case, confirm=confirm, reproducible=reproducible)
+    return attempt()
 
 
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}

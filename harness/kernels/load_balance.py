@@ -16,8 +16,9 @@ now sits: the same class of bug as the seed's (attention across documents), one 
 reorder canary (harness.kernels.sharded) and the zoo's `reorder_forgets_segments` are that bug;
 `forgotten_reorder_expectation` says exactly where the harness must catch it.
 
-Everything here is plain numpy/jnp: the permutation is computed once per sequence length, and
-jnp.take with it differentiates to the inverse permutation (gradients come back in token order).
+Everything here is plain numpy/jnp. The reorder is a reshape and an axis swap (as TE's is), so
+autodiff carries gradients back to token order by the inverse swap; `striped_order` is the same
+permutation as an index array, for the expectations.
 """
 from __future__ import annotations
 
@@ -49,19 +50,27 @@ def inverse_order(order: np.ndarray) -> np.ndarray:
 
 
 def reorder(x, cp: int, axis: int = 1, stripe: int = STRIPE):
-    """x (numpy or jax) with its sequence axis in load-balanced order."""
-    import jax.numpy as jnp
-    order = striped_order(x.shape[axis], cp, stripe)
-    return jnp.take(x, order, axis=axis) if not isinstance(x, np.ndarray) \
-        else np.take(x, order, axis=axis)
+    """x (numpy or jax) with its sequence axis in load-balanced order: TE's reshape and axis
+    swap, so its gradient is a transpose too (a gather's would be a scatter-add, which XLA's
+    deterministic builds rewrite, and jax 0.11.2's rewrite mixed batch rows: reports/h200x2)."""
+    return _swap(x, axis, (x.shape[axis] // (cp * stripe), cp), stripe, cp)
 
 
 def restore(x, cp: int, axis: int = 1, stripe: int = STRIPE):
     """The inverse of `reorder`: the sequence axis back in token order."""
-    import jax.numpy as jnp
-    inverse = inverse_order(striped_order(x.shape[axis], cp, stripe))
-    return jnp.take(x, inverse, axis=axis) if not isinstance(x, np.ndarray) \
-        else np.take(x, inverse, axis=axis)
+    return _swap(x, axis, (cp, x.shape[axis] // (cp * stripe)), stripe, cp)
+
+
+def _swap(x, axis: int, outer: tuple[int, int], stripe: int, cp: int):
+    """The sequence axis split into [outer[0], outer[1], stripe], its first two parts swapped."""
+    axis %= x.ndim
+    seq_len = x.shape[axis]
+    if cp < 1 or stripe < 1:
+        raise ValueError(f"cp ({cp}) and stripe ({stripe}) must be positive")
+    if seq_len % (cp * stripe):
+        raise ValueError(f"seq_len {seq_len} is not a multiple of cp * stripe = {cp * stripe}")
+    split = x.reshape(*x.shape[:axis], *outer, stripe, *x.shape[axis + 1:])
+    return split.swapaxes(axis, axis + 1).reshape(x.shape)
 
 
 def segment_positions(segment_ids: np.ndarray) -> np.ndarray:
