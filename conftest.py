@@ -3,6 +3,10 @@
     pytest --suite smoke|nightly --kernels a,b --kernel-module my_kernels.py --cases 'packed/*'
            --seeds N --shard I/N --report-dir DIR --baseline reports/baselines/h200.jsonl.gz
 
+Where an NVIDIA GPU is visible (or with --ahead), the matrix's pairs run ahead of their tests in
+the CLI's engine (harness.engine.ahead: worker processes compiling ahead on every core, one lane
+per GPU with --gpu-per-worker), and each test waits for its pair's records and judges them;
+elsewhere (or with --in-test) each pair runs inside its test, compiling its programs then.
 Each xdist worker appends its records to DIR/parts/<run>/<worker>.jsonl as it goes; the
 controller merges the parts of its own run into DIR/report.jsonl (plus summary.md and
 report.html) at the end, so a worker that crashes loses only the test it was running, and a
@@ -38,7 +42,14 @@ def pytest_addoption(parser):
                     help="error growth beyond a check's spread that counts as a regression "
                          "(above 1)")
     group.addoption("--gpu-per-worker", action="store_true",
-                    help="give each xdist worker a GPU of its own (-n = the number of GPUs)")
+                    help="one GPU per xdist worker and per engine lane (-n = the number of GPUs)")
+    group.addoption("--ahead", action="store_true",
+                    help="the CLI's engine runs the selected pairs ahead of their tests (one "
+                         "lane per GPU with --gpu-per-worker) and each test judges its pair's "
+                         "records (the default where an NVIDIA GPU is visible)")
+    group.addoption("--in-test", action="store_true",
+                    help="run each kernel x case inside its test, compiling its programs then "
+                         "(the default where no NVIDIA GPU is visible)")
     group.addoption("--no-leak-probe", action="store_true", help="tolerance checks only")
     group.addoption("--no-deterministic-probe", action="store_true",
                     help="probe the kernels' default builds on GPUs too")
@@ -64,6 +75,7 @@ def pytest_configure(config):
     from harness.errors import UsageError
 
     if _is_worker(config):
+        config._harness_ahead = config.workerinput.get("harness_ahead", False)
         count = int(config.workerinput.get("workercount", 1))
         if config.getoption("--gpu-per-worker"):
             # Before anything asks jax for a device: the CUDA backend reads this once, at start.
@@ -77,8 +89,13 @@ def pytest_configure(config):
         config._harness_start = time.monotonic()
         config._harness_started_utc = _now_utc()
     try:
+        if config.getoption("--ahead") and config.getoption("--in-test"):
+            raise UsageError("--ahead and --in-test: choose one")
         if config.getoption("--gpu-per-worker") and not _is_worker(config):
             config._harness_gpu_ids = _gpu_per_worker_ids(config)
+        if not _is_worker(config):
+            config._harness_ahead = not config.getoption("--in-test") and (
+                config.getoption("--ahead") or _nvidia_gpu_visible())
         from harness.views import report_file as rec
         from harness.engine.registry import load_kernel_module, mark_absl_flags_parsed
         mark_absl_flags_parsed()
@@ -102,6 +119,18 @@ def pytest_configure(config):
         config._harness_matrix = _matrix(config)
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _nvidia_gpu_visible() -> bool:
+    """Whether nvidia-smi lists a GPU this process may use (CUDA_VISIBLE_DEVICES honoured)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1") or not shutil.which("nvidia-smi"):
+        return False
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                 timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return any(line.startswith("GPU ") for line in listing.splitlines())
 
 
 def _now_utc() -> str:
@@ -146,6 +175,7 @@ def pytest_configure_node(node):
     freed."""
     config = node.config
     node.workerinput["harness_run"] = config._harness_run
+    node.workerinput["harness_ahead"] = getattr(config, "_harness_ahead", False)
     if config.getoption("--gpu-per-worker"):
         held, ids = config._harness_gpus, config._harness_gpu_ids
         slot = min(set(range(len(held) + 1)) - set(held.values()))
@@ -214,31 +244,111 @@ def programs(request):
 
 
 @pytest.fixture
-def run_case(request, platform, programs):
-    """Runs one kernel x case of the matrix. Its default and probe builds compile side by side;
-    other tests' programs are left alone: a kernel that kills its process while being traced
-    must take only its own test with it."""
-    from harness.engine.runner import run_kernel_case
+def run_case(request):
+    """Runs one kernel x case of the matrix: its records from the engine's lanes, or (with
+    --in-test, or where no lane ran it) inside this test, its default and probe builds compiling
+    side by side; other tests' programs are left alone there: a kernel that kills its process
+    while being traced must take only its own test with it."""
     config = request.config
-
-    from harness.engine import isolation
+    lanes = _lane_results(config)
 
     def run(kernel, case):
-        start = time.perf_counter()
-        if isolation.clashes_here(kernel):
-            # Its library cannot share this process with one already loaded here (the same FFI
-            # targets): the pair runs in a worker of its own.
-            result = isolation.run_pair_in_worker(kernel, case, _worker_options(config),
-                                                  _parts(config) / "isolated" / uuid.uuid4().hex)
-        else:
-            if not kernel.unsupported_reasons(case, platform):
-                isolation.mark_loaded(kernel)   # its library loads only where it runs
-                programs.prefetch([(kernel, case)])
-            result = run_kernel_case(kernel, case, platform, programs,
-                                     leak=not config.getoption("--no-leak-probe"))
-        programs.timing[kernel.name].wall_s += time.perf_counter() - start
-        return result
+        result = lanes.wait(kernel, case) if lanes is not None else None
+        return result if result is not None else _run_in_test(request, kernel, case)
     return run
+
+
+def _run_in_test(request, kernel, case):
+    from harness.engine import isolation
+    from harness.engine.runner import run_kernel_case
+    config = request.config
+    platform, programs = request.getfixturevalue("platform"), request.getfixturevalue("programs")
+    start = time.perf_counter()
+    if isolation.clashes_here(kernel):
+        # Its library cannot share this process with one already loaded here (the same FFI
+        # targets): the pair runs in a worker of its own.
+        result = isolation.run_pair_in_worker(kernel, case, _worker_options(config),
+                                              _parts(config) / "isolated" / uuid.uuid4().hex)
+    else:
+        if not kernel.unsupported_reasons(case, platform):
+            isolation.mark_loaded(kernel)   # its library loads only where it runs
+            programs.prefetch([(kernel, case)])
+        result = run_kernel_case(kernel, case, platform, programs,
+                                 leak=not config.getoption("--no-leak-probe"))
+    programs.timing[kernel.name].wall_s += time.perf_counter() - start
+    return result
+
+
+# ----- the engine's lanes (harness.engine.ahead) ---------------------------------------------
+
+def _lanes_dir(config) -> Path:
+    return _parts(config) / "lanes"
+
+
+def _lane_results(config):
+    """This process's reader of the lanes' records; None where the pairs run in their tests."""
+    if not getattr(config, "_harness_ahead", False):
+        return None
+    if getattr(config, "_harness_lane_results", None) is None:
+        from harness.engine.ahead import LaneResults
+        config._harness_lane_results = LaneResults(_lanes_dir(config))
+    return config._harness_lane_results
+
+
+MATRIX_TEST = "test_kernel_on_case["
+
+
+def _start_lanes(config, nodeids) -> None:
+    """Controller: the selected matrix tests' pairs to the engine, once collection is done."""
+    if getattr(config, "_harness_lanes", None) is not None \
+            or not getattr(config, "_harness_ahead", False) \
+            or config.option.collectonly or getattr(config, "_harness_matrix", None) is None:
+        return
+    from harness.engine.ahead import Lanes, no_lanes
+    by_id = {f"{k.name}:{c.id}": (k, c) for k, c in config._harness_matrix}
+    chosen = [by_id.get(n.split(MATRIX_TEST, 1)[1][:-1]) for n in nodeids if MATRIX_TEST in n]
+    pairs = [p for p in chosen if p is not None]
+    if not pairs:
+        no_lanes(_lanes_dir(config))
+        config._harness_lanes = False
+        return
+    gpus: list = [None]
+    ids = getattr(config, "_harness_gpu_ids", None)
+    if config.getoption("--gpu-per-worker") and ids:
+        workers = config.getoption("numprocesses", None)
+        gpus = ids[:workers] if isinstance(workers, int) and workers > 0 else ids
+    config._harness_lanes = Lanes(_lanes_dir(config), _worker_options(config), gpus)
+    config._harness_lanes.start(pairs)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """xdist (controller): the first worker's collection names the selected tests."""
+    _start_lanes(node.config, ids)
+
+
+def pytest_collection_finish(session):
+    config = session.config
+    if not _is_worker(config) and not config.pluginmanager.hasplugin("dsession"):
+        _start_lanes(config, [item.nodeid for item in session.items])
+
+
+def _stop_lanes(config, parts: Path) -> None:
+    """Controller: the lanes stopped (pytest may stop early); each lane worker's probe mode and
+    timing beside the tests' parts, for the report's header."""
+    lanes = getattr(config, "_harness_lanes", None)
+    if not lanes:
+        return
+    lanes.stop()
+    from harness.views import report_file as rec
+    for n, report in enumerate(lanes.report_dirs()):
+        try:
+            header, _ = rec.read(report)
+        except Exception:  # a worker killed before its header was written
+            continue
+        (parts / f"lane-{n}.run.json").write_text(json.dumps(
+            {"probe_mode": header.get("probe_mode", "default"),
+             "timing": header.get("timing", {})}))
 
 
 def _worker_options(config) -> list[str]:
@@ -280,6 +390,7 @@ def pytest_sessionfinish(session, exitstatus):
             {"probe_mode": programs.probe_mode, "timing": programs.report()}))
     if _is_worker(config):
         return
+    _stop_lanes(config, parts)
     if not any(p.stat().st_size for p in parts.glob("*.jsonl")):
         shutil.rmtree(parts, ignore_errors=True)
         return  # no matrix test ran

@@ -133,7 +133,7 @@ def test_xdist_parts_survive_a_crashed_worker_and_junit_has_properties(tmp_path)
     module.write_text(CRASHER)
     junit = tmp_path / "junit.xml"
     gpu_log = tmp_path / "gpus.txt"
-    out = _pytest("-n", "2", "--gpu-per-worker", "--kernel-module", str(module),
+    out = _pytest("-n", "2", "--gpu-per-worker", "--in-test", "--kernel-module", str(module),
                   "--kernels", "crasher,dot_product",
                   "--cases", "packed/random-*-bf16-*,unpacked/full-*-bf16-*", "--no-leak-probe",
                   "--report-dir", str(tmp_path / "r"), f"--junitxml={junit}",
@@ -152,6 +152,49 @@ def test_xdist_parts_survive_a_crashed_worker_and_junit_has_properties(tmp_path)
     assert {"worst_ratio", "failing_segments"} <= props
     header, _ = rec.read(tmp_path / "r" / "report.jsonl")
     assert header["timing"]["dot_product"]["wall_s"] > 0, "pytest counts each kernel's wall time"
+
+
+LANE_CRASHER = """
+import os, harness
+from harness.kernels.reference import dot_product
+with open(os.environ["GPU_LOG"], "a") as f:   # each process that loads it: the GPUs it sees
+    f.write(os.environ.get("PYTEST_XDIST_WORKER", "lane") + " "
+            + os.environ.get("CUDA_VISIBLE_DEVICES", "-") + "\\n")
+def crash_on_short_rows(q, k, v, seg, *, causal, scale):
+    if q.shape[1] == 256:
+        os._exit(3)  # the process running it dies
+    return dot_product(q, k, v, seg, causal=causal, scale=scale)
+harness.register_kernel("crasher", crash_on_short_rows, dtypes=("bfloat16",))
+"""
+
+
+def test_the_engine_blames_a_crash_on_its_own_test_and_runs_the_rest(tmp_path):
+    """With --ahead (the default on GPUs) the pairs run in the engine's lanes, one per GPU with --gpu-per-worker
+    (whole shapes to a lane); a pair that kills its worker is an error record, failing its own
+    test and no other, and the lane goes on with a fresh worker."""
+    module = tmp_path / "crasher.py"
+    module.write_text(LANE_CRASHER)
+    gpu_log = tmp_path / "gpus.txt"
+    short, long_ = "packed/random-b4-t256-h4kv2-d64-bf16-s0", "packed/dozens-b2-t1024-h2kv1-d32-bf16-s0"
+    out = _pytest("-n", "2", "--gpu-per-worker", "--ahead", "--kernel-module", str(module),
+                  "--kernels", "crasher,dot_product", "--cases", f"{short},{long_}",
+                  "--no-leak-probe", "--report-dir", str(tmp_path / "r"), "-rf",
+                  env={"GPU_LOG": str(gpu_log), "CUDA_VISIBLE_DEVICES": "5,7"})
+    assert out.returncode == 1, out.stdout[-3000:]
+    failed = [ln for ln in out.stdout.splitlines() if ln.startswith("FAILED")]
+    assert len(failed) == 1 and f"crasher:{short}" in failed[0], out.stdout[-3000:]
+    assert "replacing crashed worker" not in out.stdout    # no pytest worker died
+    _, records = rec.read(tmp_path / "r" / "report.jsonl")
+    crash = [r for r in records if r.pair == ("crasher", short)]
+    assert [r.verdict for r in crash] == ["error"] and "died while running it" in crash[0].message
+    assert "exited with status 3" in crash[0].message
+    for pair in (("dot_product", short), ("dot_product", long_), ("crasher", long_)):
+        mine = [r for r in records if r.pair == pair]
+        assert mine and all(r.outcome == "ok" for r in mine if r.measured), pair
+    # The lanes' workers (pytest's controller, which loads the module too, sees both GPUs).
+    lanes = {line.split()[1] for line in gpu_log.read_text().splitlines()
+             if line.startswith("lane") and "," not in line}
+    assert lanes == {"5", "7"}, gpu_log.read_text()
 
 
 def test_more_workers_than_gpus_is_a_usage_error(tmp_path):

@@ -131,7 +131,7 @@ def _run_worker(args) -> int:
     import json
 
     from harness.engine.environment import current_platform, describe
-    from harness.engine.isolation import STARTED_FILE
+    from harness.engine.isolation import FINISHED_FILE, STARTED_FILE
     from harness.engine.registry import select_kernels
     from harness.engine.runner import run_matrix
     from harness.model.case import Case
@@ -146,17 +146,23 @@ def _run_worker(args) -> int:
                                     probe_mode=programs.probe_mode,
                                     leak_probe=not args.no_leak_probe)
     started = (report_dir / STARTED_FILE).open("a")
+    finished = (report_dir / FINISHED_FILE).open("a")
 
-    def on_start(kernel, case):
-        started.write(json.dumps({"kernel": kernel.name, "case_id": case.id}) + "\n")
-        started.flush()
+    def announce(log, kernel, case):
+        log.write(json.dumps({"kernel": kernel.name, "case_id": case.id}) + "\n")
+        log.flush()
+
+    def on_result(kernel, case, result):
+        writer.add(result)
+        announce(finished, kernel, case)   # after its records: a reader may take them now
     try:
-        run_matrix(kernels, cases, current_platform(), on_result=lambda k, c, r: writer.add(r),
+        run_matrix(kernels, cases, current_platform(), on_result=on_result,
                    programs=programs, leak=not args.no_leak_probe, pairs=set(pairs),
-                   on_start=on_start)
+                   on_start=lambda kernel, case: announce(started, kernel, case))
     finally:
         programs.close()
         started.close()
+        finished.close()
     writer.close(timing=programs.report())
     return 0
 

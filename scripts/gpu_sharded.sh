@@ -4,7 +4,7 @@
 #                                           #   sharded kernel on the nightly's MHA shape
 #   OUT=DIR bash scripts/gpu_sharded.sh b   # the same kernels on its GQA shape, and bidirectional
 #   OUT=DIR bash scripts/gpu_sharded.sh ab  # both (about 3 minutes on the x2 runner, warm), and
-#                                           #   reports/h200x2/repro/xla_deterministic_scatter.py
+#                                           #   reports/h200x2/reorder_gradient_check.py
 # Each phase fits one call of the device tool (about 6 minutes, machine start aside).
 # Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit (the git commit).
 set -uo pipefail
@@ -38,7 +38,7 @@ if [ "$phase" != a ]; then
     --cases '*-b4-t1024-h8kv8-d64-bf16-s4-bidir' --report-dir "$r/sharded-bidir"
 fi
 if [ "$phase" = ab ]; then
-  step xla-deterministic-scatter 120 python3 reports/h200x2/repro/xla_deterministic_scatter.py
+  step reorder-gradient-check 120 python3 reports/h200x2/reorder_gradient_check.py
 fi
 for f in "$r"/*.log; do grep -v "^[EW][0-9]\{4\} \|Source Location\|cuda_status.cc\|^$" "$f" \
   | tail -c 200000 > "$f.txt"; rm "$f"; done

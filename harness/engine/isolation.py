@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 STARTED_FILE = "started.jsonl"
+FINISHED_FILE = "finished.jsonl"   # pairs whose records are all written (harness.engine.ahead)
 MAX_TAIL = 1500
 _LOADED: set[str] = set()     # isolation groups whose kernels ran in this process
+LIVE: set = set()              # worker processes running now (stopped with their run)
 
 
 def groups(kernels) -> dict[str | None, list]:
@@ -106,11 +108,12 @@ def death(returncode: int, tail: str) -> str:
     return how + (f": {last[-1][:300]}" if last else "")
 
 
-def _stream(command: list[str], echo) -> tuple[int, str]:
+def _stream(command: list[str], echo, env: dict | None = None) -> tuple[int, str]:
     """Runs a worker, passing its stderr (progress) through as it comes, and keeps the end of
     it for the reason, should it die."""
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, errors="replace")
+                            text=True, errors="replace", env=env)
+    LIVE.add(proc)
     tail: list[str] = []
     try:
         for line in proc.stderr:
@@ -122,11 +125,21 @@ def _stream(command: list[str], echo) -> tuple[int, str]:
         proc.kill()
         proc.wait()
         raise
+    finally:
+        LIVE.discard(proc)
+
+
+def stop_live() -> None:
+    """Kills the workers running now (a run stopped early: what they finished is kept)."""
+    for proc in list(LIVE):
+        proc.kill()
 
 
 def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options: list[str],
-              echo=print) -> WorkerResult:
-    """Runs one process group's pairs in workers until every pair has records or an error."""
+              echo=print, env: dict | None = None, on_crash=None) -> WorkerResult:
+    """Runs one process group's pairs in workers until every pair has records or an error.
+    `env`: the workers' environment (default: this process's); `on_crash(kernel, case, why)`
+    is told each pair a worker died on, as it happens."""
     import shutil
     result = WorkerResult()
     remaining, attempt = list(pairs), 0
@@ -141,7 +154,7 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options: l
         result.report_dirs.append(wdir / "report")
         try:
             returncode, tail = _stream(worker_command(pairs_file, wdir / "report", options),
-                                       echo)
+                                       echo, env)
         except KeyboardInterrupt:
             result.interrupted = True
             return result
@@ -163,6 +176,8 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options: l
         why = death(returncode, tail)
         result.crashes.append((*crashed, f"the worker process for isolation group {name!r} "
                                          f"died while running it ({why})"))
+        if on_crash:
+            on_crash(*result.crashes[-1])
         echo(f"[worker {name}#{attempt}] died on {crashed[0]} {crashed[1]}: {why}")
         remaining = [p for p in left if p != crashed]
     return result

@@ -51,8 +51,9 @@ def inverse_order(order: np.ndarray) -> np.ndarray:
 
 def reorder(x, cp: int, axis: int = 1, stripe: int = STRIPE):
     """x (numpy or jax) with its sequence axis in load-balanced order: TE's reshape and axis
-    swap, so its gradient is a transpose too (a gather's would be a scatter-add, which XLA's
-    deterministic builds rewrite, and jax 0.11.2's rewrite mixed batch rows: reports/h200x2)."""
+    swap, so its gradient is a transpose too. (As a gather, whose gradient is a scatter-add,
+    the leak probe's deterministic builds of the CP kernels computed something else than their
+    default builds on two H200s: reports/h200x2/README.md.)"""
     return _swap(x, axis, (x.shape[axis] // (cp * stripe), cp), stripe, cp)
 
 

@@ -1,0 +1,230 @@
+"""pytest's matrix, run ahead of its tests by the CLI's engine.
+
+The CLI runs a suite in one process that traces and compiles every program ahead, on every
+core, while the device runs what is ready. A pytest test that compiles its own programs when it
+starts waits on the compiler most of the time (one H200, the nightly: 200 s with two workers,
+against 126 s for the CLI), and a second GPU does not shorten that. So pytest hands the pairs
+it selected to that engine when its collection is done: lanes of worker processes
+(harness.engine.isolation.run_group, `python -m harness run --worker-pairs`: each isolation
+group in turn; a worker that dies costs an error record for the pair it was running, and a
+fresh worker takes the rest), one lane per GPU with --gpu-per-worker, else one lane. Each test
+waits for its pair's records in the lanes' folders and judges them as if it had run the pair
+itself; a pair no lane ran (the lanes were stopped or failed) runs inside its test, as with
+`--in-test`.
+
+Files, under the run's parts folder (lanes/):
+- `plan.json`: written by pytest's controller once the lanes start ({"lanes": N}), or
+  {"lanes": 0} where it starts none; tests wait for it.
+- `lane-I/<group>-<attempt>/report/`: a worker's report (records, traces) and the pairs it
+  finished (isolation.FINISHED_FILE, each written after the pair's records).
+- `lane-I/crashes.jsonl`: pairs a worker died on, with the reason; `lane-I/done.json` at the
+  lane's end ({"ok": true}, or {"error": ...}).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from harness.engine import isolation
+
+PLAN = "plan.json"
+CRASHES = "crashes.jsonl"
+DONE = "done.json"
+PLAN_WAIT_S = 600     # how long a test waits for the controller's plan before running itself
+
+
+class _Stopped(Exception):
+    """The run is over (pytest stopped): a worker killed now is not a crash of its pair."""
+
+
+def split(pairs: list, lanes: int) -> list[list]:
+    """The pairs in `lanes` shares, whole shapes to a share (a shape's programs compile once),
+    the largest first onto the share with the least work so far; each share in run order."""
+    by_shape: dict[tuple, list] = {}
+    for kernel, case in pairs:
+        by_shape.setdefault(case.shape_key, []).append((kernel, case))
+    shares: list[list] = [[] for _ in range(lanes)]
+    load = [0.0] * lanes
+
+    def cost(group):    # compiling dominates; long rows also run longer
+        case = group[0][1]
+        return len(group) * (1 + case.batch * case.seq_len / 16384)
+    for group in sorted(by_shape.values(), key=cost, reverse=True):
+        i = load.index(min(load))
+        shares[i] += group
+        load[i] += cost(group)
+    order = {pair: n for n, pair in enumerate(pairs)}
+    return [sorted(share, key=order.__getitem__) for share in shares if share]
+
+
+class Lanes:
+    """pytest's controller side: the lanes' threads, each running its share of the pairs in
+    workers (one after another per isolation group)."""
+
+    def __init__(self, workdir: Path, options: list[str], gpus: list[str | None]):
+        self.workdir, self.options, self.gpus = Path(workdir), options, gpus
+        self.threads: list[threading.Thread] = []
+        self.stopping = False
+
+    def start(self, pairs: list) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        shares = split(pairs, len(self.gpus)) if pairs else []
+        for index, (gpu, share) in enumerate(zip(self.gpus, shares)):
+            thread = threading.Thread(target=self._lane, args=(index, gpu, share), daemon=True,
+                                      name=f"lane-{index}")
+            thread.start()
+            self.threads.append(thread)
+        (self.workdir / PLAN).write_text(json.dumps({"lanes": len(self.threads)}))
+
+    def _lane(self, index: int, gpu: str | None, share: list) -> None:
+        lane = self.workdir / f"lane-{index}"
+        lane.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        crashes = (lane / CRASHES).open("a")
+
+        def on_crash(kernel, case_id, why):
+            if self.stopping:
+                raise _Stopped()
+            crashes.write(json.dumps({"kernel": kernel, "case_id": case_id, "why": why}) + "\n")
+            crashes.flush()
+        status: dict = {"ok": True}
+        try:
+            for name, kernels in isolation.groups(dict.fromkeys(k for k, _ in share)).items():
+                mine = [(k.name, c.id) for k, c in share if k in kernels]
+                isolation.run_group(name or "main", mine, lane, self.options,
+                                    echo=lambda line: None, env=env, on_crash=on_crash)
+                if self.stopping:
+                    break
+        except BaseException as exc:  # noqa: BLE001 - the tests run their pairs themselves
+            status = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            crashes.close()
+            (lane / DONE).write_text(json.dumps(status))
+
+    def stop(self) -> None:
+        self.stopping = True
+        isolation.stop_live()
+        for thread in self.threads:
+            thread.join(timeout=30)
+
+    def report_dirs(self) -> list[Path]:
+        return sorted(p.parent for p in self.workdir.glob("lane-*/*/report/report.jsonl"))
+
+
+def no_lanes(workdir: Path) -> None:
+    """The controller starts none (nothing to run ahead): the tests run their pairs."""
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    (Path(workdir) / PLAN).write_text(json.dumps({"lanes": 0}))
+
+
+class _Tail:
+    """The complete lines a file has gained since the last read. A file whose first line
+    changed (a worker rewrites its header line at its end) is read again from its start."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.rest, self.head = path, 0, b"", None
+
+    def lines(self) -> list[dict]:
+        try:
+            with self.path.open("rb") as f:
+                head = f.readline()
+                if head.endswith(b"\n") and head != self.head:
+                    if self.head is not None:     # rewritten: everything again
+                        self.offset, self.rest = 0, b""
+                    self.head = head
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        *complete, self.rest = (self.rest + data).split(b"\n")
+        out = []
+        for line in complete:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
+
+class LaneResults:
+    """A test's side: the records the lanes have finished, read as they come."""
+
+    def __init__(self, workdir: Path, poll_s: float = 0.1):
+        self.workdir, self.poll_s = Path(workdir), poll_s
+        self.tails: dict[Path, _Tail] = {}
+        self.records: dict[tuple, list] = defaultdict(list)
+        self.traces: dict[tuple, list] = defaultdict(list)
+        self.finished: set[tuple] = set()
+        self.seen: set[str] = set()   # a worker rewrites its header at its end: lines read twice
+        self.crashes: dict[tuple, str] = {}
+        self.lanes: int | None = None
+
+    def _tail(self, path: Path) -> list[dict]:
+        if path not in self.tails:
+            self.tails[path] = _Tail(path)
+        return self.tails[path].lines()
+
+    def _scan(self) -> None:
+        from harness.judge.record import Record, Trace
+        for lane in sorted(self.workdir.glob("lane-*")):
+            for row in self._tail(lane / CRASHES):
+                self.crashes[(row["kernel"], row["case_id"])] = row["why"]
+            for report in sorted(lane.glob("*/report")):
+                # Finished pairs first: their records are complete in what is read after.
+                for row in self._tail(report / isolation.FINISHED_FILE):
+                    self.finished.add((row["kernel"], row["case_id"]))
+                for row in self._fresh(report / "report.jsonl", "record"):
+                    self.records[(row["kernel"], row["case_id"])].append(Record.from_json(row))
+                for row in self._fresh(report / "traces.jsonl", "trace"):
+                    self.traces[(row["kernel"], row["case_id"])].append(Trace.from_json(row))
+
+    def _fresh(self, path: Path, kind: str) -> list[dict]:
+        out = []
+        for row in self._tail(path):
+            if row.get("type") != kind:
+                continue
+            line = f"{path.parent}\n" + json.dumps(row, sort_keys=True)
+            if line not in self.seen:
+                self.seen.add(line)
+                out.append(row)
+        return out
+
+    def _planned(self, deadline: float) -> int:
+        while self.lanes is None:
+            plan = self.workdir / PLAN
+            if plan.exists():
+                self.lanes = json.loads(plan.read_text())["lanes"]
+            elif time.monotonic() > deadline:
+                self.lanes = 0
+            else:
+                time.sleep(self.poll_s)
+        return self.lanes
+
+    def _all_done(self) -> bool:
+        return len(list(self.workdir.glob(f"lane-*/{DONE}"))) >= (self.lanes or 0)
+
+    def wait(self, kernel, case):
+        """The pair's records (or its crash's error record) once a lane has them; None where no
+        lane will run it (the test runs it itself)."""
+        from harness.engine.runner import KernelCaseResult
+        if not self._planned(time.monotonic() + PLAN_WAIT_S):
+            return None
+        key = (kernel.name, case.id)
+        while True:
+            done = self._all_done()     # before the scan: what a lane wrote before it ended
+            self._scan()
+            if key in self.finished and self.records[key]:
+                return KernelCaseResult(list(self.records[key]), list(self.traces[key]))
+            if key in self.crashes:
+                return KernelCaseResult(isolation.crash_records(
+                    [(*key, self.crashes[key])], {kernel.name: kernel}))
+            if done or key in self.finished:   # finished without records read: never empty
+                return None
+            time.sleep(self.poll_s)
