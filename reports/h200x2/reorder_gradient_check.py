@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""XLA's deterministic build of a gather's gradient on the GPU, checked exactly.
+"""The reorder's gradient alone, in XLA's default and deterministic builds, checked exactly.
 
 `jnp.take(x, order, axis=1)` with a permutation `order` (the striped load-balancing reorder of
 context parallelism, 2 devices) differentiates to a scatter-add of the cotangent; with a
 permutation that scatter only moves values, so the gradient is exactly `ct[:, inverse]`.
-`xla_gpu_deterministic_ops` makes XLA rewrite scatter-adds deterministically. On two H200s
-(jax 0.11.2) the harness's leak probe read every context-parallel kernel as leaking across
-batch rows, in their deterministic builds only: this script checks the gradient of that reorder
-in the default and the deterministic build, on one device and with the sequence sharded over
-two, at the probe's shapes. Exits 1 while some build's gradient is not exactly the permuted
-cotangent, 0 once every build's is, 2 without a GPU."""
+`xla_gpu_deterministic_ops` makes XLA rewrite scatter-adds. While the harness's context-parallel
+kernels reordered with that gather, their deterministic builds (the leak probe's) differed from
+their default builds on two H200s (before-fix/). This checks the gather's gradient on its own,
+on one device and with the sequence sharded over two, at the probe's shapes: on the H200 pair
+every build is exact (reorder_gradient_check.txt), so what went wrong needs the program around
+it. Exits 1 while some build's gradient is not exactly the permuted cotangent, 0 once every
+build's is, 2 without a GPU."""
 import sys
 
 import jax
