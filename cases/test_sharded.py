@@ -23,6 +23,7 @@ import pytest
 from harness.engine.kernel import Kernel, Platform
 from harness.engine.registry import select_kernels
 from harness.engine.runner import run_kernel_case
+from harness.judge import leak_probe
 from harness.judge.vocabulary import BAD
 from harness.kernels import load_balance, sharded
 from harness.model.case import Case
@@ -35,7 +36,7 @@ CORRECT = ("sharded:sut:dot_product:data", "sharded:sut:dot_product:heads",
 CANARY = "sharded:reorder_canary"
 # One shape (programs compile once): layouts where every segment of every packed row reads
 # under another segment's id, and single tokens, where some do not (the canary computes them
-# right, or the probe's checkerboard cannot see what they read: expected to pass there).
+# right: expected to pass there).
 CASES = ("packed/many-b4-t256-h4kv2-d64-bf16-s0", "padded/between-b4-t256-h4kv2-d64-bf16-s0",
          "unaligned/block-edges-b4-t256-h4kv2-d64-bf16-s0")
 BLIND_SPOTS = "extremes/single-tokens-b4-t256-h4kv2-d64-bf16-s0"
@@ -121,11 +122,13 @@ def test_the_expectation_models_the_canary_exactly():
     row1 = {s.number: s for s in case.row_segments(1)}  # runs 254, 1, 1
     expect = load_balance.forgotten_reorder_expectation
     # Row 0: segment 1 keeps its own id, right everywhere. Segment 2 takes segment 4's id and
-    # reads its first token; segment 4 reads segment 2: both of one checkerboard colour, which
-    # the probe never redraws apart (its blind spot), so it must not claim them.
+    # reads its first token; segment 4 reads segment 2. Two segments apart: with two colours
+    # they were one colour, never redrawn apart (the probe's blind spot); a row of three
+    # segments or more takes three colours, and both are caught.
+    assert leak_probe.colours(ids) == 3
     assert [expect(case, c, row0[1]) for c in ("out", "dq", "dk", "dv", "leak")] == ["pass"] * 5
-    assert expect(case, "out", row0[2])[0] == "either" and expect(case, "leak", row0[2]) == "pass"
-    assert expect(case, "leak", row0[4]) == "pass"
+    assert expect(case, "out", row0[2])[0] == "either" and expect(case, "leak", row0[2]) == "fail"
+    assert expect(case, "leak", row0[4]) == "fail"
     # Row 1: segments 1 and 2 read each other (two colours): caught; segment 3 keeps its id.
     assert [expect(case, "leak", row1[n]) for n in (1, 2, 3)] == ["fail", "fail", "pass"]
 

@@ -1,10 +1,11 @@
 """The leak probe: a check that needs no tolerance.
 
 A segment's output and gradients may depend only on its own queries, keys, values and output
-cotangent. So the kernel runs again with the inputs of everything else redrawn, in three groups:
-the segments of one colour of a checkerboard (segment number + row), those of the other colour,
-and the padding. Each segment is untouched in two of those runs (the other colour's, and the
-padding's), and there its out, dq, dk and dv must be bitwise what they were. A segment that no
+cotangent. So the kernel runs again with the inputs of everything else redrawn, in groups: the
+segments of each colour (segment number + row, modulo two like a checkerboard, or modulo three
+where a row holds three segments or more, so that a read two segments away is seen too), and
+the padding. Each segment is untouched in the other colours' runs and the padding's, and there
+its out, dq, dk and dv must be bitwise what they were. A segment that no
 run leaves untouched (alone in a batch without padding) was not compared, and says so. Any
 change is a leak, however small: this catches what rounding noise hides from the tolerance
 checks (a single token's dq after thousands of keys, dk/dv of a long first segment), and valid
@@ -101,15 +102,29 @@ def _nonfinite(tensors):
     return jnp.stack([(~jnp.isfinite(t.astype(jnp.float32))).any(axis=(2, 3)) for t in tensors])
 
 
+def colours(segment_ids: np.ndarray) -> int:
+    """How many colours the segments take: three where some row holds three segments or more,
+    so that each segment is compared while the segments one and two places away in its row are
+    redrawn (a context-parallel reorder that leaves the ids behind makes reads two segments
+    away), else two."""
+    seg = np.asarray(segment_ids)
+    return 3 if max(len(np.unique(row[row > 0])) for row in seg) >= 3 else 2
+
+
 def groups(case: Case) -> list[tuple[str, np.ndarray]]:
-    """(name, [B, T] bool tokens to redraw) for each perturbation. Segments alternate like a
-    checkerboard (segment number + row): neighbours in a row fall in different groups, and so do
-    the single segments of consecutive unpacked rows, so that a segment alone in its row is
+    """(name, [B, T] bool tokens to redraw) for each perturbation. Segments take colours in turn
+    (segment number + row, modulo `colours`): neighbours in a row fall in different groups, and
+    so do the single segments of consecutive unpacked rows, so that a segment alone in its row is
     still compared while the other rows are redrawn (a leak across the batch)."""
     seg = case.segment_ids
-    parity = (seg + np.arange(seg.shape[0])[:, None]) % 2
-    out = [("segments of one colour", (seg > 0) & (parity == 1)),
-           ("segments of the other colour", (seg > 0) & (parity == 0))]
+    n = colours(seg)
+    colour = (seg + np.arange(seg.shape[0])[:, None]) % n
+    if n == 2:
+        out = [("segments of one colour", (seg > 0) & (colour == 1)),
+               ("segments of the other colour", (seg > 0) & (colour == 0))]
+    else:
+        out = [(f"segments of colour {c + 1} of {n}", (seg > 0) & (colour == (c + 1) % n))
+               for c in range(n)]
     if (seg == 0).any():
         out.append(("padding", seg == 0))
     return [(name, mask) for name, mask in out if mask.any()]

@@ -108,8 +108,8 @@ def forgotten_reorder_expectation(case, check: str, segment, cp: int = 2):
     From the masks above, per segment S of row r:
     - leak probe: S's out, dq, dk and dv depend on the keys and values its queries read, and on
       the queries (and cotangents) of the valid tokens that read its keys, with everything those
-      read. The probe redraws three groups (segments of one checkerboard colour, of the other,
-      padding) and compares S in the runs that leave it untouched: "fail" iff such a run redraws
+      read. The probe redraws its groups (harness.judge.leak_probe.groups: the segments of each
+      colour, the padding) and compares S in the runs that leave it untouched: "fail" iff such a run redraws
       a token S depends on. Padding queries carry a zero cotangent: they add exact zeros to dk/dv,
       so they are not dependencies.
     - out, dq: "pass" where every query of S reads exactly what it should (bitwise the correct
