@@ -298,16 +298,33 @@ def _lane_results(config):
 MATRIX_TEST = "test_kernel_on_case["
 
 
-def _start_lanes(config, nodeids) -> None:
-    """Controller: the selected matrix tests' pairs to the engine, once collection is done."""
+def _selected_pairs(config, nodeids) -> list:
+    by_id = {f"{k.name}:{c.id}": (k, c) for k, c in config._harness_matrix}
+    chosen = [by_id.get(n.split(MATRIX_TEST, 1)[1][:-1]) for n in nodeids if MATRIX_TEST in n]
+    return [p for p in chosen if p is not None]
+
+
+def _whole_matrix_named(config) -> bool:
+    """Whether this run names cases/test_matrix.py as a whole and nothing narrows the tests it
+    collects (-k, -m, --deselect, --lf, --sw): then every pair of the matrix is selected, and
+    the lanes can start before collection (pytest's start, xdist's workers and their
+    collection take seconds on a GPU runner, which the lanes' own start then overlaps)."""
+    o = config.option
+    if o.keyword or o.markexpr or getattr(o, "deselect", None) or getattr(o, "lf", False) \
+            or getattr(o, "stepwise", False) or getattr(o, "failedfirst", False):
+        return False
+    matrix = (Path(__file__).parent / "cases" / "test_matrix.py").resolve()
+    here = config.invocation_params.dir
+    return any("::" not in a and (here / a).resolve() == matrix for a in config.args)
+
+
+def _start_lanes(config, pairs) -> None:
+    """Controller: the selected matrix tests' pairs to the engine (once)."""
     if getattr(config, "_harness_lanes", None) is not None \
             or not getattr(config, "_harness_ahead", False) \
             or config.option.collectonly or getattr(config, "_harness_matrix", None) is None:
         return
     from harness.engine.ahead import Lanes, no_lanes
-    by_id = {f"{k.name}:{c.id}": (k, c) for k, c in config._harness_matrix}
-    chosen = [by_id.get(n.split(MATRIX_TEST, 1)[1][:-1]) for n in nodeids if MATRIX_TEST in n]
-    pairs = [p for p in chosen if p is not None]
     if not pairs:
         no_lanes(_lanes_dir(config))
         config._harness_lanes = False
@@ -321,16 +338,24 @@ def _start_lanes(config, nodeids) -> None:
     config._harness_lanes.start(pairs)
 
 
+def pytest_sessionstart(session):
+    """Controller: the whole matrix named and nothing narrowing it: the lanes start now."""
+    config = session.config
+    if not _is_worker(config) and getattr(config, "_harness_matrix", None) is not None \
+            and _whole_matrix_named(config):
+        _start_lanes(config, list(config._harness_matrix))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node, ids):
     """xdist (controller): the first worker's collection names the selected tests."""
-    _start_lanes(node.config, ids)
+    _start_lanes(node.config, _selected_pairs(node.config, ids))
 
 
 def pytest_collection_finish(session):
     config = session.config
     if not _is_worker(config) and not config.pluginmanager.hasplugin("dsession"):
-        _start_lanes(config, [item.nodeid for item in session.items])
+        _start_lanes(config, _selected_pairs(config, [item.nodeid for item in session.items]))
 
 
 def _stop_lanes(config, parts: Path) -> None:

@@ -197,6 +197,24 @@ def test_the_engine_blames_a_crash_on_its_own_test_and_runs_the_rest(tmp_path):
     assert lanes == {"5", "7"}, gpu_log.read_text()
 
 
+def test_the_engine_runs_the_pairs_the_tests_select(tmp_path):
+    """With the matrix named whole the lanes start before collection, with every pair; with -k
+    they wait for the selection and run only its pairs (the report's header times each kernel
+    the lanes ran)."""
+    args = ("--ahead", "--kernels", "dot_product,xla", "--no-leak-probe",
+            "--cases", "packed/random-b4-t256-h4kv2-d64-bf16-s0")
+    whole = _pytest(*args, "--report-dir", str(tmp_path / "whole"))
+    narrowed = _pytest(*args, "-k", "xla", "--report-dir", str(tmp_path / "k"))
+    assert whole.returncode == 0 and narrowed.returncode == 0, narrowed.stdout[-2000:]
+
+    def timed(name):
+        header, records = rec.read(tmp_path / name / "report.jsonl")
+        return {k for k in header["timing"] if k in ("dot_product", "xla")}, \
+            {r.kernel for r in records}
+    assert timed("whole") == ({"dot_product", "xla"}, {"dot_product", "xla"})
+    assert timed("k") == ({"xla"}, {"xla"})
+
+
 def test_more_workers_than_gpus_is_a_usage_error(tmp_path):
     out = _pytest("-n", "3", "--gpu-per-worker", "--kernels", "dot_product",
                   "--report-dir", str(tmp_path / "r"), env={"CUDA_VISIBLE_DEVICES": "0,1"})
