@@ -77,10 +77,15 @@ def pytest_configure(config):
     if _is_worker(config):
         config._harness_ahead = config.workerinput.get("harness_ahead", False)
         count = int(config.workerinput.get("workercount", 1))
+        if config._harness_ahead and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ:
+            # The engine's lanes hold the GPU (jax's default share); a worker takes device
+            # memory only as it needs it (the harness's own tests, a pair no lane ran).
+            os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         if config.getoption("--gpu-per-worker"):
             # Before anything asks jax for a device: the CUDA backend reads this once, at start.
             os.environ["CUDA_VISIBLE_DEVICES"] = str(config.workerinput["harness_gpu"])
-        elif count > 1 and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ:
+        elif count > 1 and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ \
+                and not config._harness_ahead:
             # Workers sharing a GPU must not each take jax's default 75% of its memory.
             os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(0.75, 0.9 / count):.2f}"
     else:
@@ -300,7 +305,10 @@ MATRIX_TEST = "test_kernel_on_case["
 
 def _selected_pairs(config, nodeids) -> list:
     by_id = {f"{k.name}:{c.id}": (k, c) for k, c in config._harness_matrix}
-    chosen = [by_id.get(n.split(MATRIX_TEST, 1)[1][:-1]) for n in nodeids if MATRIX_TEST in n]
+    # The parameter id sits between "test_kernel_on_case[" and the last "]" (xdist's loadgroup
+    # appends "@<group>" after it).
+    chosen = [by_id.get(n[n.index(MATRIX_TEST) + len(MATRIX_TEST):n.rindex("]")])
+              for n in nodeids if MATRIX_TEST in n]
     return [p for p in chosen if p is not None]
 
 
@@ -365,6 +373,8 @@ def _stop_lanes(config, parts: Path) -> None:
     if not lanes:
         return
     lanes.stop()
+    for why in lanes.errors():
+        print(f"\nharness: an engine lane failed ({why}); its remaining pairs ran in their tests")
     from harness.views import report_file as rec
     for n, report in enumerate(lanes.report_dirs()):
         try:

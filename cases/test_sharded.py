@@ -122,10 +122,10 @@ def test_the_expectation_models_the_canary_exactly():
     row1 = {s.number: s for s in case.row_segments(1)}  # runs 254, 1, 1
     expect = load_balance.forgotten_reorder_expectation
     # Row 0: segment 1 keeps its own id, right everywhere. Segment 2 takes segment 4's id and
-    # reads its first token; segment 4 reads segment 2. Two segments apart: with two colours
-    # they were one colour, never redrawn apart (the probe's blind spot); a row of three
-    # segments or more takes three colours, and both are caught.
-    assert leak_probe.colours(ids) == 3
+    # reads its first token; segment 4 reads segment 2. Two segments apart: the checkerboard
+    # never redraws them apart (its blind spot); a row of three segments or more takes six
+    # colours, and both are caught.
+    assert leak_probe.colours(ids) == 6
     assert [expect(case, c, row0[1]) for c in ("out", "dq", "dk", "dv", "leak")] == ["pass"] * 5
     assert expect(case, "out", row0[2])[0] == "either" and expect(case, "leak", row0[2]) == "fail"
     assert expect(case, "leak", row0[4]) == "fail"

@@ -148,13 +148,14 @@ def _run_worker(args) -> int:
     started = (report_dir / STARTED_FILE).open("a")
     finished = (report_dir / FINISHED_FILE).open("a")
 
-    def announce(log, kernel, case):
-        log.write(json.dumps({"kernel": kernel.name, "case_id": case.id}) + "\n")
+    def announce(log, kernel, case, **more):
+        log.write(json.dumps({"kernel": kernel.name, "case_id": case.id, **more}) + "\n")
         log.flush()
 
     def on_result(kernel, case, result):
         writer.add(result)
-        announce(finished, kernel, case)   # after its records: a reader may take them now
+        # After its records, and how many: a reader takes the pair once it has read them all.
+        announce(finished, kernel, case, records=len(result.records))
     try:
         run_matrix(kernels, cases, current_platform(), on_result=on_result,
                    programs=programs, leak=not args.no_leak_probe, pairs=set(pairs),

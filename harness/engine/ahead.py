@@ -68,7 +68,7 @@ class Lanes:
     def __init__(self, workdir: Path, options: list[str], gpus: list[str | None]):
         self.workdir, self.options, self.gpus = Path(workdir), options, gpus
         self.threads: list[threading.Thread] = []
-        self.stopping = False
+        self.stopping = threading.Event()
 
     def start(self, pairs: list) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -89,7 +89,7 @@ class Lanes:
         crashes = (lane / CRASHES).open("a")
 
         def on_crash(kernel, case_id, why):
-            if self.stopping:
+            if self.stopping.is_set():
                 raise _Stopped()
             crashes.write(json.dumps({"kernel": kernel, "case_id": case_id, "why": why}) + "\n")
             crashes.flush()
@@ -98,9 +98,12 @@ class Lanes:
             for name, kernels in isolation.groups(dict.fromkeys(k for k, _ in share)).items():
                 mine = [(k.name, c.id) for k, c in share if k in kernels]
                 isolation.run_group(name or "main", mine, lane, self.options,
-                                    echo=lambda line: None, env=env, on_crash=on_crash)
-                if self.stopping:
+                                    echo=lambda line: None, env=env, on_crash=on_crash,
+                                    stop=self.stopping)
+                if self.stopping.is_set():
                     break
+        except (_Stopped, isolation.Stopped):
+            status = {"stopped": True}
         except BaseException as exc:  # noqa: BLE001 - the tests run their pairs themselves
             status = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
@@ -108,10 +111,19 @@ class Lanes:
             (lane / DONE).write_text(json.dumps(status))
 
     def stop(self) -> None:
-        self.stopping = True
+        self.stopping.set()      # before the kill: no worker starts after it (run_group)
         isolation.stop_live()
         for thread in self.threads:
             thread.join(timeout=30)
+
+    def errors(self) -> list[str]:
+        """Why lanes failed (a worker refusing its pairs, ...), one line each."""
+        out = []
+        for done in sorted(self.workdir.glob(f"lane-*/{DONE}")):
+            status = json.loads(done.read_text())
+            if "error" in status:
+                out.append(f"{done.parent.name}: {status['error'].splitlines()[0][:300]}")
+        return out
 
     def report_dirs(self) -> list[Path]:
         return sorted(p.parent for p in self.workdir.glob("lane-*/*/report/report.jsonl"))
@@ -161,7 +173,7 @@ class LaneResults:
         self.tails: dict[Path, _Tail] = {}
         self.records: dict[tuple, list] = defaultdict(list)
         self.traces: dict[tuple, list] = defaultdict(list)
-        self.finished: set[tuple] = set()
+        self.finished: dict[tuple, int] = {}   # pair -> how many records it wrote
         self.seen: set[str] = set()   # a worker rewrites its header at its end: lines read twice
         self.crashes: dict[tuple, str] = {}
         self.lanes: int | None = None
@@ -179,7 +191,7 @@ class LaneResults:
             for report in sorted(lane.glob("*/report")):
                 # Finished pairs first: their records are complete in what is read after.
                 for row in self._tail(report / isolation.FINISHED_FILE):
-                    self.finished.add((row["kernel"], row["case_id"]))
+                    self.finished[(row["kernel"], row["case_id"])] = row.get("records", 1)
                 for row in self._fresh(report / "report.jsonl", "record"):
                     self.records[(row["kernel"], row["case_id"])].append(Record.from_json(row))
                 for row in self._fresh(report / "traces.jsonl", "trace"):
@@ -207,6 +219,16 @@ class LaneResults:
                 time.sleep(self.poll_s)
         return self.lanes
 
+    def _settled(self, key) -> bool:
+        """After the lanes ended: one more full read of every file, and the pair still lacks
+        records (never seen; never handed over incomplete)."""
+        self.tails.clear()
+        self.records.clear()
+        self.traces.clear()
+        self.seen.clear()
+        self._scan()
+        return len(self.records[key]) < self.finished.get(key, 1)
+
     def _all_done(self) -> bool:
         return len(list(self.workdir.glob(f"lane-*/{DONE}"))) >= (self.lanes or 0)
 
@@ -220,11 +242,13 @@ class LaneResults:
         while True:
             done = self._all_done()     # before the scan: what a lane wrote before it ended
             self._scan()
-            if key in self.finished and self.records[key]:
+            if key in self.finished and len(self.records[key]) >= self.finished[key]:
                 return KernelCaseResult(list(self.records[key]), list(self.traces[key]))
             if key in self.crashes:
                 return KernelCaseResult(isolation.crash_records(
                     [(*key, self.crashes[key])], {kernel.name: kernel}))
-            if done or key in self.finished:   # finished without records read: never empty
+            if done and key not in self.finished:
+                return None
+            if done and self._settled(key):   # every lane ended and its records stay short
                 return None
             time.sleep(self.poll_s)

@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,11 @@ FINISHED_FILE = "finished.jsonl"   # pairs whose records are all written (harnes
 MAX_TAIL = 1500
 _LOADED: set[str] = set()     # isolation groups whose kernels ran in this process
 LIVE: set = set()              # worker processes running now (stopped with their run)
+_LIVE_LOCK = threading.Lock()   # starting a worker and stopping them all exclude each other
+
+
+class Stopped(Exception):
+    """The run was stopped: no worker starts any more."""
 
 
 def groups(kernels) -> dict[str | None, list]:
@@ -108,12 +114,15 @@ def death(returncode: int, tail: str) -> str:
     return how + (f": {last[-1][:300]}" if last else "")
 
 
-def _stream(command: list[str], echo, env: dict | None = None) -> tuple[int, str]:
+def _stream(command: list[str], echo, env: dict | None = None, stop=None) -> tuple[int, str]:
     """Runs a worker, passing its stderr (progress) through as it comes, and keeps the end of
-    it for the reason, should it die."""
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, errors="replace", env=env)
-    LIVE.add(proc)
+    it for the reason, should it die. `stop` (a threading.Event): once set, no worker starts."""
+    with _LIVE_LOCK:
+        if stop is not None and stop.is_set():
+            raise Stopped()
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, errors="replace", env=env)
+        LIVE.add(proc)
     tail: list[str] = []
     try:
         for line in proc.stderr:
@@ -131,15 +140,17 @@ def _stream(command: list[str], echo, env: dict | None = None) -> tuple[int, str
 
 def stop_live() -> None:
     """Kills the workers running now (a run stopped early: what they finished is kept)."""
-    for proc in list(LIVE):
-        proc.kill()
+    with _LIVE_LOCK:
+        for proc in list(LIVE):
+            proc.kill()
 
 
 def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options: list[str],
-              echo=print, env: dict | None = None, on_crash=None) -> WorkerResult:
+              echo=print, env: dict | None = None, on_crash=None, stop=None) -> WorkerResult:
     """Runs one process group's pairs in workers until every pair has records or an error.
     `env`: the workers' environment (default: this process's); `on_crash(kernel, case, why)`
-    is told each pair a worker died on, as it happens."""
+    is told each pair a worker died on, as it happens; `stop` (a threading.Event) set: no
+    further worker starts (isolation.Stopped)."""
     import shutil
     result = WorkerResult()
     remaining, attempt = list(pairs), 0
@@ -154,7 +165,7 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options: l
         result.report_dirs.append(wdir / "report")
         try:
             returncode, tail = _stream(worker_command(pairs_file, wdir / "report", options),
-                                       echo, env)
+                                       echo, env, stop)
         except KeyboardInterrupt:
             result.interrupted = True
             return result

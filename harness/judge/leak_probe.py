@@ -2,9 +2,9 @@
 
 A segment's output and gradients may depend only on its own queries, keys, values and output
 cotangent. So the kernel runs again with the inputs of everything else redrawn, in groups: the
-segments of each colour (segment number + row, modulo two like a checkerboard, or modulo three
-where a row holds three segments or more, so that a read two segments away is seen too), and
-the padding. Each segment is untouched in the other colours' runs and the padding's, and there
+segments by colour (segment number + row modulo two, like a checkerboard; where a row holds
+three segments or more, modulo six in four groups, so that reads up to five segments away are
+seen too), and the padding. Each segment is untouched in the other colours' runs and the padding's, and there
 its out, dq, dk and dv must be bitwise what they were. A segment that no
 run leaves untouched (alone in a batch without padding) was not compared, and says so. Any
 change is a leak, however small: this catches what rounding noise hides from the tolerance
@@ -102,29 +102,39 @@ def _nonfinite(tensors):
     return jnp.stack([(~jnp.isfinite(t.astype(jnp.float32))).any(axis=(2, 3)) for t in tensors])
 
 
+# Six colours in four groups: colour c is in the two groups of SIX_COLOURS[c]. No colour's pair
+# contains another's, so for any two colours some group holds the one and not the other.
+SIX_COLOURS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
+
+
 def colours(segment_ids: np.ndarray) -> int:
-    """How many colours the segments take: three where some row holds three segments or more,
-    so that each segment is compared while the segments one and two places away in its row are
-    redrawn (a context-parallel reorder that leaves the ids behind makes reads two segments
-    away), else two."""
+    """How many colours the segments take (segment number + row, modulo it): 2, a checkerboard,
+    or 6 where some row holds three segments or more. A segment is compared while the segments
+    d places away in its row are redrawn unless d is a multiple of the colours (with the
+    checkerboard alone, reads two segments away went unseen: what a context-parallel reorder
+    that leaves the ids behind makes)."""
     seg = np.asarray(segment_ids)
-    return 3 if max(len(np.unique(row[row > 0])) for row in seg) >= 3 else 2
+    return 6 if max(len(np.unique(row[row > 0])) for row in seg) >= 3 else 2
 
 
 def groups(case: Case) -> list[tuple[str, np.ndarray]]:
-    """(name, [B, T] bool tokens to redraw) for each perturbation. Segments take colours in turn
-    (segment number + row, modulo `colours`): neighbours in a row fall in different groups, and
-    so do the single segments of consecutive unpacked rows, so that a segment alone in its row is
-    still compared while the other rows are redrawn (a leak across the batch)."""
+    """(name, [B, T] bool tokens to redraw) for each perturbation: the segments of one colour and
+    of the other (2 colours), or the four groups of six colours (SIX_COLOURS); then the
+    padding. Neighbours in a row fall in different colours, and so do the single segments of
+    consecutive unpacked rows, so that a segment alone in its row is still compared while the
+    other rows are redrawn (a leak across the batch)."""
     seg = case.segment_ids
-    n = colours(seg)
-    colour = (seg + np.arange(seg.shape[0])[:, None]) % n
-    if n == 2:
-        out = [("segments of one colour", (seg > 0) & (colour == 1)),
-               ("segments of the other colour", (seg > 0) & (colour == 0))]
+    colour = (seg + np.arange(seg.shape[0])[:, None]) % colours(seg)
+    valid = seg > 0
+    if colours(seg) == 2:
+        out = [("segments of one colour", valid & (colour == 1)),
+               ("segments of the other colour", valid & (colour == 0))]
     else:
-        out = [(f"segments of colour {c + 1} of {n}", (seg > 0) & (colour == (c + 1) % n))
-               for c in range(n)]
+        out = []
+        for g in range(4):
+            members = [c for c, pair in enumerate(SIX_COLOURS) if g in pair]
+            out.append((f"segments of colours {', '.join(str(c + 1) for c in members)} of 6",
+                        valid & np.isin(colour, members)))
     if (seg == 0).any():
         out.append(("padding", seg == 0))
     return [(name, mask) for name, mask in out if mask.any()]

@@ -54,22 +54,26 @@ def reorder(x, cp: int, axis: int = 1, stripe: int = STRIPE):
     swap, so its gradient is a transpose too. (As a gather, whose gradient is a scatter-add,
     the leak probe's deterministic builds of the CP kernels computed something else than their
     default builds on two H200s: reports/h200x2/README.md.)"""
-    return _swap(x, axis, (x.shape[axis] // (cp * stripe), cp), stripe, cp)
+    _check(x.shape[axis], cp, stripe)
+    return _swap(x, axis, (x.shape[axis] // (cp * stripe), cp), stripe)
 
 
 def restore(x, cp: int, axis: int = 1, stripe: int = STRIPE):
     """The inverse of `reorder`: the sequence axis back in token order."""
-    return _swap(x, axis, (cp, x.shape[axis] // (cp * stripe)), stripe, cp)
+    _check(x.shape[axis], cp, stripe)
+    return _swap(x, axis, (cp, x.shape[axis] // (cp * stripe)), stripe)
 
 
-def _swap(x, axis: int, outer: tuple[int, int], stripe: int, cp: int):
-    """The sequence axis split into [outer[0], outer[1], stripe], its first two parts swapped."""
-    axis %= x.ndim
-    seq_len = x.shape[axis]
+def _check(seq_len: int, cp: int, stripe: int) -> None:
     if cp < 1 or stripe < 1:
         raise ValueError(f"cp ({cp}) and stripe ({stripe}) must be positive")
     if seq_len % (cp * stripe):
         raise ValueError(f"seq_len {seq_len} is not a multiple of cp * stripe = {cp * stripe}")
+
+
+def _swap(x, axis: int, outer: tuple[int, int], stripe: int):
+    """The sequence axis split into [outer[0], outer[1], stripe], its first two parts swapped."""
+    axis %= x.ndim
     split = x.reshape(*x.shape[:axis], *outer, stripe, *x.shape[axis + 1:])
     return split.swapaxes(axis, axis + 1).reshape(x.shape)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 from harness.errors import UsageError
@@ -50,7 +51,11 @@ def update_header(path: Path, **run_info) -> None:
     header = json.loads(lines[0])
     header.update(run_info)
     lines[0] = json.dumps(header) + "\n"
-    path.write_text("".join(lines))
+    # A new file moved over the old one: a reader (harness.engine.ahead) sees the old file or
+    # the new one, whole, never one half written.
+    fresh = path.with_name(path.name + ".new")
+    fresh.write_text("".join(lines))
+    os.replace(fresh, path)
 
 
 def append(path: Path, items: list, kind: str = "record") -> None:

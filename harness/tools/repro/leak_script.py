@@ -59,14 +59,20 @@ def main():
         again = run(q, k, v, cotangent)
         unstable |= {n for n, a, b in zip(names, base, again) if (changed(a, b) & valid).any()}
     probed = [i for i, n in enumerate(names) if n not in unstable]
-    # The harness's groups: segments by colour (number + row, modulo 3 where a row holds three
-    # segments or more, else 2), then the padding.
-    n = 3 if max(len(np.unique(r[r > 0])) for r in SEGMENT_IDS) >= 3 else 2
-    colour = (SEGMENT_IDS + np.arange(SEGMENT_IDS.shape[0])[:, None]) % n
-    groups = ([("segments of one colour", valid & (colour == 1)),
-               ("segments of the other colour", valid & (colour == 0))] if n == 2 else
-              [(f"segments of colour {c + 1} of {n}", valid & (colour == (c + 1) % n))
-               for c in range(n)]) + [("padding", ~valid)]
+    # The harness's groups (harness.judge.leak_probe.groups): segments by colour, number + row
+    # modulo 2, or modulo 6 in four groups where a row holds three segments or more; then the
+    # padding.
+    six = max(len(np.unique(r[r > 0])) for r in SEGMENT_IDS) >= 3
+    colour = (SEGMENT_IDS + np.arange(SEGMENT_IDS.shape[0])[:, None]) % (6 if six else 2)
+    if six:
+        pairs = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
+        groups = [(f"group {g + 1} of 4", valid & np.isin(colour, [c for c, p in enumerate(pairs)
+                                                                    if g in p]))
+                  for g in range(4)]
+    else:
+        groups = [("segments of one colour", valid & (colour == 1)),
+                  ("segments of the other colour", valid & (colour == 0))]
+    groups.append(("padding", ~valid))
     runs = [(group, redraw, run(*perturbed((q, k, v, cotangent), index, redraw)))
             for index, (group, redraw) in enumerate(g for g in groups if g[1].any())]
 
