@@ -16,7 +16,10 @@ Files, under the run's parts folder (lanes/):
 - `plan.json`: written by pytest's controller once the lanes start ({"lanes": N}), or
   {"lanes": 0} where it starts none; tests wait for it.
 - `lane-I/<group>-<attempt>/report/`: a worker's report (records, traces) and the pairs it
-  finished (isolation.FINISHED_FILE, each written after the pair's records).
+  finished (isolation.FINISHED_FILE, each line written after the pair's records, with their
+  count: a test takes its pair once it has read that many). A worker's last act rewrites its
+  report's header line, as a new file moved over the old one: a reader sees one or the other
+  whole, and reads a file whose first line changed from its start again.
 - `lane-I/crashes.jsonl`: pairs a worker died on, with the reason; `lane-I/done.json` at the
   lane's end ({"ok": true}, or {"error": ...}).
 """
