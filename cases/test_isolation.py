@@ -112,3 +112,36 @@ def test_pytest_runs_a_clashing_kernel_in_a_worker(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     _, records = _records(tmp_path / "r")
     assert {r["kernel"] for r in records if r["outcome"] == "ok"} == {"clash_a", "clash_b"}
+
+
+def test_a_worker_dying_between_pairs_blames_no_pair(tmp_path, monkeypatch):
+    """A worker that dies after a pair's records and before it announces the next one: no pair
+    was running, so none is blamed, and a fresh worker runs the rest. One that dies before it
+    finishes anything blames the pair it would have run first (and the run goes on)."""
+    from harness.engine import isolation
+    pairs = [("k", "a"), ("k", "b"), ("k", "c")]
+    script = {"between": [("a",), ("b", "c")], "at start": [(), ("b", "c")]}
+
+    def run(plan):
+        attempts = iter(plan)
+
+        def fake_stream(command, echo, env=None, stop=None):
+            report = Path(command[command.index("--report-dir") + 1])
+            report.mkdir(parents=True)
+            ran = next(attempts)
+            with (report / "report.jsonl").open("w") as rec, \
+                    (report / isolation.STARTED_FILE).open("w") as started:
+                for case in ran:
+                    started.write(json.dumps({"kernel": "k", "case_id": case}) + "\n")
+                    rec.write(json.dumps({"type": "record", "kernel": "k", "case_id": case}) + "\n")
+            dies = len(ran) < len(json.loads(Path(command[command.index("--worker-pairs")
+                                                             + 1]).read_text()))
+            return (-9, "Killed") if dies else (0, "")
+        monkeypatch.setattr(isolation, "_stream", fake_stream)
+        return isolation.run_group("g", pairs, tmp_path / str(len(list(tmp_path.iterdir()))),
+                                   [], echo=lambda line: None)
+    between = run(script["between"])
+    assert between.crashes == [] and len(between.report_dirs) == 2
+    at_start = run(script["at start"])
+    assert [c[:2] for c in at_start.crashes] == [("k", "a")]
+    assert "killed by SIGKILL" in at_start.crashes[0][2]

@@ -182,9 +182,17 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options: l
             raise UsageError(last[-1].removeprefix("error: ") if last else
                              f"the worker for isolation group {name!r} refused its pairs")
         crashed = _last_started(wdir / "report")
-        if crashed not in left:
-            crashed = left[0]
         why = death(returncode, tail)
+        if crashed not in left:
+            # It died between pairs: after the records of the last pair it started, before it
+            # announced the next. No pair is to blame where it finished some: a fresh worker
+            # takes the rest (each pair then dies, if it does, while announced). One that
+            # finished none (it died starting up) blames the pair it would have run first.
+            if done:
+                echo(f"[worker {name}#{attempt}] died between pairs: {why}")
+                remaining = left
+                continue
+            crashed = left[0]
         result.crashes.append((*crashed, f"the worker process for isolation group {name!r} "
                                          f"died while running it ({why})"))
         if on_crash:
