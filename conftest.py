@@ -16,6 +16,7 @@ a missing module or baseline) is a one-line usage error before anything runs.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -126,16 +127,25 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
 
 
-def _nvidia_gpu_visible() -> bool:
-    """Whether nvidia-smi lists a GPU this process may use (CUDA_VISIBLE_DEVICES honoured)."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1") or not shutil.which("nvidia-smi"):
-        return False
+@functools.lru_cache(maxsize=1)
+def _nvidia_smi_gpus() -> int | None:
+    """How many GPUs `nvidia-smi -L` lists; None without it (no NVIDIA driver) or where it
+    fails."""
+    if not shutil.which("nvidia-smi"):
+        return None
     try:
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
                                  timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
+        return None
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def _nvidia_gpu_visible() -> bool:
+    """Whether nvidia-smi lists a GPU this process may use (CUDA_VISIBLE_DEVICES honoured)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False
-    return any(line.startswith("GPU ") for line in listing.splitlines())
+    return bool(_nvidia_smi_gpus())
 
 
 def _now_utc() -> str:
@@ -154,15 +164,8 @@ def _gpu_per_worker_ids(config) -> list[str] | None:
     if visible is not None:
         ids, where = [g.strip() for g in visible.split(",") if g.strip()], \
             f"CUDA_VISIBLE_DEVICES={visible!r}"
-    elif shutil.which("nvidia-smi"):
-        try:
-            listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                                     timeout=60).stdout
-        except (OSError, subprocess.SubprocessError):
-            return None
-        ids = [str(i) for i in range(sum(line.startswith("GPU ")
-                                         for line in listing.splitlines()))]
-        where = "nvidia-smi -L"
+    elif _nvidia_smi_gpus() is not None:
+        ids, where = [str(i) for i in range(_nvidia_smi_gpus())], "nvidia-smi -L"
     else:
         return None
     workers = config.getoption("numprocesses", None)  # xdist's -n, "auto" already resolved

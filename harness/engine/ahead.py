@@ -40,10 +40,6 @@ DONE = "done.json"
 PLAN_WAIT_S = 600     # how long a test waits for the controller's plan before running itself
 
 
-class _Stopped(Exception):
-    """The run is over (pytest stopped): a worker killed now is not a crash of its pair."""
-
-
 def split(pairs: list, lanes: int) -> list[list]:
     """The pairs in `lanes` shares, whole shapes to a share (a shape's programs compile once),
     the largest first onto the share with the least work so far; each share in run order."""
@@ -92,8 +88,8 @@ class Lanes:
         crashes = (lane / CRASHES).open("a")
 
         def on_crash(kernel, case_id, why):
-            if self.stopping.is_set():
-                raise _Stopped()
+            if self.stopping.is_set():   # killed by stop(): not a crash of its pair
+                raise isolation.Stopped()
             crashes.write(json.dumps({"kernel": kernel, "case_id": case_id, "why": why}) + "\n")
             crashes.flush()
         status: dict = {"ok": True}
@@ -105,7 +101,7 @@ class Lanes:
                                     stop=self.stopping)
                 if self.stopping.is_set():
                     break
-        except (_Stopped, isolation.Stopped):
+        except isolation.Stopped:
             status = {"stopped": True}
         except BaseException as exc:  # noqa: BLE001 - the tests run their pairs themselves
             status = {"error": f"{type(exc).__name__}: {exc}"}

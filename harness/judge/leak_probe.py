@@ -124,9 +124,10 @@ def groups(case: Case) -> list[tuple[str, np.ndarray]]:
     consecutive unpacked rows, so that a segment alone in its row is still compared while the
     other rows are redrawn (a leak across the batch)."""
     seg = case.segment_ids
-    colour = (seg + np.arange(seg.shape[0])[:, None]) % colours(seg)
+    n = colours(seg)
+    colour = (seg + np.arange(seg.shape[0])[:, None]) % n
     valid = seg > 0
-    if colours(seg) == 2:
+    if n == 2:
         out = [("segments of one colour", valid & (colour == 1)),
                ("segments of the other colour", valid & (colour == 0))]
     else:

@@ -4,7 +4,7 @@ harness's groups): a segment whose results change at all reads tokens that are n
 from __future__ import annotations
 
 from harness.engine.kernel import Kernel
-from harness.judge import judging
+from harness.judge import judging, leak_probe
 from harness.judge.record import Record
 from harness.tools.repro.text import ScriptParts, comment_lines, number_literal
 from harness.tools.repro.trials import Trial
@@ -60,18 +60,14 @@ def main():
         unstable |= {n for n, a, b in zip(names, base, again) if (changed(a, b) & valid).any()}
     probed = [i for i, n in enumerate(names) if n not in unstable]
     # The harness's groups (harness.judge.leak_probe.groups): segments by colour, number + row
-    # modulo 2, or modulo 6 in four groups where a row holds three segments or more; then the
-    # padding.
-    six = max(len(np.unique(r[r > 0])) for r in SEGMENT_IDS) >= 3
-    colour = (SEGMENT_IDS + np.arange(SEGMENT_IDS.shape[0])[:, None]) % (6 if six else 2)
-    if six:
-        pairs = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
-        groups = [(f"group {g + 1} of 4", valid & np.isin(colour, [c for c, p in enumerate(pairs)
-                                                                    if g in p]))
-                  for g in range(4)]
-    else:
+    # modulo COLOURS (2, or 6 in the four groups of GROUPS_OF_COLOUR), then the padding.
+    colour = (SEGMENT_IDS + np.arange(SEGMENT_IDS.shape[0])[:, None]) % COLOURS
+    if COLOURS == 2:
         groups = [("segments of one colour", valid & (colour == 1)),
                   ("segments of the other colour", valid & (colour == 0))]
+    else:
+        groups = [(f"group {g + 1} of 4", valid & np.isin(
+            colour, [c for c, pair in enumerate(GROUPS_OF_COLOUR) if g in pair])) for g in range(4)]
     groups.append(("padding", ~valid))
     runs = [(group, redraw, run(*perturbed((q, k, v, cotangent), index, redraw)))
             for index, (group, redraw) in enumerate(g for g in groups if g[1].any())]
@@ -147,7 +143,10 @@ def parts(kernel: Kernel, trial: Trial, check: str) -> ScriptParts:
             "Per segment: row, segment number, first token, end (exclusive), and the harness's "
             "leak-probe verdict on this case.")),
         segment_rows=rows,
-        constants=[f"BACKWARD = {kernel.backward!r}"],
+        constants=[f"BACKWARD = {kernel.backward!r}",
+                   "# The leak probe's colours for these ids, and (six colours) each one's groups",
+                   f"COLOURS = {leak_probe.colours(trial.case.segment_ids)}",
+                   f"GROUPS_OF_COLOUR = {leak_probe.SIX_COLOURS!r}"],
         inputs_title="inputs",
         body=[_LEAK_MAIN],
     )
