@@ -152,3 +152,34 @@ def test_only_programs_of_kernels_that_read_the_environment_wait_for_an_environm
     runner.join()
     assert programs.report()["te_like"]["wait_s"] >= 0.4
     programs.close()
+
+
+def test_unwritten_blocks_are_filled_with_nan_bytes_and_freed():
+    from harness.engine import unwritten
+    compiled = jax.jit(lambda x: (x * 2, jnp.sum(x))).lower(jnp.ones((4, 8), jnp.bfloat16)).compile()
+    sizes = unwritten.buffer_sizes(compiled)
+    assert sizes[:2] == [4 * 8 * 2, 2], "each output's bytes, in order, then the temporaries"
+    fill = np.asarray(unwritten._fill(8)())
+    assert (fill == unwritten.POISON_BYTE).all()
+    as_bf16 = jax.lax.bitcast_convert_type(unwritten._fill(8)().reshape(4, 2), jnp.bfloat16)
+    assert jnp.isnan(as_bf16).all(), "0xFF bytes read as NaN in every float type"
+    unwritten.poison(sizes)   # nothing is kept: the blocks are freed once filled
+
+
+def test_only_the_checked_run_poisons_the_blocks_it_will_take(monkeypatch):
+    """The kernel's checked run (its tolerance and padding checks) starts on NaN-filled blocks,
+    so what a kernel leaves unwritten reads NaN on every run; the leak probe's reruns do not
+    need it (they compare valid tokens)."""
+    from harness.engine import unwritten
+    from harness.engine.kernel import Platform
+    from harness.engine.runner import run_kernel_case
+    calls = []
+    monkeypatch.setattr(unwritten, "poison", lambda sizes: calls.append(list(sizes)))
+    case = Case("unpacked/pad-tail", 2, 64, 2, 1, 16, "bfloat16", 0)
+    programs = Programs()
+    result = run_kernel_case(Kernel("dp", dot_product), case, Platform("cpu"), programs, leak=True)
+    assert any(r.check == "leak" for r in result.records)
+    assert len(calls) == 1, "one poisoned run: the checked one"
+    out = 2 * 64 * 2 * 16 * 2                     # bf16 [B, T, heads, d]
+    assert calls[0][:4] == [out, out, out // 2, out // 2], "out, dq, then dk, dv (1 kv head)"
+    programs.close()

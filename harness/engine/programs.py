@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from harness.model.case import Case
+from harness.engine import unwritten
 from harness.engine.kernel import Kernel
 from harness.judge.oracle import reference_fn, with_gradients
 
@@ -142,6 +143,7 @@ class Program:
     reads_environment: bool = False    # its library reads the environment (ENVIRONMENT_LOCK)
     text: str = ""                     # the lowered module: proof of which custom calls ran
     compiled: Future = field(default_factory=Future)
+    _buffer_sizes: list[int] | None = field(default=None, repr=False)
 
     def missing_markers(self) -> list[str]:
         """Fused-kernel custom calls absent from the program handed to XLA. XLA never drops a
@@ -166,20 +168,26 @@ class Program:
         except Exception:
             return None
 
-    def __call__(self, *args):
+    def __call__(self, *args, poison_unwritten: bool = False):
+        """One run. `poison_unwritten`: the blocks the run will take are filled with NaN first
+        (harness.engine.unwritten), so what the kernel leaves unwritten reads NaN every time."""
         if not self.compiled.done():
             start = time.perf_counter()
             self.compiled.exception()
             self.timing.wait_s += time.perf_counter() - start
         compiled = self.compiled.result()
         if not self.reads_environment:
-            return self._execute(compiled, args)
+            return self._execute(compiled, args, poison_unwritten)
         start = time.perf_counter()
         with ENVIRONMENT_LOCK:
             self.timing.wait_s += time.perf_counter() - start
-            return self._execute(compiled, args)
+            return self._execute(compiled, args, poison_unwritten)
 
-    def _execute(self, compiled, args):
+    def _execute(self, compiled, args, poison_unwritten: bool = False):
+        if poison_unwritten:
+            if self._buffer_sizes is None:
+                self._buffer_sizes = unwritten.buffer_sizes(compiled)
+            unwritten.poison(self._buffer_sizes)
         start = time.perf_counter()
         out = compiled(*args)
         jax.block_until_ready(out)

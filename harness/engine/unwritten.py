@@ -1,0 +1,52 @@
+"""Memory a kernel leaves unwritten reads NaN, the same way every run.
+
+A kernel that never writes some of its output (flash-attn-jax's vmap rule leaves the last row's
+trailing padding out of every sequence) returns whatever its buffers held: the leftovers of
+earlier programs of the process, zeros on one run and a stale gradient on the next. Judged as
+found, the padding verdict of such a kernel flips from run to run on the same code.
+
+So before a kernel's checked run, the allocator's blocks that run will take are filled with
+0xFF bytes (NaN in every float type, -1 in the integer ones) and handed back: buffers of the
+program's output sizes, then one of its temporary size, allocated in that order (XLA's order:
+the outputs, then the temporaries), filled on the device, and freed once the fill is done. A
+best-fit allocator (XLA's BFC on GPUs) hands the same blocks to the run's identical requests,
+and malloc does much the same on CPUs; a kernel that writes every element it returns never
+sees them. What stays unwritten then reads NaN: a padding or tolerance failure that names the
+tensor, instead of a verdict that depends on what ran before.
+
+Arguments are not touched, and nothing is kept: the fill's buffers are gone before the run.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+POISON_BYTE = 0xFF
+
+
+@functools.lru_cache(maxsize=None)
+def _fill(nbytes: int):
+    return jax.jit(lambda: jnp.full((nbytes,), POISON_BYTE, jnp.uint8))
+
+
+def buffer_sizes(compiled) -> list[int]:
+    """Byte sizes of the blocks one run of `compiled` allocates, in allocation order: each
+    output, then the temporaries (where the backend says how big they are)."""
+    sizes = [int(np.prod(o.shape)) * np.dtype(o.dtype).itemsize
+             for o in jax.tree.leaves(compiled.out_info)]
+    try:
+        temp = int(compiled.memory_analysis().temp_size_in_bytes)
+    except Exception:  # a backend without a memory analysis: the outputs alone
+        temp = 0
+    return [s for s in (*sizes, temp) if s > 0]
+
+
+def poison(sizes: list[int]) -> None:
+    """Fill blocks of these sizes with POISON_BYTE and free them, the fill finished first."""
+    blocks = [_fill(n)() for n in sizes]
+    jax.block_until_ready(blocks)
+    for block in blocks:
+        block.delete()
