@@ -145,3 +145,48 @@ def test_a_worker_dying_between_pairs_blames_no_pair(tmp_path, monkeypatch):
     at_start = run(script["at start"])
     assert [c[:2] for c in at_start.crashes] == [("k", "a")]
     assert "killed by SIGKILL" in at_start.crashes[0][2]
+
+
+SLOW = """
+import time, harness, jax
+from harness.kernels.reference import dot_product
+
+def make(group):
+    def kernel(q, k, v, seg, *, causal, scale):
+        out = dot_product(q, k, v, seg, causal=causal, scale=scale)
+        # The library takes its time on every call (a host callback that sleeps).
+        slow = jax.pure_callback(lambda s: (time.sleep(3), s)[1],
+                                 jax.ShapeDtypeStruct(seg.shape, seg.dtype), seg)
+        return out + 0 * jax.lax.stop_gradient(slow[:, :, None, None]).astype(out.dtype)
+    return kernel
+
+harness.register_kernel("slow_a", make("a"), isolation="a", dtypes=("float32",))
+harness.register_kernel("slow_b", make("b"), isolation="b", dtypes=("float32",))
+"""
+
+
+def test_the_groups_workers_run_at_once_each_with_its_share_of_the_device(tmp_path, monkeypatch):
+    """A nightly's FlashAttention groups ran after the main group's worker, doubling its time:
+    the groups' workers now run at once. The kernels without a group keep XLA's default share
+    of a GPU's memory (their probe's memory checks see what they saw alone); the others split
+    the rest. A share the user set runs the groups one after another, as before."""
+    from harness.engine import isolation
+    assert isolation.shares([None, "fa2", "fa3"], {}) == {None: 0.75, "fa2": 0.1, "fa3": 0.1}
+    assert isolation.shares(["fa2", "fa3"], {}) == {"fa2": 0.475, "fa3": 0.475}
+    assert isolation.shares([None, "fa2"], {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"}) is None
+    assert isolation.shares([None], {}) is None
+    # pytest's xdist workers set a share for themselves (conftest): not the user's choice here.
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    module = tmp_path / "slow.py"
+    module.write_text(SLOW)
+    out = _run("run", "--kernel-module", str(module), "--kernels", "slow_a,slow_b",
+               "--cases", ONE, "--report-dir", str(tmp_path / "r"), "--no-leak-probe")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    header, records = _records(tmp_path / "r")
+    assert {r["kernel"] for r in records if r["outcome"] == "ok"} == {"slow_a", "slow_b"}
+    from datetime import datetime
+    (a, b) = header["merged_from"]
+    start_a, start_b = (datetime.fromisoformat(m["environment"]["time_utc"]) for m in (a, b))
+    # Each worker sleeps at least 3 s per call of its kernel: had b waited for a, it would
+    # have started after a's whole run.
+    assert abs((start_b - start_a).total_seconds()) < min(a["wall_s"], b["wall_s"]), header

@@ -182,4 +182,6 @@ def test_only_the_checked_run_poisons_the_blocks_it_will_take(monkeypatch):
     assert len(calls) == 1, "one poisoned run: the checked one"
     out = 2 * 64 * 2 * 16 * 2                     # bf16 [B, T, heads, d]
     assert calls[0][:4] == [out, out, out // 2, out // 2], "out, dq, then dk, dv (1 kv head)"
+    assert all(n in unwritten._FILLS for n in calls[0]), \
+        "the fills compiled beside the kernel's program, before its run needed them"
     programs.close()

@@ -169,8 +169,10 @@ def _run_worker(args) -> int:
 
 
 def _run_controller(args, kernels, cases, report_dir: Path) -> int:
-    """Kernels of several process groups: each group in workers, one after another; their
-    reports joined into one (harness.engine.isolation)."""
+    """Kernels of several process groups: each group in workers, the groups at once (or one
+    after another, harness.engine.isolation.shares); their reports joined into one."""
+    from concurrent.futures import ThreadPoolExecutor
+    import threading
     from harness.engine import isolation
     from harness.views import report_file as rec
     from harness.views.report_dir import finish_merged, merge_reports
@@ -181,17 +183,47 @@ def _run_controller(args, kernels, cases, report_dir: Path) -> int:
     workdir = report_dir / "workers"
     shutil.rmtree(workdir, ignore_errors=True)   # an earlier run's workers are not this run's
     options = ["--suite", args.suite, *isolation.option_flags(args)]
-    dirs, crashes, interrupted = [], [], False
+    groups = isolation.groups(kernels)
+    shares = isolation.shares(groups)
+    stopping = threading.Event()
+    crashes, interrupted = [], False
     signal.signal(signal.SIGTERM, _interrupt)
-    for group, members in isolation.groups(kernels).items():
+
+    def on_crash(kernel, case_id, why):
+        if stopping.is_set():        # killed because the run was stopped: not its pair's crash
+            raise isolation.Stopped()
+
+    def run(group, members):
         pairs = [(k.name, c.id) for c in cases for k in members]
-        done = isolation.run_group(group or "main", pairs, workdir, options)
-        dirs += [d for d in done.report_dirs if (d / rec.RECORDS_FILE).exists()]
-        crashes += done.crashes
-        if done.interrupted:
-            interrupted = True
-            print("interrupted: the report holds what finished", file=sys.stderr)
-            break
+        env = None if shares is None else {**os.environ,
+                                           isolation.MEM_FRACTION: f"{shares[group]:.3f}"}
+        return isolation.run_group(group or "main", pairs, workdir, options, env=env,
+                                   on_crash=on_crash, stop=stopping)
+
+    pool = ThreadPoolExecutor(max_workers=1 if shares is None else len(groups),
+                              thread_name_prefix="group")
+    futures = [pool.submit(run, g, m) for g, m in groups.items()]
+    try:
+        for future in futures:
+            try:
+                done = future.result()
+            except isolation.Stopped:
+                continue
+            crashes += done.crashes
+            interrupted |= done.interrupted
+    except BaseException as exc:    # stopped (Ctrl-C, SIGTERM), or a group's usage error
+        stopping.set()               # before the kill: no worker starts after it
+        isolation.stop_live()
+        pool.shutdown(wait=True, cancel_futures=True)
+        if not isinstance(exc, KeyboardInterrupt):
+            raise
+        interrupted = True
+    pool.shutdown(wait=True)
+    if interrupted:
+        print("interrupted: the report holds what finished", file=sys.stderr)
+    # Every worker's report, in the groups' order (a worker stopped early kept what it wrote).
+    dirs = [d for g in groups for d in isolation.worker_reports(workdir, g or "main")
+            if (d / rec.RECORDS_FILE).exists()]
     records = isolation.crash_records(crashes, {k.name: k for k in kernels})
     if records or not dirs:
         crash_dir = workdir / "crashes"

@@ -4,8 +4,10 @@ A kernel declares a process group (`Kernel.isolation`): flash-attn-jax and flash
 register FFI targets of the same names, so whichever is imported second fails; a library may
 also crash its process. When a run selects kernels of more than one group (kernels without a
 group form one group of their own), the CLI becomes a controller that never touches a device
-itself: each group runs in a worker (`python -m harness run --worker-pairs FILE`), one after
-another, each with the whole device. A worker appends its records as it goes and says which
+itself: each group runs in a worker (`python -m harness run --worker-pairs FILE`), all at
+once, sharing the device (`shares`: the kernels without a group keep XLA's default 75% of a
+GPU's memory, the other groups split the rest), or one after another with the whole device
+where the user set XLA_PYTHON_CLIENT_MEM_FRACTION themselves. A worker appends its records as it goes and says which
 pair it starts. A worker that dies (a crash, a clash at import) costs one error record, for the
 pair it was running, with the reason; a fresh worker then takes the group's remaining pairs, so
 the rest of the run goes on. The controller joins the workers' reports into one
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +49,25 @@ def groups(kernels) -> dict[str | None, list]:
         installed = all(importlib.util.find_spec(m.split(".")[0]) is not None for m in k.requires)
         out.setdefault(k.isolation if installed else None, []).append(k)
     return out
+
+
+MAIN_SHARE = 0.75        # XLA's default share of a GPU's memory: the main group's, as alone
+DEVICE_SHARE = 0.95      # what the workers of one controller take together
+MEM_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+
+
+def shares(group_names, environ=os.environ) -> dict | None:
+    """Each group's share of a GPU's memory when the groups' workers run at once, or None:
+    run them one after another (the user chose a share themselves, or there is one group).
+    The main group (None) keeps XLA's default, so its programs fit or not as in a run of its
+    own; each other group gets an equal part of what is left (on CPUs the share is unused)."""
+    names = list(group_names)
+    if len(names) < 2 or MEM_FRACTION in environ:
+        return None
+    isolated = [g for g in names if g is not None]
+    main = MAIN_SHARE if None in names else 0.0
+    rest = round((DEVICE_SHARE - main) / len(isolated), 3)
+    return {g: (main if g is None else rest) for g in names}
 
 
 def needs_workers(kernels) -> bool:
@@ -200,6 +222,13 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options: l
         echo(f"[worker {name}#{attempt}] died on {crashed[0]} {crashed[1]}: {why}")
         remaining = [p for p in left if p != crashed]
     return result
+
+
+def worker_reports(workdir: Path, name: str) -> list[Path]:
+    """The report folders of a group's workers (run_group's `NAME-ATTEMPT`), in attempt order."""
+    found = [(int(m.group(1)), d / "report") for d in workdir.glob(f"{name}-*")
+             if (m := re.fullmatch(re.escape(name) + r"-(\d+)", d.name))]
+    return [path for _, path in sorted(found)]
 
 
 def crash_records(crashes, kernels_by_name) -> list:

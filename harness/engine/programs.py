@@ -319,6 +319,12 @@ class Programs:
             seconds = time.perf_counter() - start
             outcome = program.compiled.set_exception, exc
         else:
+            if program.mode == DEFAULT and program.name != ORACLE:
+                # A kernel's checked run poisons its blocks first: its fills compile here
+                # (should that fail, they compile when the run needs them, and fail there).
+                with contextlib.suppress(Exception):
+                    program._buffer_sizes = unwritten.buffer_sizes(compiled)
+                    unwritten.prepare(program._buffer_sizes)
             seconds = time.perf_counter() - start
             outcome = program.compiled.set_result, compiled
         with self._lock:  # compile threads add up concurrently

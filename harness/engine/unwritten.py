@@ -18,7 +18,7 @@ Arguments are not touched, and nothing is kept: the fill's buffers are gone befo
 """
 from __future__ import annotations
 
-import functools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -27,9 +27,27 @@ import numpy as np
 POISON_BYTE = 0xFF
 
 
-@functools.lru_cache(maxsize=None)
+_FILLS: dict[int, object] = {}     # bytes -> the compiled fill of that many bytes
+_LOCK = threading.Lock()
+
+
 def _fill(nbytes: int):
-    return jax.jit(lambda: jnp.full((nbytes,), POISON_BYTE, jnp.uint8))
+    """The compiled program that returns `nbytes` bytes of POISON_BYTE. On a GPU each compile
+    takes about a tenth of a second, and a nightly needs hundreds of sizes: the compile
+    threads build them ahead (`prepare`), beside the kernel programs they belong to."""
+    with _LOCK:
+        fill = _FILLS.get(nbytes)
+    if fill is None:
+        fill = jax.jit(lambda: jnp.full((nbytes,), POISON_BYTE, jnp.uint8)).lower().compile()
+        with _LOCK:
+            fill = _FILLS.setdefault(nbytes, fill)
+    return fill
+
+
+def prepare(sizes: list[int]) -> None:
+    """Compiles the fills of these sizes now (a compile thread), not when a run needs them."""
+    for n in sizes:
+        _fill(n)
 
 
 def buffer_sizes(compiled) -> list[int]:
