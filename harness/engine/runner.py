@@ -2,8 +2,8 @@
 
 The data path, one kernel on one case:
 
-    case -> inputs (made once, harness.model.case) -> kernel program (default build, the
-    blocks it will take filled with NaN first: harness.engine.unwritten) -> oracle (harness.judge.oracle) -> per-token errors
+    case -> inputs (made once, harness.model.case) -> kernel program (default build; on GPUs
+    the blocks it will take filled with NaN first: harness.engine.unwritten) -> oracle (harness.judge.oracle) -> per-token errors
     (harness.judge.metrics) -> records (harness.judge.judging: tolerance checks per segment,
     padding per row, the output contract) -> leak probe (deterministic build,
     harness.judge.leak_probe) -> leak records (harness.judge.judging) -> views.
@@ -70,7 +70,7 @@ def _measure(kernel: Kernel, case: Case, programs: Programs):
         raise RuntimeError(f"oracle failed, the kernel did not run: {type(exc).__name__}: "
                            f"{exc}") from exc
     program = programs.get(kernel, case, DEFAULT)
-    results = program(*inputs.device_args, poison_unwritten=True)
+    results = program(*inputs.device_args, poison_unwritten=programs.poisons_unwritten)
     errs = token_errors(results, ref.truth[:len(results)])
     missing = program.missing_markers()
     if missing:

@@ -9,9 +9,9 @@ So before a kernel's checked run, the allocator's blocks that run will take are 
 0xFF bytes (NaN in every float type, -1 in the integer ones) and handed back: buffers of the
 program's output sizes, then one of its temporary size, allocated in that order (XLA's order:
 the outputs, then the temporaries), filled on the device, and freed once the fill is done. A
-best-fit allocator (XLA's BFC on GPUs) hands the same blocks to the run's identical requests,
-and malloc does much the same on CPUs; a kernel that writes every element it returns never
-sees them. What stays unwritten then reads NaN: a padding or tolerance failure that names the
+best-fit allocator (XLA's BFC on GPUs) hands the same blocks to the run's identical requests;
+a kernel that writes every element it returns never sees them. Only on GPUs
+(`Programs.poisons_unwritten`): on CPUs every kernel here is XLA's own code. What stays unwritten then reads NaN: a padding or tolerance failure that names the
 tensor, instead of a verdict that depends on what ran before.
 
 Arguments are not touched, and nothing is kept: the fill's buffers are gone before the run.
