@@ -148,15 +148,22 @@ def test_a_worker_dying_between_pairs_blames_no_pair(tmp_path, monkeypatch):
 
 
 SLOW = """
-import time, harness, jax
+import os, time, harness, jax
 from harness.kernels.reference import dot_product
 
 def make(group):
+    def call(s):
+        start = time.time()
+        time.sleep(3)
+        if os.environ.get("SLOW_LOG"):   # when each call ran, per group
+            with open(os.environ["SLOW_LOG"], "a") as f:
+                f.write(f"{group} {start} {time.time()}\\n")
+        return s
+
     def kernel(q, k, v, seg, *, causal, scale):
         out = dot_product(q, k, v, seg, causal=causal, scale=scale)
         # The library takes its time on every call (a host callback that sleeps).
-        slow = jax.pure_callback(lambda s: (time.sleep(3), s)[1],
-                                 jax.ShapeDtypeStruct(seg.shape, seg.dtype), seg)
+        slow = jax.pure_callback(call, jax.ShapeDtypeStruct(seg.shape, seg.dtype), seg)
         return out + 0 * jax.lax.stop_gradient(slow[:, :, None, None]).astype(out.dtype)
     return kernel
 

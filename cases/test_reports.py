@@ -420,3 +420,25 @@ def test_a_known_numerical_bug_is_reported_as_known_in_every_view_never_as_ok(tm
         judging.expectation("known", "dq")
     with pytest.raises(ValueError, match="exact"):
         judging.expectation(("known", reason), "leak")
+
+
+def test_the_engine_runs_a_lanes_isolation_groups_at_once(tmp_path, monkeypatch):
+    """A lane runs its isolation groups' workers at once, as the CLI does (isolation.shares):
+    the FlashAttention groups no longer wait for the main group's worker."""
+    from test_isolation import SLOW
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    module = tmp_path / "slow.py"
+    module.write_text(SLOW)
+    calls = tmp_path / "calls.txt"
+    out = _pytest("--ahead", "--kernel-module", str(module), "--kernels", "slow_a,slow_b",
+                  "--cases", "packed/random-b4-t256-h4kv4-d32-f32-s0", "--no-leak-probe",
+                  "--report-dir", str(tmp_path / "r"), env={"SLOW_LOG": str(calls)})
+    assert out.returncode == 0, out.stdout[-3000:]
+    spans = {}
+    for line in calls.read_text().splitlines():
+        group, start, end = line.split()
+        spans.setdefault(group, []).append((float(start), float(end)))
+    assert set(spans) == {"a", "b"}, spans
+    # Each group's kernel sleeps 3 s per call: one after another, they would never overlap.
+    (a_start, a_end), (b_start, b_end) = spans["a"][0], spans["b"][0]
+    assert a_start < b_end and b_start < a_end, spans

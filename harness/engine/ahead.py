@@ -30,6 +30,7 @@ import os
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.engine import isolation
@@ -62,7 +63,7 @@ def split(pairs: list, lanes: int) -> list[list]:
 
 class Lanes:
     """pytest's controller side: the lanes' threads, each running its share of the pairs in
-    workers (one after another per isolation group)."""
+    workers (its isolation groups at once, sharing the lane's GPU: isolation.shares)."""
 
     def __init__(self, workdir: Path, options: list[str], gpus: list[str | None]):
         self.workdir, self.options, self.gpus = Path(workdir), options, gpus
@@ -86,21 +87,31 @@ class Lanes:
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         crashes = (lane / CRASHES).open("a")
+        written = threading.Lock()       # the groups' threads share the file
 
         def on_crash(kernel, case_id, why):
             if self.stopping.is_set():   # killed by stop(): not a crash of its pair
                 raise isolation.Stopped()
-            crashes.write(json.dumps({"kernel": kernel, "case_id": case_id, "why": why}) + "\n")
-            crashes.flush()
+            with written:
+                crashes.write(json.dumps({"kernel": kernel, "case_id": case_id, "why": why})
+                              + "\n")
+                crashes.flush()
+
+        groups = isolation.groups(dict.fromkeys(k for k, _ in share))
+        shares = isolation.shares(groups, env)   # the groups at once, as the CLI runs them
+
+        def run(name, kernels):
+            mine = [(k.name, c.id) for k, c in share if k in kernels]
+            group_env = env if shares is None else {
+                **env, isolation.MEM_FRACTION: f"{shares[name]:.3f}"}
+            isolation.run_group(name or "main", mine, lane, self.options, echo=lambda line: None,
+                                env=group_env, on_crash=on_crash, stop=self.stopping)
+
         status: dict = {"ok": True}
         try:
-            for name, kernels in isolation.groups(dict.fromkeys(k for k, _ in share)).items():
-                mine = [(k.name, c.id) for k, c in share if k in kernels]
-                isolation.run_group(name or "main", mine, lane, self.options,
-                                    echo=lambda line: None, env=env, on_crash=on_crash,
-                                    stop=self.stopping)
-                if self.stopping.is_set():
-                    break
+            with ThreadPoolExecutor(max_workers=1 if shares is None else len(groups)) as pool:
+                for future in [pool.submit(run, n, k) for n, k in groups.items()]:
+                    future.result()
         except isolation.Stopped:
             status = {"stopped": True}
         except BaseException as exc:  # noqa: BLE001 - the tests run their pairs themselves
