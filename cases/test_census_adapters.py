@@ -290,3 +290,34 @@ def test_tokamax_mosaic_raises_its_known_upstream_error(monkeypatch):
     with pytest.raises(Exception) as info:
         lowered_for_cuda(kernel_fn(on_cpu, GPU_CASES[0]), GPU_CASES[0])
     assert kernel.expect_error in f"{info.type.__name__}: {info.value}"
+
+
+def test_the_fa2_vmap_padding_bug_is_predicted_row_by_row_from_the_inputs():
+    """flash-attn-jax 0.6.2's vmap rule drops the log-sum-exp of each row's trailing padding
+    (a sequence of its own once the rows are flattened) and never writes the last row's
+    (harness.kernels.flash_attn.vmap_rule_padding). The prediction, from the case's inputs,
+    against what the H200 measured: every padded row of the committed nightly as measured,
+    failing and passing rows both; and before unwritten memory was poisoned (the census, at
+    18b7f5f), every row but the last ones, whose contents were left over from other programs."""
+    import gzip
+    import json
+    from pathlib import Path
+    from harness.engine.registry import all_kernels
+    kernel = all_kernels()["flash_attn:varlen_vmap"]
+    root = Path(__file__).resolve().parent.parent / "reports"
+
+    def rows(path):
+        for line in gzip.open(path, "rt"):
+            r = json.loads(line)
+            if r.get("type") == "record" and r["kernel"] == kernel.name and r["check"] == "padding":
+                yield Case.from_id(r["case_id"]), r["row"], r["verdict"]
+
+    measured = list(rows(root / "h200" / "nightlies" / "nightly-1" / "report.jsonl.gz"))
+    predicted = [kernel.expected_padding(case, row)[0] for case, row, _ in measured]
+    assert predicted == [verdict for *_, verdict in measured]
+    assert predicted.count("fail") == 72 and predicted.count("pass") == 17
+    before = [(case, row, verdict) for case, row, verdict
+              in rows(root / "census" / "parts" / "fa" / "nightly" / "report.jsonl.gz")]
+    wrong = [(case.id, row) for case, row, verdict in before
+             if kernel.expected_padding(case, row)[0] != verdict]
+    assert wrong and all(row == Case.from_id(case_id).batch - 1 for case_id, row in wrong)

@@ -36,6 +36,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from harness.engine.kernel import Kernel
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS
@@ -141,6 +142,48 @@ def fa3_flattened(query, key, value, segment_ids, *, causal, scale, max_segments
                       causal=causal, scale=scale, max_segments=max_segments)
 
 
+# exp overflows float32 above this: ln(FLT_MAX).
+LN_FLOAT32_MAX = float(np.log(np.finfo(np.float32).max))
+
+
+def vmap_rule_padding(case, row):
+    """Which rows' padding flash-attn-jax 0.6.2's vmap rule for its varlen call gets wrong
+    (upstream; reproducer: reports/census/repro/flash_attn_varlen_vmap.py), from its source
+    (`varlen_fwd.py`, `varlen_bwd.py`, `_flash_mha_varlen_*_batch`) and the case's inputs.
+
+    The rule flattens the rows and offsets each row's cu_seqlens by its start, so a row's
+    trailing padding (what a user leaves out of cu_seqlens) becomes a sequence of its own
+    between two rows. The forward drops that sequence's log-sum-exp, and the backward pads it
+    back with zeros: there the softmax is exp(score * scale - 0), which overflows once a score
+    reaches ln(FLT_MAX), and infinity times the zero cotangent is NaN in dq, dk and dv. So
+    a row other than the last fails where some query of its trailing padding scores some key
+    it sees there (causal: those before it) at or above ln(FLT_MAX), computed here from the
+    case's inputs (the poisoned padding scores high). The last row's trailing padding is in no
+    sequence at all and never written: it reads NaN (harness.engine.unwritten). Checked
+    against the H200's records (reports/h200/nightlies/): 89 of 89 padded rows as predicted,
+    the nearest score 1.5% from the threshold."""
+    ids = case.segment_ids[row]
+    valid = np.flatnonzero(ids > 0)
+    end = int(valid.max()) + 1 if valid.size else 0
+    if end == ids.size:
+        return "pass"                      # no trailing padding: an empty sequence
+    if row == case.batch - 1:
+        return "fail"
+    from harness.model.case import make_inputs
+    inputs = make_inputs(case)
+    q = np.asarray(inputs.query[row, end:], np.float32)                        # [L, H, d]
+    k = np.repeat(np.asarray(inputs.key[row, end:], np.float32),
+                  case.heads // case.kv_heads, axis=1)                          # [L, H, d]
+    for first in range(0, q.shape[0], 256):     # queries in blocks: a long gap is 8k tokens
+        scores = np.einsum("ihd,jhd->hij", q[first:first + 256], k) * case.scale
+        if case.causal:
+            seen = np.arange(first, first + scores.shape[1])[:, None] >= np.arange(k.shape[0])
+            scores = np.where(seen[None], scores, -np.inf)
+        if scores.max() >= LN_FLOAT32_MAX:
+            return "fail"
+    return "pass"
+
+
 def _sm90_only(case, platform):
     cc = platform.compute_capability
     if platform.name == "gpu" and cc is not None and int(cc) != 9:
@@ -159,7 +202,7 @@ KERNELS = [
     Kernel("flash_attn:varlen", fa2_flattened, **_FA2,
            description="flash-attn-jax 0.6.2 flash_mha_varlen (FlashAttention-2), rows "
                        "flattened with cu_seqlens"),
-    Kernel("flash_attn:varlen_vmap", fa2_vmapped, **_FA2,
+    Kernel("flash_attn:varlen_vmap", fa2_vmapped, **_FA2, expect_padding=vmap_rule_padding,
            description="flash-attn-jax 0.6.2 flash_mha_varlen (FlashAttention-2), per-row "
                        "cu_seqlens through its vmap rule"),
     Kernel("flash_attn3:varlen", fa3_flattened, dtypes=CUDNN, head_dims=(128,), devices=("gpu",),
