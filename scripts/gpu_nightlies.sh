@@ -10,12 +10,14 @@
 #   carry .gpu/te .gpu/commit       OUT=DIR bash scripts/gpu_nightlies.sh nightly 1 2
 #   (nothing carried)               OUT=DIR bash scripts/gpu_nightlies.sh nightly 3 4 5
 # A second fresh machine: the same first three calls with `nightly m2` last.
+# The flake study (issue 17, item 6): `flake N` runs every kernel on the 13 layouts of the main
+# nightly shape under N seeds with the leak probe (kernels that skip a case are listed there).
 # Nightly 1 starts on an empty compilation cache; the next ones reuse it, as a nightly runner
 # keeps its cache. Each nightly runs under the time left of the call (570 s in all), so a call
 # ends inside the tool's 10 minutes; a nightly that cannot start with 150 s left is not started.
 # Needs .gpu/commit (the git commit of the tree sent).
 set -uo pipefail
-phase=${1:?usage: gpu_nightlies.sh unwritten|env|nightly N...}
+phase=${1:?usage: gpu_nightlies.sh unwritten|env|nightly N...|flake SEEDS}
 shift
 t_start=$(date +%s)
 for b in fa maxtext te; do
@@ -69,6 +71,13 @@ EOF
     (cd "$r" && for n in "$@"; do [ -d "nightly-$n" ] && echo "nightly-$n"; done) > "$r/packed.txt"
     pack $(sed 's|$|/report.jsonl.gz|' "$r/packed.txt") $(sed 's|$|/summary.md|' "$r/packed.txt") \
       nvidia-smi.txt steps.txt $(sed 's|$|.log.txt|' "$r/packed.txt") ;;
+  flake)
+    seeds=${1:?flake N}; left=$(( 570 - ($(date +%s) - t_start) ))
+    step "flake-$seeds" "$left" env HARNESS_COMPILATION_CACHE=/tmp/jaxcache \
+      python3 -m harness run --suite nightly --seeds "$seeds" \
+      --cases '*-b4-t2048-h8kv2-d128-bf16-s0' --report-dir "$r/flake-$seeds"
+    gzip -kf "$r/flake-$seeds/report.jsonl"
+    pack "flake-$seeds/report.jsonl.gz" "flake-$seeds/summary.md" steps.txt "flake-$seeds.log.txt" ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac
 cat "$r/steps.txt"
