@@ -175,11 +175,15 @@ harness.register_kernel("slow_b", make("b"), isolation="b", dtypes=("float32",))
 def test_the_groups_workers_run_at_once_each_with_its_share_of_the_device(tmp_path, monkeypatch):
     """A nightly's FlashAttention groups ran after the main group's worker, doubling its time:
     the groups' workers now run at once. The kernels without a group keep XLA's default share
-    of a GPU's memory (their probe's memory checks see what they saw alone); the others split
-    the rest. A share the user set runs the groups one after another, as before."""
+    of a GPU's memory (their probe's memory checks see what they saw alone); the others take
+    what they need of the rest. A share the user set runs the groups one after another."""
     from harness.engine import isolation
-    assert isolation.shares([None, "fa2", "fa3"], {}) == {None: 0.75, "fa2": 0.1, "fa3": 0.1}
-    assert isolation.shares(["fa2", "fa3"], {}) == {"fa2": 0.475, "fa3": 0.475}
+    grow = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    assert isolation.shares([None, "fa2", "fa3"], {}) == {
+        None: {}, "fa2": {**grow, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.200"},
+        "fa3": {**grow, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.200"}}
+    assert isolation.shares(["fa2", "fa3"], {})["fa3"] == {
+        **grow, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.950"}
     assert isolation.shares([None, "fa2"], {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"}) is None
     assert isolation.shares([None], {}) is None
     # pytest's xdist workers set a share for themselves (conftest): not the user's choice here.
@@ -197,3 +201,13 @@ def test_the_groups_workers_run_at_once_each_with_its_share_of_the_device(tmp_pa
     # Each worker sleeps at least 3 s per call of its kernel: had b waited for a, it would
     # have started after a's whole run.
     assert abs((start_b - start_a).total_seconds()) < min(a["wall_s"], b["wall_s"]), header
+
+
+def test_main_is_not_a_group_name():
+    """The kernels without a group run as "main": a group of that name would share its
+    workers' folders."""
+    import pytest
+    from harness.engine.kernel import Kernel
+    from harness.kernels.reference import dot_product
+    with pytest.raises(ValueError, match="isolation 'main'"):
+        Kernel("k", dot_product, isolation="main")

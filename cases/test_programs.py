@@ -187,3 +187,29 @@ def test_only_the_checked_run_poisons_the_blocks_it_will_take(monkeypatch):
     assert all(n in unwritten._FILLS for n in calls[0]), \
         "the fills compiled beside the kernel's program, before its run needed them"
     programs.close()
+
+
+def test_a_checked_run_that_missed_the_filled_blocks_is_filled_and_run_again(monkeypatch):
+    """Another thread can take a freed block before the run does; the run's outputs then sit
+    in blocks nobody filled (unwritten.landed says so), and the fill and run are done again."""
+    from harness.engine import unwritten
+    from harness.engine.programs import POISON_ATTEMPTS
+
+    class At:
+        def __init__(self, address):
+            self.address = address
+
+        def unsafe_buffer_pointer(self):
+            return self.address
+    assert unwritten.landed([At(1), At(2)], {1, 2, 3})
+    assert not unwritten.landed([At(1), At(9)], {1, 2, 3})
+    assert unwritten.landed([At(9)], set()), "no addresses known: nothing to check"
+    answers = iter([False, True])
+    monkeypatch.setattr(unwritten, "landed", lambda out, where: next(answers))
+    programs = Programs()
+    programs.poisons_unwritten = True
+    case = Case("packed/random", 2, 64, 2, 1, 16, "bfloat16", 0)
+    program = programs.get(Kernel("dp2", dot_product), case)
+    program(*make_inputs(case).device_args, poison_unwritten=True)
+    assert program.timing.runs == 2 <= POISON_ATTEMPTS
+    programs.close()

@@ -187,16 +187,18 @@ def _run_controller(args, kernels, cases, report_dir: Path) -> int:
     shares = isolation.shares(groups)
     stopping = threading.Event()
     crashes, interrupted = [], False
+    crashes_lock = threading.Lock()
     signal.signal(signal.SIGTERM, _interrupt)
 
     def on_crash(kernel, case_id, why):
         if stopping.is_set():        # killed because the run was stopped: not its pair's crash
             raise isolation.Stopped()
+        with crashes_lock:           # kept as it happens: a run stopped later still has it
+            crashes.append((kernel, case_id, why))
 
     def run(group, members):
         pairs = [(k.name, c.id) for c in cases for k in members]
-        env = None if shares is None else {**os.environ,
-                                           isolation.MEM_FRACTION: f"{shares[group]:.3f}"}
+        env = None if shares is None else {**os.environ, **shares[group]}
         return isolation.run_group(group or "main", pairs, workdir, options, env=env,
                                    on_crash=on_crash, stop=stopping)
 
@@ -206,13 +208,13 @@ def _run_controller(args, kernels, cases, report_dir: Path) -> int:
     try:
         for future in futures:
             try:
-                done = future.result()
+                interrupted |= future.result().interrupted
             except isolation.Stopped:
-                continue
-            crashes += done.crashes
-            interrupted |= done.interrupted
+                interrupted = True
     except BaseException as exc:    # stopped (Ctrl-C, SIGTERM), or a group's usage error
         stopping.set()               # before the kill: no worker starts after it
+        for sig in (signal.SIGINT, signal.SIGTERM):   # a second signal: let the merge finish
+            signal.signal(sig, signal.SIG_IGN)
         isolation.stop_live()
         pool.shutdown(wait=True, cancel_futures=True)
         if not isinstance(exc, KeyboardInterrupt):

@@ -102,18 +102,21 @@ class Lanes:
 
         def run(name, kernels):
             mine = [(k.name, c.id) for k, c in share if k in kernels]
-            group_env = env if shares is None else {
-                **env, isolation.MEM_FRACTION: f"{shares[name]:.3f}"}
+            group_env = env if shares is None else {**env, **shares[name]}
             isolation.run_group(name or "main", mine, lane, self.options, echo=lambda line: None,
                                 env=group_env, on_crash=on_crash, stop=self.stopping)
 
         status: dict = {"ok": True}
         try:
             with ThreadPoolExecutor(max_workers=1 if shares is None else len(groups)) as pool:
-                for future in [pool.submit(run, n, k) for n, k in groups.items()]:
-                    future.result()
-        except isolation.Stopped:
-            status = {"stopped": True}
+                futures = [pool.submit(run, n, k) for n, k in groups.items()]
+            # Every group has ended: a group's real error wins over another's being stopped.
+            errors = [f.exception() for f in futures if f.exception() is not None]
+            real = [e for e in errors if not isinstance(e, isolation.Stopped)]
+            if real:
+                status = {"error": f"{type(real[0]).__name__}: {real[0]}"}
+            elif errors:
+                status = {"stopped": True}
         except BaseException as exc:  # noqa: BLE001 - the tests run their pairs themselves
             status = {"error": f"{type(exc).__name__}: {exc}"}
         finally:

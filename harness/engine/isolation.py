@@ -36,6 +36,10 @@ LIVE: set = set()              # worker processes running now (stopped with thei
 _LIVE_LOCK = threading.Lock()   # starting a worker and stopping them all exclude each other
 
 
+# A worker's exit status when it was interrupted (SIGINT as a signal, or Python's exit 130).
+INTERRUPTED = (-signal.SIGINT, 130)
+
+
 class Stopped(Exception):
     """The run was stopped: no worker starts any more."""
 
@@ -52,22 +56,26 @@ def groups(kernels) -> dict[str | None, list]:
 
 
 MAIN_SHARE = 0.75        # XLA's default share of a GPU's memory: the main group's, as alone
-DEVICE_SHARE = 0.95      # what the workers of one controller take together
+DEVICE_SHARE = 0.95      # what the workers of one controller may take together
 MEM_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 
 
 def shares(group_names, environ=os.environ) -> dict | None:
-    """Each group's share of a GPU's memory when the groups' workers run at once, or None:
-    run them one after another (the user chose a share themselves, or there is one group).
-    The main group (None) keeps XLA's default, so its programs fit or not as in a run of its
-    own; each other group gets an equal part of what is left (on CPUs the share is unused)."""
+    """The environment each group's workers add when the groups run at once, or None: run them
+    one after another (the user chose a share themselves, or there is one group).
+
+    The main group (None) keeps XLA's default: 75% of a GPU's memory, taken at start, so its
+    programs fit or not as in a run of its own. The other groups take memory as they need it
+    (no preallocation), each up to what is left (DEVICE_SHARE less the main group's): the
+    FlashAttention ports peak at a few GiB, and a fixed split of that rest would leave each
+    too little for the longest rows. On CPUs the settings are unused."""
     names = list(group_names)
     if len(names) < 2 or MEM_FRACTION in environ:
         return None
-    isolated = [g for g in names if g is not None]
-    main = MAIN_SHARE if None in names else 0.0
-    rest = round((DEVICE_SHARE - main) / len(isolated), 3)
-    return {g: (main if g is None else rest) for g in names}
+    rest = round(DEVICE_SHARE - (MAIN_SHARE if None in names else 0.0), 3)
+    return {g: {} if g is None else {MEM_FRACTION: f"{rest:.3f}", PREALLOCATE: "false"}
+            for g in names}
 
 
 def needs_workers(kernels) -> bool:
@@ -195,6 +203,9 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options: l
         left = [p for p in remaining if p not in done]
         if not left:
             break
+        if stop is not None and stop.is_set() or returncode in INTERRUPTED:
+            # Stopped with the run (Ctrl-C reaches the workers too): no pair's crash.
+            raise Stopped()
         if returncode == 0:  # should not happen: say so, never drop
             result.crashes += [(k, c, "the worker ended without running it") for k, c in left]
             break

@@ -100,6 +100,9 @@ class Kernel:
     reproducible: bool | None = None
 
     def __post_init__(self):
+        if self.isolation == "main":
+            raise ValueError("isolation 'main' is the group of the kernels without one: "
+                             "name the group otherwise")
         if self.padding_output not in v.PADDING_OUTPUTS:
             raise ValueError(f"padding_output must be one of {', '.join(v.PADDING_OUTPUTS)}, "
                              f"not {self.padding_output!r}")

@@ -15,9 +15,12 @@ a kernel that writes every element it returns never sees them. Only on GPUs
 tensor, instead of a verdict that depends on what ran before.
 
 Arguments are not touched, and nothing is kept: the fill's buffers are gone before the run.
+The run's outputs must sit where the fill was (`landed`); where another thread took a block
+first, the fill and the run are done once more.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import jax
@@ -52,9 +55,13 @@ def prepare(sizes: list[int]) -> None:
 
 def buffer_sizes(compiled) -> list[int]:
     """Byte sizes of the blocks one run of `compiled` allocates, in allocation order: each
-    output, then the temporaries (where the backend says how big they are)."""
-    sizes = [int(np.prod(o.shape)) * np.dtype(o.dtype).itemsize
-             for o in jax.tree.leaves(compiled.out_info)]
+    output, then the temporaries (where the backend says how big they are). None for a
+    program over several devices (a sharded kernel): its blocks are per device, and this
+    fills one device's allocator only."""
+    outputs = jax.tree.leaves(compiled.out_info)
+    if any(len(getattr(getattr(o, "sharding", None), "device_set", ())) > 1 for o in outputs):
+        return []
+    sizes = [int(np.prod(o.shape)) * np.dtype(o.dtype).itemsize for o in outputs]
     try:
         temp = int(compiled.memory_analysis().temp_size_in_bytes)
     except Exception:  # a backend without a memory analysis: the outputs alone
@@ -62,9 +69,26 @@ def buffer_sizes(compiled) -> list[int]:
     return [s for s in (*sizes, temp) if s > 0]
 
 
-def poison(sizes: list[int]) -> None:
-    """Fill blocks of these sizes with POISON_BYTE and free them, the fill finished first."""
+def poison(sizes: list[int]) -> set[int]:
+    """Fill blocks of these sizes with POISON_BYTE and free them, the fill finished first;
+    returns where they were (device addresses), for `landed`."""
     blocks = [_fill(n)() for n in sizes]
     jax.block_until_ready(blocks)
+    where = set()
     for block in blocks:
+        with contextlib.suppress(Exception):   # a backend without addresses: nothing to check
+            where.add(block.unsafe_buffer_pointer())
         block.delete()
+    return where
+
+
+def landed(results, where: set[int]) -> bool:
+    """Whether every result of the run sits in a block `poison` filled. Another thread may
+    take a freed block first (a compile thread's autotuning, a garbage-collected array), and
+    then the run gets a block nobody filled: the caller fills and runs once more."""
+    if not where:
+        return True
+    try:
+        return all(r.unsafe_buffer_pointer() in where for r in jax.tree.leaves(results))
+    except Exception:   # a result over several devices, or no addresses: nothing to check
+        return True
