@@ -217,8 +217,7 @@ class Programs:
         # Only GPUs need a separate deterministic build; elsewhere the probe's mode is default.
         # A GPU's allocator hands a run blocks that earlier programs wrote: there a kernel's
         # checked run starts on NaN-filled blocks (harness.engine.unwritten). On CPUs every
-        # kernel is XLA's own code, which writes all it returns, and the fills would cost the
-        # smoke run a fifth of its time.
+        # kernel is XLA's own code, which writes all it returns: the fills would only cost time.
         self.poisons_unwritten = self.platform == "gpu"
         self.probe_mode = DETERMINISTIC if deterministic_probe and self.platform == "gpu" \
             else DEFAULT
