@@ -170,8 +170,7 @@ def _run_worker(args) -> int:
 
 def _run_controller(args, kernels, cases, report_dir: Path) -> int:
     """Kernels of several process groups: each group in workers, the groups at once (or one
-    after another, harness.engine.isolation.shares); their reports joined into one."""
-    from concurrent.futures import ThreadPoolExecutor
+    after another, harness.engine.isolation.start_groups); their reports joined into one."""
     import threading
     from harness.engine import isolation
     from harness.views import report_file as rec
@@ -184,7 +183,6 @@ def _run_controller(args, kernels, cases, report_dir: Path) -> int:
     shutil.rmtree(workdir, ignore_errors=True)   # an earlier run's workers are not this run's
     options = ["--suite", args.suite, *isolation.option_flags(args)]
     groups = isolation.groups(kernels)
-    shares = isolation.shares(groups)
     stopping = threading.Event()
     crashes, interrupted = [], False
     crashes_lock = threading.Lock()
@@ -196,15 +194,9 @@ def _run_controller(args, kernels, cases, report_dir: Path) -> int:
         with crashes_lock:           # kept as it happens: a run stopped later still has it
             crashes.append((kernel, case_id, why))
 
-    def run(group, members):
-        pairs = [(k.name, c.id) for c in cases for k in members]
-        env = None if shares is None else {**os.environ, **shares[group]}
-        return isolation.run_group(group or "main", pairs, workdir, options, env=env,
-                                   on_crash=on_crash, stop=stopping)
-
-    pool = ThreadPoolExecutor(max_workers=1 if shares is None else len(groups),
-                              thread_name_prefix="group")
-    futures = [pool.submit(run, g, m) for g, m in groups.items()]
+    pool, futures = isolation.start_groups(
+        {g: [(k.name, c.id) for c in cases for k in members] for g, members in groups.items()},
+        workdir, options, on_crash=on_crash, stop=stopping)
     try:
         for future in futures:
             try:

@@ -30,7 +30,6 @@ import os
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.engine import isolation
@@ -98,18 +97,15 @@ class Lanes:
                 crashes.flush()
 
         groups = isolation.groups(dict.fromkeys(k for k, _ in share))
-        shares = isolation.shares(groups, env)   # the groups at once, as the CLI runs them
-
-        def run(name, kernels):
-            mine = [(k.name, c.id) for k, c in share if k in kernels]
-            group_env = env if shares is None else {**env, **shares[name]}
-            isolation.run_group(name or "main", mine, lane, self.options, echo=lambda line: None,
-                                env=group_env, on_crash=on_crash, stop=self.stopping)
-
         status: dict = {"ok": True}
         try:
-            with ThreadPoolExecutor(max_workers=1 if shares is None else len(groups)) as pool:
-                futures = [pool.submit(run, n, k) for n, k in groups.items()]
+            # The groups at once, as the CLI runs them.
+            pool, futures = isolation.start_groups(
+                {g: [(k.name, c.id) for k, c in share if k in members]
+                 for g, members in groups.items()},
+                lane, self.options, env=env, on_crash=on_crash, stop=self.stopping,
+                echo=lambda line: None)
+            pool.shutdown(wait=True)
             # Every group has ended: a group's real error wins over another's being stopped.
             errors = [f.exception() for f in futures if f.exception() is not None]
             real = [e for e in errors if not isinstance(e, isolation.Stopped)]

@@ -5,10 +5,10 @@ register FFI targets of the same names, so whichever is imported second fails; a
 also crash its process. When a run selects kernels of more than one group (kernels without a
 group form one group of their own), the CLI becomes a controller that never touches a device
 itself: each group runs in a worker (`python -m harness run --worker-pairs FILE`), all at
-once, sharing the device (`shares`: the kernels without a group keep XLA's default 75% of a
-GPU's memory, the other groups split the rest), or one after another with the whole device
-where the user set XLA_PYTHON_CLIENT_MEM_FRACTION themselves. A worker appends its records as it goes and says which
-pair it starts. A worker that dies (a crash, a clash at import) costs one error record, for the
+once, sharing the device (`start_groups`, `shares`: the kernels without a group keep XLA's
+default 75% of a GPU's memory, the other groups take what they need of the rest), or one
+after another with the whole device where the user set XLA_PYTHON_CLIENT_MEM_FRACTION
+themselves. A worker appends its records as it goes and says which pair it starts. A worker that dies (a crash, a clash at import) costs one error record, for the
 pair it was running, with the reason; a fresh worker then takes the group's remaining pairs, so
 the rest of the run goes on. The controller joins the workers' reports into one
 (harness.views.report_dir.merge_reports).
@@ -76,6 +76,26 @@ def shares(group_names, environ=os.environ) -> dict | None:
     rest = round(DEVICE_SHARE - (MAIN_SHARE if None in names else 0.0), 3)
     return {g: {} if g is None else {MEM_FRACTION: f"{rest:.3f}", PREALLOCATE: "false"}
             for g in names}
+
+
+def start_groups(pairs_by_group: dict, workdir: Path, options: list[str], *, env=None,
+                 on_crash=None, stop=None, echo=print):
+    """Starts each group's run_group in a thread of its own, the groups at once with their
+    `shares` of the device (or one after another where `shares` says so). `pairs_by_group`:
+    group (None: the kernels without one) -> its (kernel, case) pairs. Returns the pool and
+    one future per group, in the groups' order: the caller waits, and on being stopped sets
+    `stop` and calls stop_live before it shuts the pool down."""
+    from concurrent.futures import ThreadPoolExecutor
+    env = dict(os.environ if env is None else env)
+    by_group = shares(pairs_by_group, env)
+
+    def run(group, pairs):
+        return run_group(group or "main", pairs, workdir, options, echo=echo,
+                         env=env if by_group is None else {**env, **by_group[group]},
+                         on_crash=on_crash, stop=stop)
+    pool = ThreadPoolExecutor(max_workers=1 if by_group is None else len(pairs_by_group),
+                              thread_name_prefix="group")
+    return pool, [pool.submit(run, g, p) for g, p in pairs_by_group.items()]
 
 
 def needs_workers(kernels) -> bool:

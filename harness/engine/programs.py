@@ -190,14 +190,19 @@ class Program:
     def _execute(self, compiled, args, poison_unwritten: bool = False):
         if not poison_unwritten:
             return self._timed(compiled, args)
-        if self._buffer_sizes is None:
-            self._buffer_sizes = unwritten.buffer_sizes(compiled)
+        sizes = self.fill_sizes(compiled)
         for _ in range(POISON_ATTEMPTS):
-            where = unwritten.poison(self._buffer_sizes)
+            where = unwritten.poison(sizes)
             out = self._timed(compiled, args)
             if unwritten.landed(out, where):
                 break
         return out
+
+    def fill_sizes(self, compiled) -> list[int]:
+        """The blocks its run takes (unwritten.buffer_sizes), worked out once."""
+        if self._buffer_sizes is None:
+            self._buffer_sizes = unwritten.buffer_sizes(compiled)
+        return self._buffer_sizes
 
     def _timed(self, compiled, args):
         start = time.perf_counter()
@@ -341,8 +346,7 @@ class Programs:
                 # A kernel's checked run poisons its blocks first: its fills compile here
                 # (should that fail, they compile when the run needs them, and fail there).
                 with contextlib.suppress(Exception):
-                    program._buffer_sizes = unwritten.buffer_sizes(compiled)
-                    unwritten.prepare(program._buffer_sizes)
+                    unwritten.prepare(program.fill_sizes(compiled))
             seconds = time.perf_counter() - start
             outcome = program.compiled.set_result, compiled
         with self._lock:  # compile threads add up concurrently

@@ -10,9 +10,10 @@ So before a kernel's checked run, the allocator's blocks that run will take are 
 program's output sizes, then one of its temporary size, allocated in that order (XLA's order:
 the outputs, then the temporaries), filled on the device, and freed once the fill is done. A
 best-fit allocator (XLA's BFC on GPUs) hands the same blocks to the run's identical requests;
-a kernel that writes every element it returns never sees them. Only on GPUs
-(`Programs.poisons_unwritten`): on CPUs every kernel here is XLA's own code. What stays unwritten then reads NaN: a padding or tolerance failure that names the
-tensor, instead of a verdict that depends on what ran before.
+a kernel that writes every element it returns never sees them. What stays unwritten then
+reads NaN: a padding or tolerance failure that names the tensor, instead of a verdict that
+depends on what ran before. Only on GPUs (`Programs.poisons_unwritten`): on CPUs every kernel
+here is XLA's own code.
 
 Arguments are not touched, and nothing is kept: the fill's buffers are gone before the run.
 The run's outputs must sit where the fill was (`landed`); where another thread took a block
@@ -28,8 +29,6 @@ import jax.numpy as jnp
 import numpy as np
 
 POISON_BYTE = 0xFF
-
-
 _FILLS: dict[int, object] = {}     # bytes -> the compiled fill of that many bytes
 _LOCK = threading.Lock()
 
@@ -55,8 +54,8 @@ def prepare(sizes: list[int]) -> None:
 
 def buffer_sizes(compiled) -> list[int]:
     """Byte sizes of the blocks one run of `compiled` allocates, in allocation order: each
-    output, then the temporaries (where the backend says how big they are). None for a
-    program over several devices (a sharded kernel): its blocks are per device, and this
+    output, then the temporaries (where the backend says how big they are). No blocks (an empty
+    list) for a program over several devices (a sharded kernel): its blocks are per device, and this
     fills one device's allocator only."""
     outputs = jax.tree.leaves(compiled.out_info)
     if any(len(getattr(getattr(o, "sharding", None), "device_set", ())) > 1 for o in outputs):
