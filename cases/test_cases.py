@@ -42,3 +42,16 @@ def test_inputs_are_seeded_random_with_poisoned_padding():
     ct = np.asarray(a.cotangent, np.float32)
     assert (ct[pad] == 0).all() and (ct[~pad] != 0).mean() > 0.99
     assert (np.asarray(a.key, np.float32) != 0).mean() > 0.99, "never zeros"
+
+
+def test_a_glob_over_a_cases_own_id_takes_every_seed():
+    """`--cases '*-s0' --seeds 3` is three seeds of each seed-0 case (it once silently ran one);
+    a glob over seeded ids still picks those seeds alone."""
+    base = suite_cases("nightly", "*-b4-t2048-h8kv2-d128-bf16-s0")
+    three = suite_cases("nightly", "*-b4-t2048-h8kv2-d128-bf16-s0", seeds=3)
+    assert len(three) == 3 * len(base) == 39
+    assert {c.seed for c in three} == {0, 1, 2}
+    one = suite_cases("nightly", "packed/random-b4-t2048-h8kv2-d128-bf16-s2", seeds=1)
+    assert [c.id for c in one] == ["packed/random-b4-t2048-h8kv2-d128-bf16-s2"]
+    picked = suite_cases("nightly", "packed/random-b4-t2048-h8kv2-d128-bf16-s[2]", seeds=3)
+    assert [c.seed for c in picked] == [2]

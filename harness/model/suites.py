@@ -58,7 +58,8 @@ SUITES = {"smoke": smoke, "nightly": nightly}
 
 def suite_cases(name: str, pattern: str | None = None, seeds: int = 1) -> list[Case]:
     """The suite's cases, each under `seeds` seeds (its own and the next ones); `pattern` (globs
-    over case ids, comma-separated) narrows them. Matching nothing is a UsageError."""
+    over case ids, comma-separated) narrows them: a case whose own id matches comes under all its
+    seeds, another only under the seeds whose ids match. Matching nothing is a UsageError."""
     if name not in SUITES:
         raise UsageError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
     if seeds < 1:
@@ -67,8 +68,13 @@ def suite_cases(name: str, pattern: str | None = None, seeds: int = 1) -> list[C
     if not pattern:
         return [c.with_seed(c.seed + i) for c in cases for i in range(seeds)]
     globs = [p.strip() for p in pattern.split(",") if p.strip()]
+
+    def matches(case: Case) -> bool:
+        return any(fnmatch.fnmatch(case.id, g) for g in globs)
+    # A glob that matches a case's own id takes it under every seed (`*-s0 --seeds 50` is fifty
+    # seeds, not one); otherwise it picks the seeds whose ids it matches (`*-s7 --seeds 10`).
     chosen = [c.with_seed(c.seed + i) for c in cases for i in range(seeds)
-              if any(fnmatch.fnmatch(c.with_seed(c.seed + i).id, g) for g in globs)]
+              if matches(c) or matches(c.with_seed(c.seed + i))]
     # A case id another run wrote under another seed (`...-s1` of a --seeds run): that case,
     # under its own seed (and the next ones with --seeds).
     for g in globs:
