@@ -169,7 +169,7 @@ def _run_worker(args) -> int:
 
 
 def _run_controller(args, kernels, cases, report_dir: Path) -> int:
-    """Kernels of several process groups: each group in workers, the groups at once (or one
+    """Kernels of several process groups: each group in workers, two groups at a time (or one
     after another, harness.engine.isolation.start_groups); their reports joined into one."""
     import threading
     from harness.engine import isolation

@@ -37,10 +37,16 @@ step() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
   echo "$name rc=$rc wall=$(( $(date +%s) - t0 ))s limit=${limit}s" | tee -a "$r/steps.txt"; }
 run_dir() { local name=$1; shift           # a harness run into $r/NAME, under the time left
   if [ "$(left)" -lt 150 ]; then echo "$name not started: $(left)s left" | tee -a "$r/steps.txt"; return; fi
+  # The device's memory in use, every half second: the peak goes into steps.txt.
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 500 \
+    > "$r/$name.mem.txt" 2>/dev/null & local mon=$!
   step "$name" "$(left)" env HARNESS_COMPILATION_CACHE=/tmp/jaxcache \
     python3 -m harness run --suite nightly --report-dir "$r/$name" "$@"
+  kill "$mon" 2>/dev/null
+  sort -t, -k1 -n "$r/$name.mem.txt" | tail -1 \
+    | awk -F, -v n="$name" '{printf "%s peak memory used %d of %d MiB\n", n, $1, $2}' | tee -a "$r/steps.txt"
   [ -f "$r/$name/report.jsonl" ] && gzip -kf "$r/$name/report.jsonl"
-  echo "$name/report.jsonl.gz $name/summary.md $name.log.txt" >> "$r/packed.txt"; }
+  echo "$name/report.jsonl.gz $name/summary.md $name.log.txt $name.mem.txt" >> "$r/packed.txt"; }
 unwritten_flips() {
   python3 - "$r" <<'PY' | tee "$r/unwritten.txt"
 import json, pathlib, sys

@@ -62,7 +62,7 @@ def split(pairs: list, lanes: int) -> list[list]:
 
 class Lanes:
     """pytest's controller side: the lanes' threads, each running its share of the pairs in
-    workers (its isolation groups at once, sharing the lane's GPU: isolation.shares)."""
+    workers (its isolation groups two at a time, sharing the lane's GPU: isolation.shares)."""
 
     def __init__(self, workdir: Path, options: list[str], gpus: list[str | None]):
         self.workdir, self.options, self.gpus = Path(workdir), options, gpus
@@ -99,7 +99,7 @@ class Lanes:
         groups = isolation.groups(dict.fromkeys(k for k, _ in share))
         status: dict = {"ok": True}
         try:
-            # The groups at once, as the CLI runs them.
+            # The groups two at a time, as the CLI runs them.
             pool, futures = isolation.start_groups(
                 {g: [(k.name, c.id) for k, c in share if k in members]
                  for g, members in groups.items()},

@@ -4,11 +4,11 @@ A kernel declares a process group (`Kernel.isolation`): flash-attn-jax and flash
 register FFI targets of the same names, so whichever is imported second fails; a library may
 also crash its process. When a run selects kernels of more than one group (kernels without a
 group form one group of their own), the CLI becomes a controller that never touches a device
-itself: each group runs in a worker (`python -m harness run --worker-pairs FILE`), all at
-once, sharing the device (`start_groups`, `shares`: the kernels without a group keep XLA's
-default 75% of a GPU's memory, the other groups take what they need of the rest), or one
-after another with the whole device where the user set XLA_PYTHON_CLIENT_MEM_FRACTION
-themselves. A worker appends its records as it goes and says which pair it starts. A worker that dies (a crash, a clash at import) costs one error record, for the
+itself: each group runs in a worker (`python -m harness run --worker-pairs FILE`), two at a
+time, sharing the device (`start_groups`, `shares`: the kernels without a group keep XLA's
+default 75% of a GPU's memory, the other groups take turns beside them with what they need of
+the rest), or one after another with the whole device where the user set
+XLA_PYTHON_CLIENT_MEM_FRACTION themselves. A worker appends its records as it goes and says which pair it starts. A worker that dies (a crash, a clash at import) costs one error record, for the
 pair it was running, with the reason; a fresh worker then takes the group's remaining pairs, so
 the rest of the run goes on. The controller joins the workers' reports into one
 (harness.views.report_dir.merge_reports).
@@ -56,7 +56,8 @@ def groups(kernels) -> dict[str | None, list]:
 
 
 MAIN_SHARE = 0.75        # XLA's default share of a GPU's memory: the main group's, as alone
-DEVICE_SHARE = 0.95      # what the workers of one controller may take together
+DEVICE_SHARE = 0.93      # what the groups running at once may take together (shares)
+AT_ONCE = 2              # groups running at once
 MEM_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 
@@ -65,26 +66,30 @@ def shares(group_names, environ=os.environ) -> dict | None:
     """The environment each group's workers add when the groups run at once, or None: run them
     one after another (the user chose a share themselves, or there is one group).
 
-    The main group (None) keeps XLA's default: 75% of a GPU's memory, taken at start, so its
-    programs fit or not as in a run of its own. The other groups take memory as they need it
-    (no preallocation), each up to what is left (DEVICE_SHARE less the main group's): the
-    FlashAttention ports peak at a few GiB, and a fixed split of that rest would leave each
-    too little for the longest rows. On CPUs the settings are unused."""
+    At most two groups run at a time (`start_groups`), and their shares add up to DEVICE_SHARE
+    at most: the rest of the GPU's memory is for what no allocator share covers (each process's
+    CUDA context, loaded kernels, cuDNN's own buffers), whose allocations fail, mid-capture or
+    mid-launch, on a full device. The main group (None) keeps XLA's default: 75% of a GPU's
+    memory, taken at start, so its programs fit or not as in a run of its own; while it runs,
+    one other group at a time takes memory as it needs it (no preallocation) up to what is left
+    (DEVICE_SHARE less the main group's), and the rest wait their turn. Without a main group,
+    two groups at a time each take up to half of DEVICE_SHARE. On CPUs the settings are unused."""
     names = list(group_names)
     if len(names) < 2 or MEM_FRACTION in environ:
         return None
-    rest = round(DEVICE_SHARE - (MAIN_SHARE if None in names else 0.0), 3)
+    rest = round(DEVICE_SHARE - MAIN_SHARE if None in names else DEVICE_SHARE / AT_ONCE, 3)
     return {g: {} if g is None else {MEM_FRACTION: f"{rest:.3f}", PREALLOCATE: "false"}
             for g in names}
 
 
 def start_groups(pairs_by_group: dict, workdir: Path, options: list[str], *, env=None,
                  on_crash=None, stop=None, echo=print):
-    """Starts each group's run_group in a thread of its own, the groups at once with their
-    `shares` of the device (or one after another where `shares` says so). `pairs_by_group`:
-    group (None: the kernels without one) -> its (kernel, case) pairs. Returns the pool and
-    one future per group, in the groups' order: the caller waits, and on being stopped sets
-    `stop` and calls stop_live before it shuts the pool down."""
+    """Starts each group's run_group in a thread, AT_ONCE groups at a time with their `shares`
+    of the device (or one after another where `shares` says so), the main group first: while
+    it runs, the other groups take turns beside it. `pairs_by_group`: group (None: the kernels
+    without one) -> its (kernel, case) pairs. Returns the pool and one future per group, in the
+    groups' order: the caller waits, and on being stopped sets `stop` and calls stop_live
+    before it shuts the pool down."""
     from concurrent.futures import ThreadPoolExecutor
     env = dict(os.environ if env is None else env)
     by_group = shares(pairs_by_group, env)
@@ -93,9 +98,11 @@ def start_groups(pairs_by_group: dict, workdir: Path, options: list[str], *, env
         return run_group(group or "main", pairs, workdir, options, echo=echo,
                          env=env if by_group is None else {**env, **by_group[group]},
                          on_crash=on_crash, stop=stop)
-    pool = ThreadPoolExecutor(max_workers=1 if by_group is None else len(pairs_by_group),
+    pool = ThreadPoolExecutor(max_workers=1 if by_group is None else AT_ONCE,
                               thread_name_prefix="group")
-    return pool, [pool.submit(run, g, p) for g, p in pairs_by_group.items()]
+    order = sorted(pairs_by_group, key=lambda g: g is not None)    # the main group first
+    futures = {g: pool.submit(run, g, pairs_by_group[g]) for g in order}
+    return pool, [futures[g] for g in pairs_by_group]
 
 
 def needs_workers(kernels) -> bool:
