@@ -78,17 +78,17 @@ def pytest_configure(config):
     if _is_worker(config):
         config._harness_ahead = config.workerinput.get("harness_ahead", False)
         count = int(config.workerinput.get("workercount", 1))
-        if config._harness_ahead and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ:
+        from harness.engine.isolation import MEM_FRACTION, user_set_memory
+        if config._harness_ahead and not user_set_memory():
             # The engine's lanes hold the GPU (jax's default share); a worker takes device
             # memory only as it needs it (the harness's own tests, a pair no lane ran).
             os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         if config.getoption("--gpu-per-worker"):
             # Before anything asks jax for a device: the CUDA backend reads this once, at start.
             os.environ["CUDA_VISIBLE_DEVICES"] = str(config.workerinput["harness_gpu"])
-        elif count > 1 and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ \
-                and not config._harness_ahead:
+        elif count > 1 and not user_set_memory() and not config._harness_ahead:
             # Workers sharing a GPU must not each take jax's default 75% of its memory.
-            os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(0.75, 0.9 / count):.2f}"
+            os.environ[MEM_FRACTION] = f"{min(0.75, 0.9 / count):.2f}"
     else:
         config._harness_run = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         config._harness_gpus = {}  # xdist worker id -> its GPU (--gpu-per-worker)

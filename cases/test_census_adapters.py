@@ -296,8 +296,8 @@ def test_the_fa2_vmap_padding_bug_is_predicted_row_by_row_from_the_inputs(monkey
     """flash-attn-jax 0.6.2's vmap rule drops the log-sum-exp of each row's trailing padding
     (a sequence of its own once the rows are flattened) and never writes the last row's
     (harness.kernels.flash_attn.vmap_rule_padding). The prediction, from the case's inputs,
-    against what the H200 measured: every padded row of a committed nightly and of the flake
-    study's four seeds (whose float16 rows showed dv overflowing at float16's threshold), failing
+    against what the H200 measured: every padded row of a committed nightly, and the float16
+    rows of the flake study's four seeds (where dv overflows at float16's threshold), failing
     and passing rows both; and before unwritten memory was poisoned (the census, at 18b7f5f),
     every row but the last ones, whose contents were left over from other programs."""
     import csv

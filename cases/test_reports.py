@@ -9,14 +9,14 @@ from pathlib import Path
 import jax
 import pytest
 
-from harness.views import report_file as rec
-from harness.judge.regression import compare
-from harness.model.case import Case
 from harness.engine.environment import describe
 from harness.engine.kernel import Platform
 from harness.engine.registry import select_kernels
-from harness.views.report_dir import ReportWriter
 from harness.engine.runner import run_matrix
+from harness.judge.regression import compare
+from harness.model.case import Case
+from harness.views import report_file as rec
+from harness.views.report_dir import ReportWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE = Case("packed/random", 2, 256, 4, 2, 32, "bfloat16", 0)
@@ -388,8 +388,9 @@ def test_a_known_numerical_bug_is_reported_as_known_in_every_view_never_as_ok(tm
     record is `known` (the run stays green) and every view lists it with its reason; where it
     passes, ok; on a check the expectation does not name, a failure is still a FAIL."""
     import jax.numpy as jnp
-    from harness.judge import judging
+
     from harness.engine.kernel import Kernel
+    from harness.judge import judging
     from harness.kernels.reference import dot_product
 
     def scaled_dq(q, k, v, seg, *, causal, scale):  # dq 10% off on row 1, output right
@@ -426,7 +427,10 @@ def test_the_engine_runs_a_lanes_isolation_groups_at_once(tmp_path, monkeypatch)
     """A lane runs its isolation groups' workers at once, as the CLI does (isolation.shares):
     the FlashAttention groups no longer wait for the main group's worker."""
     from test_isolation import SLOW
-    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+
+    from harness.engine import isolation
+    for name in isolation.USER_MEMORY:     # pytest's xdist workers set a share for themselves
+        monkeypatch.delenv(name, raising=False)
     module = tmp_path / "slow.py"
     module.write_text(SLOW)
     calls = tmp_path / "calls.txt"

@@ -5,9 +5,12 @@
 # the calls of the device tool go back to back on one machine:
 #   carry .gpu/fa .gpu/commit       OUT=DIR bash scripts/gpu_nightlies.sh env
 #   carry .gpu/maxtext .gpu/commit  OUT=DIR bash scripts/gpu_nightlies.sh env
-#   carry .gpu/te .gpu/commit       OUT=DIR bash scripts/gpu_nightlies.sh nightly:1 nightly:2 nightly:3
-#   (nothing carried)               OUT=DIR bash scripts/gpu_nightlies.sh nightly:4 nightly:5
-# A second fresh machine: the same first three calls with `nightly:m2` (and `flake:N`) last.
+#   carry .gpu/te .gpu/commit       OUT=DIR bash scripts/gpu_nightlies.sh env nightly:1 nightly:2
+#   (nothing carried)               OUT=DIR bash scripts/gpu_nightlies.sh nightly:3 nightly:4
+#   (nothing carried)               OUT=DIR bash scripts/gpu_nightlies.sh nightly:5
+# (at 3cb1dac a nightly took 282 s cold and 191 s warm, as a command). A second fresh machine:
+# the same first three calls with `env nightly:m2` last; a flake study (4 seeds took 290 s
+# warm) in a call of its own after it.
 # Steps, in the order given:
 #   env         the GPU and driver, and whether every bundle imports;
 #   unwritten   the FlashAttention-2 kernels on the cases whose padding verdicts used to flip,
@@ -18,7 +21,8 @@
 #               that skips a case is listed in the report's skips.
 # Nightly 1 starts on an empty compilation cache; the next ones reuse it, as a nightly runner
 # keeps its cache. Each step runs under the time left of the call (570 s in all), so a call
-# ends inside the tool's 10 minutes; a run that cannot start with 150 s left is not started,
+# ends inside the tool's 10 minutes; a run that cannot start with MIN_LEFT s left (default 200:
+# a warm nightly took 191 s at 3cb1dac) is not started,
 # and one stopped by the limit keeps what finished (its summary says it was interrupted).
 # Needs .gpu/commit (the git commit of the tree sent).
 set -uo pipefail
@@ -33,10 +37,12 @@ r=/tmp/h200; mkdir -p "$r"; : > "$r/packed.txt"
 left() { echo $(( 570 - ($(date +%s) - t_start) )); }
 step() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
   timeout "$limit" "$@" > "$r/$name.log.txt" 2>&1; local rc=$?
+  # The allocator's diagnostics (out-of-memory dumps) go to a file of their own, kept.
+  grep 'Allocator\|bfc_allocator\|OUT_OF_MEMORY\|out of memory' "$r/$name.log.txt" > "$r/$name.alloc.txt"
   sed -i '/Allocator\|bfc_allocator\|^W0000\|^I0000/d' "$r/$name.log.txt"
   echo "$name rc=$rc wall=$(( $(date +%s) - t0 ))s limit=${limit}s" | tee -a "$r/steps.txt"; }
 run_dir() { local name=$1; shift           # a harness run into $r/NAME, under the time left
-  if [ "$(left)" -lt 150 ]; then echo "$name not started: $(left)s left" | tee -a "$r/steps.txt"; return; fi
+  if [ "$(left)" -lt "${MIN_LEFT:-200}" ]; then echo "$name not started: $(left)s left" | tee -a "$r/steps.txt"; return; fi
   # The device's memory in use, every half second: the peak goes into steps.txt.
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 500 \
     > "$r/$name.mem.txt" 2>/dev/null & local mon=$!
@@ -46,7 +52,7 @@ run_dir() { local name=$1; shift           # a harness run into $r/NAME, under t
   sort -t, -k1 -n "$r/$name.mem.txt" | tail -1 \
     | awk -F, -v n="$name" '{printf "%s peak memory used %d of %d MiB\n", n, $1, $2}' | tee -a "$r/steps.txt"
   [ -f "$r/$name/report.jsonl" ] && gzip -kf "$r/$name/report.jsonl"
-  echo "$name/report.jsonl.gz $name/summary.md $name.log.txt $name.mem.txt" >> "$r/packed.txt"; }
+  echo "$name/report.jsonl.gz $name/summary.md $name.log.txt $name.alloc.txt $name.mem.txt" >> "$r/packed.txt"; }
 unwritten_flips() {
   python3 - "$r" <<'PY' | tee "$r/unwritten.txt"
 import json, pathlib, sys
@@ -70,11 +76,12 @@ for s in "$@"; do
       cases='unpacked/pad-tail-*,packed/many-b4-t1024-*,packed/random-b4-t1024-*'
       cases+=',padded/between-b4-t1024-*,unaligned/odd-b4-t1024-*,extremes/single-tokens-*'
       for run in a b; do
+        [ "$(left)" -ge 240 ] || { echo "unwritten-$run not started: $(left)s left" | tee -a "$r/steps.txt"; continue; }
         step "unwritten-$run" 240 env HARNESS_COMPILATION_CACHE=/tmp/jaxcache-unwritten \
           python3 -m harness run --suite nightly --kernels flash_attn:varlen,flash_attn:varlen_vmap \
           --cases "$cases" --report-dir "$r/unwritten-$run"
       done
-      unwritten_flips
+      [ -f "$r/unwritten-b/report.jsonl" ] && unwritten_flips
       echo "unwritten-a unwritten-b unwritten.txt unwritten-a.log.txt unwritten-b.log.txt" >> "$r/packed.txt" ;;
     nightly:*) run_dir "nightly-${s#nightly:}" ;;
     flake:*)

@@ -7,10 +7,11 @@ group form one group of their own), the CLI becomes a controller that never touc
 itself: each group runs in a worker (`python -m harness run --worker-pairs FILE`), two at a
 time, sharing the device (`start_groups`, `shares`: the kernels without a group keep XLA's
 default 75% of a GPU's memory, the other groups take turns beside them with what they need of
-the rest), or one after another with the whole device where the user set
-XLA_PYTHON_CLIENT_MEM_FRACTION themselves. A worker appends its records as it goes and says which pair it starts. A worker that dies (a crash, a clash at import) costs one error record, for the
-pair it was running, with the reason; a fresh worker then takes the group's remaining pairs, so
-the rest of the run goes on. The controller joins the workers' reports into one
+the rest), or one after another with the whole device where the user chose jax's memory
+settings themselves (`user_set_memory`). A worker appends its records as it goes and says
+which pair it starts. A worker that dies (a crash, a clash at import) costs one error record,
+for the pair it was running, with the reason; a fresh worker then takes the group's remaining
+pairs, so the rest of the run goes on. The controller joins the workers' reports into one
 (harness.views.report_dir.merge_reports).
 
 pytest uses the same workers: a test whose kernel's group clashes with one already loaded in
@@ -58,13 +59,20 @@ def groups(kernels) -> dict[str | None, list]:
 MAIN_SHARE = 0.75        # XLA's default share of a GPU's memory: the main group's, as alone
 DEVICE_SHARE = 0.93      # what the groups running at once may take together (shares)
 AT_ONCE = 2              # groups running at once
-MEM_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+MEM_FRACTION = "XLA_CLIENT_MEM_FRACTION"    # jax's name; it refuses both names set at once
+USER_MEMORY = (MEM_FRACTION, "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR")
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+
+
+def user_set_memory(environ=os.environ) -> bool:
+    """Whether the user chose how jax takes a GPU's memory (a share under either of its names,
+    or another allocator): the harness then sets no share of its own."""
+    return any(name in environ for name in USER_MEMORY)
 
 
 def shares(group_names, environ=os.environ) -> dict | None:
     """The environment each group's workers add when the groups run at once, or None: run them
-    one after another (the user chose a share themselves, or there is one group).
+    one after another (the user chose how jax takes memory, or there is one group).
 
     At most two groups run at a time (`start_groups`), and their shares add up to DEVICE_SHARE
     at most: the rest of the GPU's memory is for what no allocator share covers (each process's
@@ -72,36 +80,46 @@ def shares(group_names, environ=os.environ) -> dict | None:
     mid-launch, on a full device. The main group (None) keeps XLA's default: 75% of a GPU's
     memory, taken at start, so its programs fit or not as in a run of its own; while it runs,
     one other group at a time takes memory as it needs it (no preallocation) up to what is left
-    (DEVICE_SHARE less the main group's), and the rest wait their turn. Without a main group,
-    two groups at a time each take up to half of DEVICE_SHARE. On CPUs the settings are unused."""
+    (DEVICE_SHARE less the main group's), and the rest wait their turn. A group that starts
+    with no main group running (there is none, or it has finished) may take half of
+    DEVICE_SHARE (`share`). On CPUs the settings are unused."""
     names = list(group_names)
-    if len(names) < 2 or MEM_FRACTION in environ:
+    if len(names) < 2 or user_set_memory(environ):
         return None
-    rest = round(DEVICE_SHARE - MAIN_SHARE if None in names else DEVICE_SHARE / AT_ONCE, 3)
-    return {g: {} if g is None else {MEM_FRACTION: f"{rest:.3f}", PREALLOCATE: "false"}
-            for g in names}
+    return {g: {} if g is None else share(main_running=None in names) for g in names}
+
+
+def share(*, main_running: bool) -> dict:
+    """The environment of a group other than the main one, started beside the main group or
+    not (see shares)."""
+    fraction = DEVICE_SHARE - MAIN_SHARE if main_running else DEVICE_SHARE / AT_ONCE
+    return {MEM_FRACTION: f"{round(fraction, 3):.3f}", PREALLOCATE: "false"}
 
 
 def start_groups(pairs_by_group: dict, workdir: Path, options: list[str], *, env=None,
                  on_crash=None, stop=None, echo=print):
     """Starts each group's run_group in a thread, AT_ONCE groups at a time with their `shares`
     of the device (or one after another where `shares` says so), the main group first: while
-    it runs, the other groups take turns beside it. `pairs_by_group`: group (None: the kernels
-    without one) -> its (kernel, case) pairs. Returns the pool and one future per group, in the
-    groups' order: the caller waits, and on being stopped sets `stop` and calls stop_live
-    before it shuts the pool down."""
+    it runs, the other groups take turns beside it; a group that starts after it has finished
+    takes the larger share. `pairs_by_group`: group (None: the kernels without one) -> its
+    (kernel, case) pairs. Returns the pool and one future per group, in the groups' order: the
+    caller waits, and on being stopped sets `stop` and calls stop_live before it shuts the
+    pool down."""
     from concurrent.futures import ThreadPoolExecutor
     env = dict(os.environ if env is None else env)
     by_group = shares(pairs_by_group, env)
+    futures: dict = {}
 
     def run(group, pairs):
+        extra = {} if by_group is None else by_group[group]
+        if extra and group is not None and None in futures and futures[None].done():
+            extra = share(main_running=False)
         return run_group(group or "main", pairs, workdir, options, echo=echo,
-                         env=env if by_group is None else {**env, **by_group[group]},
-                         on_crash=on_crash, stop=stop)
+                         env={**env, **extra}, on_crash=on_crash, stop=stop)
     pool = ThreadPoolExecutor(max_workers=1 if by_group is None else AT_ONCE,
                               thread_name_prefix="group")
-    order = sorted(pairs_by_group, key=lambda g: g is not None)    # the main group first
-    futures = {g: pool.submit(run, g, pairs_by_group[g]) for g in order}
+    for g in sorted(pairs_by_group, key=lambda g: g is not None):    # the main group first
+        futures[g] = pool.submit(run, g, pairs_by_group[g])
     return pool, [futures[g] for g in pairs_by_group]
 
 

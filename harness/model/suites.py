@@ -59,7 +59,10 @@ SUITES = {"smoke": smoke, "nightly": nightly}
 def suite_cases(name: str, pattern: str | None = None, seeds: int = 1) -> list[Case]:
     """The suite's cases, each under `seeds` seeds (its own and the next ones); `pattern` (globs
     over case ids, comma-separated) narrows them: a case whose own id matches comes under all its
-    seeds, another only under the seeds whose ids match. Matching nothing is a UsageError."""
+    seeds, another only under the seeds whose ids match; an exact id of the case under a later
+    seed (no glob characters) comes under `seeds` seeds from that one. The suite's own seeds
+    differ by shape (`-s0`, `-s1`, ...): a glob ending in one seed picks those shapes' cases.
+    Matching nothing is a UsageError."""
     if name not in SUITES:
         raise UsageError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
     if seeds < 1:
