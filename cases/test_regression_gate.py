@@ -47,3 +47,23 @@ def test_a_planted_growth_and_a_planted_flip_are_caught(runs):
                for r in second]
     result = regression.compare(flipped, base)
     assert result.regressed and len(result.flips) == 1 and by_key[flip.key].verdict == "pass"
+
+
+def test_the_committed_series_agrees_and_the_series_check_sees_a_disagreement():
+    """scripts/series_check.py, which judges issue 17's series of nightlies: the two committed
+    nightlies of 3cb1dac (full records and a digest) agree record by record with no problem;
+    the first try at d116d23, with its two errors, does not."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    series = root / "reports" / "h200" / "nightlies-3cb1dac"
+
+    def check(*runs):
+        return subprocess.run([sys.executable, "scripts/series_check.py", *map(str, runs)],
+                              cwd=root, capture_output=True, text=True, timeout=300)
+    first = series / "nightly-c1" / "report.jsonl.gz"
+    same = check(first, series / "nightly-c2" / "verdicts.tsv.gz")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "differing verdict 0, outcome 0, max_abs_err 0" in same.stdout
+    other = check(first, series / "first-try-d116d23" / "nightly-1" / "verdicts.tsv.gz")
+    assert other.returncode == 1 and "error 2; problems 2" in other.stdout, other.stdout

@@ -24,7 +24,8 @@
 # ends inside the tool's 10 minutes; a run that cannot start with MIN_LEFT s left (default 200:
 # a warm nightly took 191 s at 3cb1dac) is not started,
 # and one stopped by the limit keeps what finished (its summary says it was interrupted).
-# Needs .gpu/commit (the git commit of the tree sent).
+# Needs .gpu/commit (the git commit of the tree sent). Back here, `python3 scripts/series_check.py
+# FIRST OTHER...` says whether the runs agree record by record, with no problem.
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: gpu_nightlies.sh env|unwritten|nightly:N|flake:SEEDS ..."; exit 2; }
 t_start=$(date +%s)
