@@ -25,7 +25,8 @@ def load(source: str):
     """(commit, {key: (verdict, outcome, max abs err)}, full records or None)."""
     path = Path(source)
     if path.name.endswith(".tsv.gz"):
-        rows = list(csv.DictReader(gzip.open(path, "rt"), delimiter="\t"))
+        with gzip.open(path, "rt") as f:
+            rows = list(csv.DictReader(f, delimiter="\t"))
         table = {(r["kernel"], r["case_id"], r["check"], r["row"], r["segment"]):
                  tuple(r[f] for f in FIELDS) for r in rows}
         return None, table, None
