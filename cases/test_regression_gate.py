@@ -68,3 +68,21 @@ def test_the_committed_series_agrees_and_the_series_check_sees_a_disagreement():
     assert "differing verdict 0, outcome 0, max_abs_err 0" in same.stdout
     other = check(first, series / "first-try-d116d23" / "nightly-1" / "verdicts.tsv.gz")
     assert other.returncode == 1 and "error 2; problems 2" in other.stdout, other.stdout
+
+
+def test_the_margin_over_seeds_counts_only_checks_expected_to_pass():
+    """The flake study's margin table once counted MaxText's float16 known-bug segments as
+    ratios over 1 of a kernel "expected to pass". Its margins now take the checks expected to
+    pass; a planted failure of such a check still counts."""
+    from harness.judge import tallies, vocabulary as v
+    _, records = rec.read(Path(__file__).resolve().parent.parent / "reports" / "h200"
+                          / "nightlies-3cb1dac" / "nightly-c1" / "report.jsonl.gz")
+    known = [r for r in records if r.kernel == "maxtext:dot_product" and r.outcome == v.KNOWN
+             and r.ratio is not None]
+    assert known and max(r.ratio for r in known) > 1
+    margins = tallies.margins(records)
+    assert max(x for x in margins["maxtext:dot_product"] if x is not None) < 1
+    worst = max(known, key=lambda r: r.ratio)
+    planted = [r.replace(expected=v.PASS) if r is worst else r for r in records]
+    assert max(x for x in tallies.margins(planted)["maxtext:dot_product"]
+               if x is not None) == worst.ratio > 1
