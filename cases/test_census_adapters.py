@@ -300,11 +300,11 @@ def test_the_fa2_vmap_padding_bug_is_predicted_row_by_row_from_the_inputs(monkey
     rows of the flake study's four seeds (where dv overflows at float16's threshold), failing
     and passing rows both; and before unwritten memory was poisoned (the census, at 18b7f5f),
     every row but the last ones, whose contents were left over from other programs."""
-    import csv
     import gzip
     import json
     from pathlib import Path
     from harness.engine.registry import all_kernels
+    from harness.views import digest
     kernel = all_kernels()["flash_attn:varlen_vmap"]
     root = Path(__file__).resolve().parent.parent / "reports"
 
@@ -314,8 +314,8 @@ def test_the_fa2_vmap_padding_bug_is_predicted_row_by_row_from_the_inputs(monkey
             if r.get("type") == "record" and r["kernel"] == kernel.name and r["check"] == "padding":
                 yield Case.from_id(r["case_id"]), r["row"], r["verdict"]
 
-    def digest_rows(path):      # scripts/verdict_digest.py's lines
-        for r in csv.DictReader(gzip.open(path, "rt"), delimiter="\t"):
+    def digest_rows(path):      # a digest (harness.views.digest)
+        for r in digest.read(path):
             if r["kernel"] == kernel.name and r["check"] == "padding":
                 yield Case.from_id(r["case_id"]), int(r["row"]), r["verdict"]
 

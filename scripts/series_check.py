@@ -4,36 +4,30 @@
 
 Each argument is a run: a report folder or file (full records), or a digest
 (`verdicts.tsv.gz`, scripts/verdict_digest.py). For each run: its commit, outcomes and
-problems (fail and error records). For each later run against the first: the records only one
-has, and those whose verdict, outcome or max abs error differ. Where both have full records,
+problems (records whose outcome is bad: fail, missed, error). For each later run against the
+first: the records only one has, and those whose verdict, outcome or max abs error differ. Where both have full records,
 `harness compare` (harness.judge.regression) too. Exit status 1 if any run has a problem,
 a different commit, or disagrees with the first; 0 otherwise.
 """
-import csv
-import gzip
 import sys
 from collections import Counter
 from pathlib import Path
 
 from harness.judge import regression
-from harness.views import report_file
-
-FIELDS = ("verdict", "outcome", "max_abs_err")
+from harness.judge import vocabulary as v
+from harness.views import digest, report_file
 
 
 def load(source: str):
-    """(commit, {key: (verdict, outcome, max abs err)}, full records or None)."""
+    """(commit, {digest key: (verdict, outcome, max abs err)}, full records or None)."""
     path = Path(source)
     if path.name.endswith(".tsv.gz"):
-        with gzip.open(path, "rt") as f:
-            rows = list(csv.DictReader(f, delimiter="\t"))
-        table = {(r["kernel"], r["case_id"], r["check"], r["row"], r["segment"]):
-                 tuple(r[f] for f in FIELDS) for r in rows}
-        return None, table, None
-    header, records = report_file.read(path)
-    table = {(r.kernel, r.case_id, r.check, str(r.row), str(r.segment)):
-             tuple(str(getattr(r, f)) for f in FIELDS) for r in records}
-    return header.get("environment", {}).get("git_commit"), table, records
+        commit, rows, records = None, digest.read(path), None
+    else:
+        header, records = report_file.read(path)
+        commit, rows = header.get("environment", {}).get("git_commit"), digest.rows(records)
+    table = {tuple(r[f] for f in digest.KEY): tuple(r[f] for f in digest.VALUES) for r in rows}
+    return commit, table, records
 
 
 def main(sources: list[str]) -> int:
@@ -43,8 +37,8 @@ def main(sources: list[str]) -> int:
     print(f"commits: {', '.join(sorted(commits)) or 'not in the digests'}")
     bad |= len(commits) > 1
     for source, _, table, _ in runs:
-        outcomes = Counter(v[1] for v in table.values())
-        problems = outcomes["fail"] + outcomes["error"]
+        outcomes = Counter(outcome for _, outcome, _ in table.values())
+        problems = sum(outcomes[o] for o in v.BAD)
         bad |= problems > 0
         print(f"{source}: {len(table)} records; " + ", ".join(
             f"{k} {n}" for k, n in outcomes.most_common()) + f"; problems {problems}")
@@ -53,10 +47,10 @@ def main(sources: list[str]) -> int:
         only = len(first.keys() ^ table.keys())
         differ = Counter()
         for key in first.keys() & table.keys():
-            for field, a, b in zip(FIELDS, first[key], table[key]):
+            for field, a, b in zip(digest.VALUES, first[key], table[key]):
                 differ[field] += a != b
         print(f"{source} vs {first_source}: records in one only {only}; differing "
-              + ", ".join(f"{f} {differ[f]}" for f in FIELDS))
+              + ", ".join(f"{f} {differ[f]}" for f in digest.VALUES))
         bad |= only > 0 or any(differ.values())
         if records is not None and first_records is not None:
             result = regression.compare(records, first_records)
