@@ -339,7 +339,7 @@ def test_a_deterministic_build_out_of_memory_is_retried_then_visibly_replaced(mo
     leak = [r for r in run_kernel_case(kernel, case, CPU, Programs(platform="gpu")).records
             if r.check == "leak"]
     assert calls[-1] == {"reruns": leak_probe.RERUNS_UNCERTAIN, "confirm": True,
-                         "reproducible": None}
+                         "reproducible": False}
     assert {r.mode for r in leak} == {"default"} and {r.outcome for r in leak} == {"ok"}
     assert all("deterministic build failed (RuntimeError: RESOURCE_EXHAUSTED" in r.message
                and "128.00GiB" in r.message for r in leak)
@@ -413,6 +413,7 @@ def test_a_deterministic_build_that_cannot_fit_the_device_is_not_run(monkeypatch
     case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
     leak = [r for r in run_kernel_case(Kernel("dp", dot_product), case, CPU,
                                        Programs(platform="gpu")).records if r.check == "leak"]
-    assert calls == [{"reruns": leak_probe.RERUNS_UNCERTAIN, "confirm": True, "reproducible": None}], calls
+    assert calls == [{"reruns": leak_probe.RERUNS_UNCERTAIN, "confirm": True,
+                      "reproducible": False}], calls
     assert {r.mode for r in leak} == {"default"} and {r.outcome for r in leak} == {"ok"}
     assert all("DoesNotFit: needs 1024.0 GiB of device memory" in r.message for r in leak)
