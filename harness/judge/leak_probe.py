@@ -17,8 +17,10 @@ Bitwise comparisons need a reproducible kernel. The probe runs the kernel's dete
 kernels are undefined), that reruns on the same inputs reproduce every tensor.
 
 Tensors that are not reproducible (some of TE's backward passes even with its deterministic
-setting; kernels that accumulate dq with atomics and declare `reproducible=False`, which are
-never trusted on a bitwise rerun) are decided statistically, on a change that is systematic:
+setting; kernels that accumulate dq with atomics and declare `reproducible=False`, and the
+gradients of a GPU kernel's default build probed where its deterministic build cannot run:
+neither is ever trusted on a bitwise rerun) are decided statistically, on a change that is
+systematic:
 - noise: RERUNS_NOISY reruns of the unchanged inputs give every token's run-to-run difference;
   the threshold is NOISE_FACTOR times the largest (at least NOISE_FLOOR_ULPS roundings of the
   tensor's largest value), raised until the false-alarm probability below fits its budget;
@@ -303,13 +305,13 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     """Runs `program` (the kernel's build for the probe) on the case and its perturbations.
     `first`: this program's results on the unchanged inputs, if already computed.
 
-    A build that is not deterministic by construction (the default build of a GPU kernel whose
-    deterministic build could not run) may reproduce a tensor in a few reruns by chance and
-    differ in the next run: there `reruns` is raised and `confirm` runs each perturbation twice,
-    a token counting as changed only where both runs changed it (noise that slipped past the
-    reruns does not land on the same token twice; a leak does). `reproducible=False` (the
-    kernel declares its backward not reproducible): its gradients are decided statistically
-    (above their noise, amplified, confirmed) even where the reruns happened to agree."""
+    `confirm` runs each perturbation twice, a token counting as changed only where both runs
+    changed it: rare noise that slipped past the reruns seldom lands on the same token twice,
+    a leak does. Seldom is not never (on the H200 a default build's dq reproduced in 6 reruns,
+    then changed one token by 1 ulp in both runs of a perturbation), so `reproducible=False`
+    (the kernel declares its backward not reproducible, or the build is a GPU default build,
+    not reproducible by construction) decides the gradients statistically (above their noise,
+    amplified, confirmed) even where the reruns happened to agree."""
     args = inputs.device_args
     base = first if first is not None else program(*args)
     names = [c.name for c in TENSORS[:len(base)]]
