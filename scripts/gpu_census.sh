@@ -11,8 +11,8 @@
 # Each call writes $OUT/census/parts/<part>/ and $OUT/census/repro/ (with the log, steps.txt and
 # nvidia-smi's line beside them); copy every part's folder into reports/census/ and run
 # `python -m harness census --table-only` there. Options after the part go to the census
-# (e.g. --no-bench). HARNESS_GIT_COMMIT (or the file .gpu/commit) names the commit in the
-# headers: the runner's copy of .git can be stale.
+# (e.g. --no-bench). HARNESS_GIT_COMMIT (or .gpu/commit: scripts/gpu_stamp.sh) names the
+# commit in the headers: the runner's copy of .git can be stale.
 set -uo pipefail
 part=${1:?usage: gpu_census.sh te|fa|mt|jax [census options]}
 shift
@@ -33,9 +33,9 @@ case $part in
       select=(--kernels "$FA") ;;
   *) echo "usage: gpu_census.sh te|fa|mt|jax [census options]" >&2; exit 2 ;;
 esac
-commit=${HARNESS_GIT_COMMIT:-$(cat .gpu/commit 2> /dev/null || true)}
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$commit \
-  HARNESS_GIT_DIRTY=${HARNESS_GIT_DIRTY:-0}
+[ -n "${HARNESS_GIT_COMMIT:-}" ] || source scripts/gpu_stamp.sh check
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT \
+  HARNESS_GIT_DIRTY=${HARNESS_GIT_DIRTY:-1}
 out=${OUT:?set OUT to the folder that comes back}/census
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv \

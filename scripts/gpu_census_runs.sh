@@ -13,8 +13,9 @@
 #     OUT=DIR bash scripts/gpu_census_runs.sh b   # the census's part "fa" (the FlashAttention
 #                                                 #   ports), then the nightly of every kernel
 #                                                 #   without TE on a second fresh machine
-# Needs .gpu/commit (the git commit of the tree sent). Every step has a time limit, so a
-# command ends inside the tool's 10 minutes whatever a kernel does.
+# Needs .gpu/commit (written here by `bash scripts/gpu_stamp.sh`: the commit, and each file's
+# hash). Every step has a time limit, so a command ends inside the tool's 10 minutes whatever a
+# kernel does.
 set -uo pipefail
 phase=${1:?usage: gpu_census_runs.sh a1|a2|b}
 if [ "$phase" = b ]; then
@@ -22,8 +23,8 @@ if [ "$phase" = b ]; then
 else
   source .gpu/te/activate.sh && source .gpu/maxtext/activate.sh || exit 3
 fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
-  HARNESS_GIT_DIRTY=0 HARNESS_COMPILATION_CACHE=/tmp/jaxcache
+source scripts/gpu_stamp.sh check
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HARNESS_COMPILATION_CACHE=/tmp/jaxcache
 r=/tmp/h200; mkdir -p "$r"
 step() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
   timeout "$limit" "$@" > "$r/$name.log" 2>&1; local rc=$?

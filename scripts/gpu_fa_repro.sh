@@ -6,8 +6,8 @@
 # its vmap rule is not the same from run to run (reports/census/ says which records flip).
 set -uo pipefail
 source .gpu/fa/activate.sh || exit 3
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
-  HARNESS_GIT_DIRTY=0
+source scripts/gpu_stamp.sh check
+export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi-fa.txt" 2>&1
 cd reports/census/repro
 run() { local script=$1 txt=$2; { echo "\$ python $script"; timeout 240 python3 "$script" 2>&1 \

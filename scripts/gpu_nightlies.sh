@@ -24,17 +24,19 @@
 # ends inside the tool's 10 minutes; a run that cannot start with MIN_LEFT s left (default 200:
 # a warm nightly took 191 s at 3cb1dac) is not started,
 # and one stopped by the limit keeps what finished (its summary says it was interrupted).
-# Needs .gpu/commit (the git commit of the tree sent). Back here, `python3 scripts/series_check.py
-# FIRST OTHER...` says whether the runs agree record by record, with no problem.
+# Needs .gpu/commit (written here by `bash scripts/gpu_stamp.sh`: the commit, and each file's
+# hash). Back here, `python3 scripts/series_check.py FIRST OTHER...` says whether the runs agree
+# record by record, with no problem.
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: gpu_nightlies.sh env|unwritten|nightly:N|flake:SEEDS ..."; exit 2; }
 t_start=$(date +%s)
 for b in fa maxtext te; do
   [ -f ".gpu/$b/activate.sh" ] && { source ".gpu/$b/activate.sh" || exit 3; }
 done
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
-  HARNESS_GIT_DIRTY=0 CUDA_CACHE_PATH=/tmp/nvcache
+source scripts/gpu_stamp.sh check
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 CUDA_CACHE_PATH=/tmp/nvcache
 r=/tmp/h200; mkdir -p "$r"; : > "$r/packed.txt"
+echo "tree: commit $HARNESS_GIT_COMMIT, dirty $HARNESS_GIT_DIRTY (scripts/gpu_stamp.sh)" >> "$r/steps.txt"
 left() { echo $(( 570 - ($(date +%s) - t_start) )); }
 step() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
   timeout "$limit" "$@" > "$r/$name.log.txt" 2>&1; local rc=$?

@@ -12,8 +12,8 @@
 set -uo pipefail
 phase=${1:-all}
 source .gpu/te/activate.sh && source .gpu/maxtext/activate.sh || exit 3
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
-  HARNESS_GIT_DIRTY=0
+source scripts/gpu_stamp.sh check
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 r=/tmp/timing; mkdir -p "$r"
 step() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
   HARNESS_COMPILATION_CACHE=/tmp/cache-$name timeout "$limit" "$@" > "$r/$name.log" 2>&1

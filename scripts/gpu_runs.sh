@@ -15,12 +15,13 @@
 #   OUT=DIR bash scripts/gpu_runs.sh e   # bench, 50-seed flake study, the CLI nightly cold
 #                                        #   then warm
 #   OUT=DIR bash scripts/gpu_runs.sh h   # bench, then the nightly of the op's kernels (cold)
-# Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit (the git commit).
+# Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit
+# (`bash scripts/gpu_stamp.sh`).
 set -uo pipefail
 phase=${1:?usage: gpu_runs.sh a|b1|b3|c|d|e|f|g|h}
 source .gpu/te/activate.sh && source .gpu/maxtext/activate.sh
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
-  HARNESS_GIT_DIRTY=0
+source scripts/gpu_stamp.sh check
+export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
 r=/tmp/h200; mkdir -p "$r"
 ts() { command -v taskset > /dev/null && echo "taskset -c $1"; }
 # Each lane has its own compilation cache: "cold" means nothing compiled before, "warm" a

@@ -6,12 +6,13 @@
 #   OUT=DIR bash scripts/gpu_sharded.sh ab  # both (about 3 minutes on the x2 runner, warm), and
 #                                           #   reports/h200x2/reorder_gradient_check.py
 # Each phase fits one call of the device tool (about 6 minutes, machine start aside).
-# Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit (the git commit).
+# Needs the .gpu/te and .gpu/maxtext bundles (../shared/gpu) and .gpu/commit
+# (`bash scripts/gpu_stamp.sh`).
 set -uo pipefail
 phase=${1:?usage: gpu_sharded.sh a|b|ab}
 source .gpu/te/activate.sh && source .gpu/maxtext/activate.sh
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HARNESS_GIT_COMMIT=$(cat .gpu/commit) \
-  HARNESS_GIT_DIRTY=0 HARNESS_COMPILATION_CACHE=/tmp/jaxcache-sharded
+source scripts/gpu_stamp.sh check
+export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HARNESS_COMPILATION_CACHE=/tmp/jaxcache-sharded
 r=/tmp/h200x2; mkdir -p "$r"
 step() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
   timeout "$limit" "$@" > "$r/$name.log" 2>&1; local rc=$?

@@ -1,0 +1,59 @@
+"""scripts/gpu_stamp.sh: a GPU run names the commit it ran, and says so when the tree sent is
+not that commit's (the scripts used to write git_dirty=False whatever was sent)."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+STAMP = Path(__file__).resolve().parent.parent / "scripts" / "gpu_stamp.sh"
+
+
+def _sh(cwd, command):
+    return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True,
+                          check=False)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    if shutil.which("git") is None or shutil.which("sha256sum") is None:
+        pytest.skip("needs git and sha256sum")
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(STAMP, tmp_path / "scripts" / "gpu_stamp.sh")
+    (tmp_path / ".gitignore").write_text(".gpu/\n")
+    (tmp_path / "op.py").write_text("x = 1\n")
+    for command in ("git init -q", "git add -A",
+                    "git -c user.name=t -c user.email=t@t commit -qm one"):
+        assert _sh(tmp_path, command).returncode == 0
+    return tmp_path
+
+
+def _device_check(repo):
+    out = _sh(repo, "source scripts/gpu_stamp.sh check; "
+                    "echo \"$HARNESS_GIT_COMMIT $HARNESS_GIT_DIRTY\"")
+    assert out.returncode == 0, out.stderr
+    commit, dirty = out.stdout.split()
+    return commit, dirty, out.stderr
+
+
+def test_a_clean_tree_is_stamped_and_checks_clean(repo):
+    made = _sh(repo, "bash scripts/gpu_stamp.sh")
+    assert made.returncode == 0 and "stamped" in made.stdout, made.stderr
+    head = _sh(repo, "git rev-parse HEAD").stdout.strip()
+    assert _device_check(repo)[:2] == (head, "0")
+
+
+def test_a_tree_with_changes_is_refused_and_a_changed_copy_reads_dirty(repo):
+    assert _sh(repo, "bash scripts/gpu_stamp.sh").returncode == 0
+    (repo / "op.py").write_text("x = 2\n")  # the fix not yet committed
+    refused = _sh(repo, "bash scripts/gpu_stamp.sh")
+    assert refused.returncode == 1 and "not committed" in refused.stderr
+    commit, dirty, said = _device_check(repo)  # the stamp made before the change
+    assert dirty == "1" and "op.py" in said
+
+
+def test_an_old_stamp_without_file_hashes_reads_dirty(repo):
+    head = _sh(repo, "git rev-parse HEAD").stdout.strip()
+    (repo / ".gpu").mkdir()
+    (repo / ".gpu" / "commit").write_text(head + "\n")
+    assert _device_check(repo)[:2] == (head, "1")

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The commit a GPU run names, and whether the tree it ran is that commit's tree. The device
+# gets a copy of the working tree without git, so the commit travels in .gpu/commit:
+#   here, before the device calls:        bash scripts/gpu_stamp.sh
+#     refuses a tree with changes not committed (git status), else writes .gpu/commit: the
+#     commit, then every tracked file's sha256. Carry .gpu/commit with every call.
+#   on the device (the GPU scripts do it): source scripts/gpu_stamp.sh check
+#     exports HARNESS_GIT_COMMIT and HARNESS_GIT_DIRTY: 1, with the files named on stderr,
+#     where a file sent differs from the stamp (or the stamp has no file list), else 0.
+# Before this the scripts wrote git_dirty=False into every report whatever was sent: the H200
+# once ran a fix that was not yet committed under the commit before it
+# (reports/h200/nightly-46d913b/README.md).
+if [ "${1:-}" = check ]; then
+  HARNESS_GIT_COMMIT=$(head -n 1 .gpu/commit 2> /dev/null)
+  if [ -n "$HARNESS_GIT_COMMIT" ] \
+      && tail -n +2 .gpu/commit | sha256sum --quiet --strict -c - > /tmp/gpu-stamp.txt 2>&1; then
+    HARNESS_GIT_DIRTY=0
+  else
+    HARNESS_GIT_DIRTY=1
+    echo "gpu_stamp: the tree sent is not commit '${HARNESS_GIT_COMMIT}' as stamped" \
+         "(run bash scripts/gpu_stamp.sh here and carry .gpu/commit):" >&2
+    head -n 5 /tmp/gpu-stamp.txt >&2
+  fi
+  export HARNESS_GIT_COMMIT HARNESS_GIT_DIRTY
+  return 0 2> /dev/null || exit 0
+fi
+set -euo pipefail
+if [ -n "$(git status --porcelain)" ]; then
+  echo "gpu_stamp: the tree has changes not committed (git status --porcelain): commit them" \
+       "first, so that the run names the code it ran" >&2
+  exit 1
+fi
+mkdir -p .gpu
+{ git rev-parse HEAD; git ls-files -z | xargs -0 sha256sum; } > .gpu/commit.tmp
+mv .gpu/commit.tmp .gpu/commit
+echo "stamped $(head -n 1 .gpu/commit): $(($(wc -l < .gpu/commit) - 1)) files"
