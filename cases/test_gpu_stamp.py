@@ -57,3 +57,8 @@ def test_an_old_stamp_without_file_hashes_reads_dirty(repo):
     (repo / ".gpu").mkdir()
     (repo / ".gpu" / "commit").write_text(head + "\n")
     assert _device_check(repo)[:2] == (head, "1")
+
+
+def test_no_stamp_names_no_commit(repo):
+    """Without .gpu/commit the run is 'unstamped', never the device's own (stale) .git."""
+    assert _device_check(repo)[:2] == ("unstamped", "1")

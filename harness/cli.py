@@ -373,8 +373,9 @@ def _run_parser(sub) -> None:
     run.add_argument("--no-leak-probe", action="store_true",
                      help="tolerance checks only (the views then say the probe did not run)")
     run.add_argument("--no-deterministic-probe", action="store_true",
-                     help="probe the kernels' default builds on GPUs too (tensors that differ "
-                          "run to run are then unprobed)")
+                     help="probe the kernels' default builds on GPUs too (a tensor that "
+                          "differs in its reruns is then decided above its noise, one whose "
+                          "reruns agree bitwise)")
     _add_selection(run)
     _add_compilation(run)
     run.set_defaults(func=cmd_run)

@@ -12,7 +12,8 @@
 # nvidia-smi's line beside them); copy every part's folder into reports/census/ and run
 # `python -m harness census --table-only` there. Options after the part go to the census
 # (e.g. --no-bench). HARNESS_GIT_COMMIT (or .gpu/commit: scripts/gpu_stamp.sh) names the
-# commit in the headers: the runner's copy of .git can be stale.
+# commit in the headers (set by hand, give HARNESS_GIT_DIRTY=0 too, or the run reads dirty):
+# the runner's copy of .git can be stale.
 set -uo pipefail
 part=${1:?usage: gpu_census.sh te|fa|mt|jax [census options]}
 shift

@@ -2,15 +2,17 @@
 # Issue 17's GPU runs: consecutive full nightlies of one commit with every kernel (Transformer
 # Engine, MaxText and the FlashAttention ports), on the one-H200 runner. The three bundles do
 # not fit one upload, but each unpacks under /tmp once and stays while the machine is warm, so
-# the calls of the device tool go back to back on one machine:
+# the calls of the device tool go back to back on one machine (stamp the commit first, here:
+# `bash scripts/gpu_stamp.sh`):
 #   carry .gpu/fa .gpu/commit       OUT=DIR bash scripts/gpu_nightlies.sh env
 #   carry .gpu/maxtext .gpu/commit  OUT=DIR bash scripts/gpu_nightlies.sh env
-#   carry .gpu/te .gpu/commit       OUT=DIR bash scripts/gpu_nightlies.sh env nightly:1 nightly:2
-#   (nothing carried)               OUT=DIR bash scripts/gpu_nightlies.sh nightly:3 nightly:4
-#   (nothing carried)               OUT=DIR bash scripts/gpu_nightlies.sh nightly:5
-# (at 3cb1dac a nightly took 282 s cold and 191 s warm, as a command). A second fresh machine:
-# the same first three calls with `env nightly:m2` last; a flake study (4 seeds took 290 s
-# warm) in a call of its own after it.
+#   carry .gpu/te .gpu/commit       OUT=DIR bash scripts/gpu_nightlies.sh env nightly:1
+#   carry .gpu/commit               OUT=DIR bash scripts/gpu_nightlies.sh nightly:2 nightly:3
+#   carry .gpu/commit               OUT=DIR bash scripts/gpu_nightlies.sh nightly:4 nightly:5
+# (at 2d9d1cd a nightly took 350-364 s cold and 217-241 s warm, as a command: a cold and a warm
+# one do not fit one call). A second fresh machine: the same first three calls with
+# `env nightly:m2` last; a flake study (4 seeds took 290 s warm at 3cb1dac) in a call of its
+# own after it.
 # Steps, in the order given:
 #   env         the GPU and driver, and whether every bundle imports;
 #   unwritten   the FlashAttention-2 kernels on the cases whose padding verdicts used to flip,
@@ -21,9 +23,9 @@
 #               that skips a case is listed in the report's skips.
 # Nightly 1 starts on an empty compilation cache; the next ones reuse it, as a nightly runner
 # keeps its cache. Each step runs under the time left of the call (570 s in all), so a call
-# ends inside the tool's 10 minutes; a run that cannot start with MIN_LEFT s left (default 200:
-# a warm nightly took 191 s at 3cb1dac) is not started,
-# and one stopped by the limit keeps what finished (its summary says it was interrupted).
+# ends inside the tool's 10 minutes; a run that cannot start with MIN_LEFT s left (default 250:
+# a warm nightly took up to 241 s at 2d9d1cd) is not started, and one stopped by the limit
+# keeps what finished (its summary says it was interrupted).
 # Needs .gpu/commit (written here by `bash scripts/gpu_stamp.sh`: the commit, and each file's
 # hash). Back here, `python3 scripts/series_check.py FIRST OTHER...` says whether the runs agree
 # record by record, with no problem.
@@ -45,7 +47,7 @@ step() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
   sed -i '/Allocator\|bfc_allocator\|^W0000\|^I0000/d' "$r/$name.log.txt"
   echo "$name rc=$rc wall=$(( $(date +%s) - t0 ))s limit=${limit}s" | tee -a "$r/steps.txt"; }
 run_dir() { local name=$1; shift           # a harness run into $r/NAME, under the time left
-  if [ "$(left)" -lt "${MIN_LEFT:-200}" ]; then echo "$name not started: $(left)s left" | tee -a "$r/steps.txt"; return; fi
+  if [ "$(left)" -lt "${MIN_LEFT:-250}" ]; then echo "$name not started: $(left)s left" | tee -a "$r/steps.txt"; return; fi
   # The device's memory in use, every half second: the peak goes into steps.txt.
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 500 \
     > "$r/$name.mem.txt" 2>/dev/null & local mon=$!

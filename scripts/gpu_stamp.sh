@@ -11,16 +11,19 @@
 # once ran a fix that was not yet committed under the commit before it
 # (reports/h200/nightly-46d913b/README.md).
 if [ "${1:-}" = check ]; then
-  HARNESS_GIT_COMMIT=$(head -n 1 .gpu/commit 2> /dev/null)
-  if [ -n "$HARNESS_GIT_COMMIT" ] \
-      && tail -n +2 .gpu/commit | sha256sum --quiet --strict -c - > /tmp/gpu-stamp.txt 2>&1; then
+  # No stamp: "unstamped", never the device's own copy of .git (it can be stale).
+  HARNESS_GIT_COMMIT=$(head -n 1 .gpu/commit 2> /dev/null || true)
+  HARNESS_GIT_COMMIT=${HARNESS_GIT_COMMIT:-unstamped}
+  _stamp_out=$(tail -n +2 .gpu/commit 2> /dev/null | sha256sum --quiet --strict -c - 2>&1)
+  if [ $? -eq 0 ] && [ "$HARNESS_GIT_COMMIT" != unstamped ]; then
     HARNESS_GIT_DIRTY=0
   else
     HARNESS_GIT_DIRTY=1
     echo "gpu_stamp: the tree sent is not commit '${HARNESS_GIT_COMMIT}' as stamped" \
          "(run bash scripts/gpu_stamp.sh here and carry .gpu/commit):" >&2
-    head -n 5 /tmp/gpu-stamp.txt >&2
+    printf '%s\n' "$_stamp_out" | head -n 5 >&2
   fi
+  unset _stamp_out
   export HARNESS_GIT_COMMIT HARNESS_GIT_DIRTY
   return 0 2> /dev/null || exit 0
 fi
@@ -31,6 +34,9 @@ if [ -n "$(git status --porcelain)" ]; then
   exit 1
 fi
 mkdir -p .gpu
-{ git rev-parse HEAD; git ls-files -z | xargs -0 sha256sum; } > .gpu/commit.tmp
+trap 'rm -f .gpu/commit.tmp' EXIT
+# Files only (a submodule or a tracked symlink to nowhere has no content to hash here).
+{ git rev-parse HEAD; git ls-files -z | xargs -0 -I{} sh -c '[ -f "$1" ] || exit 0
+  sha256sum "$1"' _ {}; } > .gpu/commit.tmp
 mv .gpu/commit.tmp .gpu/commit
 echo "stamped $(head -n 1 .gpu/commit): $(($(wc -l < .gpu/commit) - 1)) files"

@@ -140,8 +140,7 @@ def _leak_records(kernel, case, programs: Programs, inputs, results, disagreemen
     try:
         if mode == DEFAULT:
             found = leak_probe.probe(programs.get(kernel, case, DEFAULT), inputs, case, results,
-                                     confirm=confirm,
-                                     reproducible=_reproducible(kernel, programs, DEFAULT))
+                                     confirm=confirm, reproducible=kernel.reproducible)
         else:
             try:
                 found = _probe_deterministic(programs.get(kernel, case, mode), inputs, case,
@@ -153,27 +152,20 @@ def _leak_records(kernel, case, programs: Programs, inputs, results, disagreemen
                         f"above their run-to-run noise ({leak_probe.RERUNS_UNCERTAIN} reruns), "
                         "each leak confirmed by a second run")
                 mode = DEFAULT
+                # The default build stands in for a deterministic one: it is not reproducible
+                # by construction (a dq accumulated with atomics), and reruns that happen to
+                # agree bitwise do not make it so. A tensor compared bitwise on their word
+                # reads as leaking on the night its noise comes in the perturbed runs instead
+                # (the H200 at 2d9d1cd: cuDNN's dq at 1 x 32768, 6 identical reruns, then one
+                # token 1 ulp off in both runs of a perturbation). So its gradients are decided
+                # above their noise always, however the reruns went.
                 found = leak_probe.probe(programs.get(kernel, case, DEFAULT), inputs, case,
                                          results, reruns=leak_probe.RERUNS_UNCERTAIN,
-                                         confirm=True,
-                                         reproducible=_reproducible(kernel, programs, DEFAULT))
+                                         confirm=True, reproducible=False)
     except Exception as exc:  # the kernel ran once already: a failure here is the kernel's
         return [judging.error_record(kernel, case, f"leak probe: {type(exc).__name__}: {exc}",
                                      check=LEAK.name)]
     return judging.leak_records(kernel, case, found, mode, note)
-
-
-def _reproducible(kernel, programs: Programs, mode: str) -> bool | None:
-    """What the probe may assume of the build it probes. A GPU kernel's default build is not
-    reproducible by construction (a dq accumulated with atomics): reruns that happen to agree
-    bitwise do not make it so, and a tensor compared bitwise on their word flips to a leak on
-    the night its noise shows in the perturbed runs instead (seen on the H200 at 2d9d1cd:
-    cuDNN's dq at 1 x 32768, 6 reruns identical, then a 1-ulp change in both runs of one
-    perturbation). So its gradients are always decided statistically, whatever the reruns saw,
-    and the way a tensor is decided does not depend on chance."""
-    if mode == DEFAULT and programs.platform == "gpu":
-        return False
-    return kernel.reproducible
 
 
 class BuildDisagrees(RuntimeError):

@@ -322,6 +322,10 @@ def leak_message(leak, found, note: str) -> tuple[str, str]:
     if found.gated:
         message += "; above run-to-run noise only: " + ", ".join(
             f"{t} changes > {x:.2g}" for t, x in found.gated.items())
+        if found.quiet:
+            message += (f" ({', '.join(found.quiet)}: no noise seen in the reruns, the floor "
+                        "threshold of a build not reproducible by construction; no false-alarm "
+                        "rate measurable)")
     if found.unprobed:
         from harness.judge.leak_probe import POWERLESS
         message += (f"; not probed (run-to-run noise over {POWERLESS:.0%} of the values): "
@@ -346,6 +350,7 @@ def leak_records(kernel, case, found, mode: str, note: str = "") -> list[Record]
             gated={t: float(f"{x:.3g}") for t, x in found.gated.items()} or None,
             detectable=found.detectable or None,
             false_alarm=found.false_alarm if found.gated else None,
+            quiet=list(found.quiet) or None,
             fallback=note or None))
     return records
 

@@ -199,6 +199,10 @@ class ProbeResult:
     gated: dict[str, float] = field(default_factory=dict)  # tensor -> change that counts
     detectable: dict[str, float] = field(default_factory=dict)  # tensor -> leak / scale
     false_alarm: float = 0.0   # probability that noise alone made some token count as changed
+    # Gated tensors whose reruns showed no noise at all (a build not reproducible by
+    # construction): their threshold is the floor, and no false-alarm rate can be measured
+    # for them (`false_alarm` counts only the tensors whose noise was seen).
+    quiet: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -309,9 +313,11 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     changed it: rare noise that slipped past the reruns seldom lands on the same token twice,
     a leak does. Seldom is not never (on the H200 a default build's dq reproduced in 6 reruns,
     then changed one token by 1 ulp in both runs of a perturbation), so `reproducible=False`
-    (the kernel declares its backward not reproducible, or the build is a GPU default build,
-    not reproducible by construction) decides the gradients statistically (above their noise,
-    amplified, confirmed) even where the reruns happened to agree."""
+    (the kernel declares its backward not reproducible, or the build is a GPU default build
+    standing in for a deterministic one that cannot run) decides the gradients statistically
+    (above their noise, amplified, confirmed) even where the reruns happened to agree; those
+    whose reruns agreed are listed in `quiet`: their threshold is the floor, and their
+    false-alarm probability cannot be measured."""
     args = inputs.device_args
     base = first if first is not None else program(*args)
     names = [c.name for c in TENSORS[:len(base)]]
@@ -339,4 +345,5 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
         [n for n in names if n not in unprobed], unprobed, thresholds,
         detectable={n: float(f"{t / (amplitude(case.dtype) * scale[n]):.3g}")
                     if scale[n] > 0 else math.inf for n, t in thresholds.items()},
-        false_alarm=float(sum(tokens * noise[n].exceed(t) ** 2 for n, t in thresholds.items())))
+        false_alarm=float(sum(tokens * noise[n].exceed(t) ** 2 for n, t in thresholds.items())),
+        quiet=[n for n in thresholds if noise[n].largest == 0])

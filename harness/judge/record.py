@@ -53,6 +53,7 @@ class Record:
     gated: dict | None = None             # tensor -> the change that counts (above noise)
     detectable: dict | None = None        # tensor -> smallest leak it could see, / its scale
     false_alarm: float | None = None      # probability of a false leak verdict (gated tensors)
+    quiet: list | None = None             # gated tensors whose reruns showed no noise: no rate
     fallback: str | None = None           # why the default build was probed
     judged_by: str | None = None          # an unjudged check: the leak record that judged it
     # Padding hygiene: tensor -> {"kind", "count", "first", "max"} for each violation.
@@ -121,7 +122,8 @@ class Record:
 
 _FIELDS = tuple(f.name for f in fields(Record) if f.name != "extra")
 # Written only where set (leak, padding, error and merged records).
-_OPTIONAL = frozenset({"probed", "unprobed", "gated", "detectable", "false_alarm", "fallback",
+_OPTIONAL = frozenset({"probed", "unprobed", "gated", "detectable", "false_alarm", "quiet",
+                       "fallback",
                        "judged_by", "violations", "traceback", "mode"})
 
 

@@ -89,6 +89,16 @@ def gated(records: Iterable[Record]) -> dict[tuple[str, str], tuple[int, float]]
     return out
 
 
+def quiet(records: Iterable[Record]) -> dict[tuple[str, str], int]:
+    """(kernel, tensor) -> leak records that gated it although its reruns showed no noise (a
+    build not reproducible by construction): a threshold with no measured false-alarm rate."""
+    out: Counter = Counter()
+    for r in records:
+        if r.check == v.LEAK.name:
+            out.update((r.kernel, t) for t in r.quiet or ())
+    return dict(out)
+
+
 def detectable(records: Iterable[Record]) -> dict[str, dict[str, float]]:
     """kernel -> tensor -> the largest (worst) smallest-detectable leak, as a fraction of the
     tensor's scale, over the kernel's leak records; 0 for tensors probed bitwise everywhere."""

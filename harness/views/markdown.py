@@ -158,7 +158,10 @@ def _leak_power(records: list[Record]) -> list[str]:
            "The smallest leak the probe could have seen per tensor, as a fraction of the "
            "tensor's largest value ('bitwise': any change counts), and the probability that "
            "noise alone gave a false leak verdict anywhere in this run (tensors decided above "
-           "their run-to-run noise; 0 where every tensor was compared bitwise).", "",
+           "their run-to-run noise; 0 where every tensor was compared bitwise). A tensor "
+           "marked 'no noise seen' was gated although its reruns agreed (a build not "
+           "reproducible by construction), at the floor threshold: no rate can be measured "
+           "for it.", "",
            "| kernel | smallest detectable leak | false-alarm probability (run) |", "|---|---|---|"]
     out += [f"| {k} | {d} | {p} |" for k, d, p in rows]
     return out

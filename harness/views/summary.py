@@ -55,9 +55,13 @@ def not_judged_lines(records: list[Record]) -> list[str]:
     for (kernel, tensor), n in sorted(tallies.unprobed(records).items()):
         lines.append(f"{kernel} leak: {tensor} unprobed in {n} segments (not reproducible run "
                      "to run)")
+    quiet = tallies.quiet(records)
     for (kernel, tensor), (n, worst) in sorted(tallies.gated(records).items()):
+        silent = quiet.get((kernel, tensor), 0)
         lines.append(f"{kernel} leak: {tensor} probed above run-to-run noise only in {n} "
-                     f"segments (threshold up to {worst:.2g}, on amplified perturbations)")
+                     f"segments (threshold up to {worst:.2g}, on amplified perturbations"
+                     + (f"; no noise seen in its reruns in {silent}: the floor threshold"
+                        if silent else "") + ")")
     for (kernel, reason), n in sorted(tallies.uncompared(records).items()):
         lines.append(f"{kernel} leak: {n} segments not compared ({reason})")
     for (kernel, why), n in sorted(tallies.fallbacks(records).items()):
@@ -78,11 +82,16 @@ def power_rows(records: list[Record]) -> list[tuple[str, str, str]]:
     """(kernel, smallest detectable leak per tensor, false-alarm probability over the run) for
     kernels whose leak probe was measured: 'bitwise' where every change counts."""
     detect, alarms = tallies.detectable(records), tallies.false_alarms(records)
+    quiet = tallies.quiet(records)
     rows = []
     for kernel, tensors in sorted(detect.items()):
         parts = [f"{t} {'bitwise' if frac == 0 else format(frac, '.2g')}"
+                 + (" (no noise seen)" if (kernel, t) in quiet else "")
                  for t, frac in tensors.items()]
-        rows.append((kernel, ", ".join(parts), f"{alarms.get(kernel, 0.0):.2g}"))
+        silent = [t for t in tensors if (kernel, t) in quiet]
+        alarm = f"{alarms.get(kernel, 0.0):.2g}" + (
+            f"; not measurable for {', '.join(silent)}" if silent else "")
+        rows.append((kernel, ", ".join(parts), alarm))
     return rows
 
 

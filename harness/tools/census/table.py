@@ -149,8 +149,11 @@ def backward_summary(kernel: str, records: list[Record]) -> dict:
     if not gated and not unprobed:
         text = f"yes: bitwise ({build})"
     else:
+        quiet = tallies.quiet(records)
         words = [f"{t} differs run to run ({n} segments, gated at <= {worst[t]:.2g})"
-                 for t, n in gated.items()]
+                 if quiet.get((kernel, t), 0) < n else
+                 f"{t} gated with no noise seen ({n} segments, at <= {worst[t]:.2g}: a build "
+                 "not reproducible by construction)" for t, n in gated.items()]
         words += [f"{t} unprobed ({n} segments)" for t, n in unprobed.items()]
         text = f"no: {'; '.join(words)} ({build})"
     return {"reproducible": not gated and not unprobed, "modes": modes, "gated": gated,
