@@ -62,3 +62,34 @@ def test_an_old_stamp_without_file_hashes_reads_dirty(repo):
 def test_no_stamp_names_no_commit(repo):
     """Without .gpu/commit the run is 'unstamped', never the device's own (stale) .git."""
     assert _device_check(repo)[:2] == ("unstamped", "1")
+
+
+def _sparse_without_reports(repo):
+    (repo / "reports").mkdir()
+    (repo / "reports" / "run.jsonl").write_text("{}\n")
+    for command in ("git add -A", "git -c user.name=t -c user.email=t@t commit -qm two",
+                    "git sparse-checkout set --no-cone '/*' '!/reports/'"):
+        done = _sh(repo, command)
+        assert done.returncode == 0, done.stderr
+    assert not (repo / "reports" / "run.jsonl").exists()
+
+
+def test_reports_left_out_of_a_sparse_checkout_are_not_stamped_and_the_code_checks_clean(repo):
+    """reports/ may stay behind (room for two bundles in one upload); the code is stamped."""
+    _sparse_without_reports(repo)
+    made = _sh(repo, "bash scripts/gpu_stamp.sh")
+    assert made.returncode == 0, made.stderr
+    assert "1 under reports/ not in the working tree" in made.stdout
+    stamp = (repo / ".gpu" / "commit").read_text()
+    assert "op.py" in stamp and "reports/" not in stamp
+    head = _sh(repo, "git rev-parse HEAD").stdout.strip()
+    assert _device_check(repo)[:2] == (head, "0")
+
+
+def test_code_left_out_of_the_working_tree_is_refused(repo):
+    _sparse_without_reports(repo)
+    assert _sh(repo, "git sparse-checkout set --no-cone '/*' '!/reports/' '!/op.py'"
+               ).returncode == 0
+    refused = _sh(repo, "bash scripts/gpu_stamp.sh")
+    assert refused.returncode == 1 and "op.py" in refused.stderr
+    assert not (repo / ".gpu" / "commit").exists()

@@ -2,17 +2,17 @@
 # Issue 17's GPU runs: consecutive full nightlies of one commit with every kernel (Transformer
 # Engine, MaxText and the FlashAttention ports), on the one-H200 runner. The three bundles do
 # not fit one upload, but each unpacks under /tmp once and stays while the machine is warm, so
-# the calls of the device tool go back to back on one machine (stamp the commit first, here:
-# `bash scripts/gpu_stamp.sh`):
-#   carry .gpu/fa .gpu/commit       OUT=DIR bash scripts/gpu_nightlies.sh env
-#   carry .gpu/maxtext .gpu/commit  OUT=DIR bash scripts/gpu_nightlies.sh env
-#   carry .gpu/te .gpu/commit       OUT=DIR bash scripts/gpu_nightlies.sh env nightly:1
-#   carry .gpu/commit               OUT=DIR bash scripts/gpu_nightlies.sh nightly:2 nightly:3
-#   carry .gpu/commit               OUT=DIR bash scripts/gpu_nightlies.sh nightly:4 nightly:5
+# the calls of the device tool go back to back on one machine. Stamp the commit first, here,
+# with reports/ left out of the working tree so that TE's and MaxText's bundles fit one upload
+# (`git sparse-checkout set --no-cone '/*' '!/reports/' && bash scripts/gpu_stamp.sh`;
+# `git sparse-checkout disable` afterwards):
+#   carry .gpu/fa .gpu/commit                    OUT=DIR bash scripts/gpu_nightlies.sh env
+#   carry .gpu/te .gpu/maxtext .gpu/commit       OUT=DIR bash scripts/gpu_nightlies.sh nightly:1
+#   carry .gpu/commit                            OUT=DIR bash scripts/gpu_nightlies.sh nightly:2 nightly:3
 # (at 2d9d1cd a nightly took 350-364 s cold and 217-241 s warm, as a command: a cold and a warm
-# one do not fit one call). A second fresh machine: the same first three calls with
-# `env nightly:m2` last; a flake study (4 seeds took 290 s warm at 3cb1dac) in a call of its
-# own after it.
+# one do not fit one call). A second fresh machine: the same calls. CALL_S (default 570) is
+# the call's own time: every step runs under what is left of it, so that a call given less
+# (the session's device time nearly spent) still ends with its files written.
 # Steps, in the order given:
 #   env         the GPU and driver, and whether every bundle imports;
 #   unwritten   the FlashAttention-2 kernels on the cases whose padding verdicts used to flip,
@@ -22,8 +22,8 @@
 #               layouts (GQA bf16, MHA bf16, float16) under N seeds with the leak probe; a kernel
 #               that skips a case is listed in the report's skips.
 # Nightly 1 starts on an empty compilation cache; the next ones reuse it, as a nightly runner
-# keeps its cache. Each step runs under the time left of the call (570 s in all), so a call
-# ends inside the tool's 10 minutes; a run that cannot start with MIN_LEFT s left (default 250:
+# keeps its cache. Each step runs under the time left of the call (CALL_S, 570 s by default),
+# so a call ends inside the tool's 10 minutes; a run that cannot start with MIN_LEFT s left (default 250:
 # a warm nightly took up to 241 s at 2d9d1cd) is not started, and one stopped by the limit
 # keeps what finished (its summary says it was interrupted).
 # Needs .gpu/commit (written here by `bash scripts/gpu_stamp.sh`: the commit, and each file's
@@ -39,7 +39,7 @@ source scripts/gpu_stamp.sh check
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 CUDA_CACHE_PATH=/tmp/nvcache
 r=/tmp/h200; mkdir -p "$r"; : > "$r/packed.txt"
 echo "tree: commit $HARNESS_GIT_COMMIT, dirty $HARNESS_GIT_DIRTY (scripts/gpu_stamp.sh)" >> "$r/steps.txt"
-left() { echo $(( 570 - ($(date +%s) - t_start) )); }
+left() { echo $(( ${CALL_S:-570} - ($(date +%s) - t_start) )); }
 step() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
   timeout "$limit" "$@" > "$r/$name.log.txt" 2>&1; local rc=$?
   # The allocator's diagnostics (out-of-memory dumps) go to a file of their own, kept.

@@ -33,10 +33,23 @@ if [ -n "$(git status --porcelain)" ]; then
        "first, so that the run names the code it ran" >&2
   exit 1
 fi
+# reports/ (the runs' output, most of the tree) may be left out of what travels, so that a
+# call has room for two bundles: a sparse checkout without it keeps git status clean
+# (`git sparse-checkout set --no-cone '/*' '!/reports/'`; `git sparse-checkout disable` brings
+# it back). No other tracked file may be missing: the stamp covers all the code that runs.
+missing=$(git ls-files -z | xargs -0 -I{} sh -c '[ -e "$1" ] || [ -L "$1" ] || echo "$1"' _ {} \
+          | grep -v '^reports/' || true)
+if [ -n "$missing" ]; then
+  echo "gpu_stamp: tracked files outside reports/ are not in the working tree (only reports/" \
+       "may stay behind): $(echo "$missing" | head -n 3 | tr '\n' ' ')" >&2
+  exit 1
+fi
 mkdir -p .gpu
 trap 'rm -f .gpu/commit.tmp' EXIT
 # Files only (a submodule or a tracked symlink to nowhere has no content to hash here).
 { git rev-parse HEAD; git ls-files -z | xargs -0 -I{} sh -c '[ -f "$1" ] || exit 0
   sha256sum "$1"' _ {}; } > .gpu/commit.tmp
 mv .gpu/commit.tmp .gpu/commit
-echo "stamped $(head -n 1 .gpu/commit): $(($(wc -l < .gpu/commit) - 1)) files"
+left=$(git ls-files -z reports | xargs -0 -I{} sh -c '[ -e "$1" ] || echo "$1"' _ {} | wc -l)
+echo "stamped $(head -n 1 .gpu/commit): $(($(wc -l < .gpu/commit) - 1)) files" \
+     "($left under reports/ not in the working tree, not sent, not stamped)"
