@@ -48,7 +48,7 @@ def test_a_tree_with_changes_is_refused_and_a_changed_copy_reads_dirty(repo):
     (repo / "op.py").write_text("x = 2\n")  # the fix not yet committed
     refused = _sh(repo, "bash scripts/gpu_stamp.sh")
     assert refused.returncode == 1 and "not committed" in refused.stderr
-    commit, dirty, said = _device_check(repo)  # the stamp made before the change
+    _, dirty, said = _device_check(repo)  # the stamp made before the change
     assert dirty == "1" and "op.py" in said
 
 
