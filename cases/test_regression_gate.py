@@ -1,5 +1,6 @@
-"""The regression gate on real runs: two committed H200 nightlies of one commit
-(reports/h200/census-runs/) compare with zero regressions, while a planted 3x growth on a check
+"""The regression gate on real runs: two committed H200 nightlies of one commit from two fresh
+machines (reports/h200/nightlies-831b954/: night 1 on machine A, night 4 on machine B, both on
+an empty compilation cache) compare with zero regressions, while a planted 3x growth on a check
 whose runs agree bitwise, and a verdict flip anywhere, are caught."""
 from pathlib import Path
 
@@ -8,23 +9,22 @@ import pytest
 from harness.judge import regression
 from harness.views import report_file as rec
 
-RUNS = Path(__file__).resolve().parent.parent / "reports" / "h200" / "census-runs"
+SERIES = Path(__file__).resolve().parent.parent / "reports" / "h200" / "nightlies-831b954"
 
 
 @pytest.fixture(scope="module")
 def runs():
-    _, first = rec.read(RUNS / "nightly-1")
-    _, second = rec.read(RUNS / "nightly-2")
-    # nightly-2 stopped at its time limit: compare the pairs it finished.
-    done = {r.pair for r in second}
-    return [r for r in first if r.pair in done], second
+    _, first = rec.read(SERIES / "nightly-1" / "report.jsonl.gz")    # machine A
+    _, second = rec.read(SERIES / "nightly-4" / "report.jsonl.gz")   # machine B
+    return first, second
 
 
 def test_two_nightlies_of_one_commit_have_no_regression(runs):
     first, second = runs
+    assert len(first) == len(second) > 50000, "two complete nightlies"
     result = regression.compare(second, first)
-    assert result.common > 1000 and not result.regressed, result.regressions[:5]
-    assert not result.flips
+    assert result.common > 1600 and not result.regressed, result.regressions[:5]
+    assert not result.flips and not result.grown
 
 
 def test_a_planted_growth_and_a_planted_flip_are_caught(runs):
@@ -50,23 +50,26 @@ def test_a_planted_growth_and_a_planted_flip_are_caught(runs):
 
 
 def test_the_committed_series_agrees_and_the_series_check_sees_a_disagreement():
-    """scripts/series_check.py, which judges issue 17's series of nightlies: the two committed
-    nightlies of 3cb1dac (full records and a digest) agree record by record with no problem;
-    the first try at d116d23, with its two errors, does not."""
+    """scripts/series_check.py, which judges issue 17's series of nightlies: the five committed
+    nightlies of 831b954 (two machines; full records and digests) agree record by record with
+    no problem; the first try at d116d23 (nightlies-3cb1dac/), with its two errors, does not."""
     import subprocess
     import sys
     root = Path(__file__).resolve().parent.parent
-    series = root / "reports" / "h200" / "nightlies-3cb1dac"
 
     def check(*runs):
         return subprocess.run([sys.executable, "scripts/series_check.py", *map(str, runs)],
                               cwd=root, capture_output=True, text=True, timeout=300,
                               check=False)
-    first = series / "nightly-c1" / "report.jsonl.gz"
-    same = check(first, series / "nightly-c2" / "verdicts.tsv.gz")
+    first = SERIES / "nightly-1" / "report.jsonl.gz"
+    same = check(first, *(SERIES / f"nightly-{n}" / "verdicts.tsv.gz" for n in (2, 3, 5)),
+                 SERIES / "nightly-4" / "report.jsonl.gz")
     assert same.returncode == 0, same.stdout + same.stderr
-    assert "differing verdict 0, outcome 0, max_abs_err 0" in same.stdout
-    other = check(first, series / "first-try-d116d23" / "nightly-1" / "verdicts.tsv.gz")
+    assert same.stdout.count("differing verdict 0, outcome 0, max_abs_err 0") == 4, same.stdout
+    assert same.stdout.count("; problems 0") == 5, same.stdout
+    old = root / "reports" / "h200" / "nightlies-3cb1dac"
+    other = check(old / "nightly-c1" / "report.jsonl.gz",
+                  old / "first-try-d116d23" / "nightly-1" / "verdicts.tsv.gz")
     assert other.returncode == 1 and "error 2; problems 2" in other.stdout, other.stdout
 
 
