@@ -7,12 +7,15 @@
 # (`git sparse-checkout set --no-cone '/*' '!/reports/' && bash scripts/gpu_stamp.sh`;
 # `git sparse-checkout disable` afterwards):
 #   carry .gpu/fa .gpu/commit                    OUT=DIR bash scripts/gpu_nightlies.sh env
-#   carry .gpu/te .gpu/maxtext .gpu/commit       OUT=DIR bash scripts/gpu_nightlies.sh nightly:1
+#   carry .gpu/te .gpu/maxtext .gpu/commit       OUT=DIR bash scripts/gpu_nightlies.sh env nightly:1
 #   carry .gpu/commit                            OUT=DIR bash scripts/gpu_nightlies.sh nightly:2 nightly:3
-# (at 2d9d1cd a nightly took 350-364 s cold and 217-241 s warm, as a command: a cold and a warm
-# one do not fit one call). A second fresh machine: the same calls. CALL_S (default 570) is
-# the call's own time: every step runs under what is left of it, so that a call given less
-# (the session's device time nearly spent) still ends with its files written.
+# (the first `env` has only the FlashAttention bundle, so its import line fails on TE; the
+# second checks all three bundles import). At 831b954 a nightly took 374-408 s cold and
+# 225-242 s warm, as a command: a cold and a warm one do not fit one call. A second fresh
+# machine: the same calls with the next nights' numbers (`nightly:4`, then `nightly:5`), so
+# that no folder is written twice. CALL_S (default 570) is the call's own time: every step
+# runs under what is left of it, so that a call given less (the session's device time nearly
+# spent: `CALL_S=340` for night 5 of 831b954) still ends with its files written.
 # Steps, in the order given:
 #   env         the GPU and driver, and whether every bundle imports;
 #   unwritten   the FlashAttention-2 kernels on the cases whose padding verdicts used to flip,
@@ -23,11 +26,11 @@
 #               that skips a case is listed in the report's skips.
 # Nightly 1 starts on an empty compilation cache; the next ones reuse it, as a nightly runner
 # keeps its cache. Each step runs under the time left of the call (CALL_S, 570 s by default),
-# so a call ends inside the tool's 10 minutes; a run that cannot start with MIN_LEFT s left (default 250:
-# a warm nightly took up to 241 s at 2d9d1cd) is not started, and one stopped by the limit
-# keeps what finished (its summary says it was interrupted).
-# Needs .gpu/commit (written here by `bash scripts/gpu_stamp.sh`: the commit, and each file's
-# hash). Back here, `python3 scripts/series_check.py FIRST OTHER...` says whether the runs agree
+# so a call ends inside the tool's 10 minutes; a run that cannot start with MIN_LEFT s left
+# (default 270: a warm nightly took up to 242 s as a command at 831b954) is not started, and
+# one stopped by the limit keeps what finished (its summary says it was interrupted).
+# Needs .gpu/commit (written here by `bash scripts/gpu_stamp.sh`: the commit, each file's
+# hash, the files left behind). Back here, `python3 scripts/series_check.py FIRST OTHER...` says whether the runs agree
 # record by record, with no problem.
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: gpu_nightlies.sh env|unwritten|nightly:N|flake:SEEDS ..."; exit 2; }
@@ -47,7 +50,7 @@ step() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
   sed -i '/Allocator\|bfc_allocator\|^W0000\|^I0000/d' "$r/$name.log.txt"
   echo "$name rc=$rc wall=$(( $(date +%s) - t0 ))s limit=${limit}s" | tee -a "$r/steps.txt"; }
 run_dir() { local name=$1; shift           # a harness run into $r/NAME, under the time left
-  if [ "$(left)" -lt "${MIN_LEFT:-250}" ]; then echo "$name not started: $(left)s left" | tee -a "$r/steps.txt"; return; fi
+  if [ "$(left)" -lt "${MIN_LEFT:-270}" ]; then echo "$name not started: $(left)s left" | tee -a "$r/steps.txt"; return; fi
   # The device's memory in use, every half second: the peak goes into steps.txt.
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 500 \
     > "$r/$name.mem.txt" 2>/dev/null & local mon=$!
