@@ -30,8 +30,8 @@
 # (default 270: a warm nightly took up to 242 s as a command at 831b954) is not started, and
 # one stopped by the limit keeps what finished (its summary says it was interrupted).
 # Needs .gpu/commit (written here by `bash scripts/gpu_stamp.sh`: the commit, each file's
-# hash, the files left behind). Back here, `python3 scripts/series_check.py FIRST OTHER...` says whether the runs agree
-# record by record, with no problem.
+# hash, the files left behind). Back here, `python3 scripts/series_check.py FIRST OTHER...`
+# says whether the runs agree record by record, with no problem.
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: gpu_nightlies.sh env|unwritten|nightly:N|flake:SEEDS ..."; exit 2; }
 t_start=$(date +%s)

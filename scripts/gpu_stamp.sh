@@ -60,31 +60,29 @@ git ls-files -s -z | while IFS= read -r -d '' entry; do
   mode=${entry%% *}; rest=${entry#* }; blob=${rest%% *}; path=${entry#*$'\t'}
   case "$mode" in 100644|100755) ;; *) continue ;; esac
   if [ -f "$path" ]; then
-    printf '%s\t%s\0' "$blob" "$path" >> "$scratch/present"
+    printf '%s\n' "$blob" >> "$scratch/blobs"; printf '%s\n' "$path" >> "$scratch/present"
   else
-    printf '%s\0' "$path" >> "$scratch/absent"
+    printf '%s\n' "$path" >> "$scratch/absent"
   fi
 done
-touch "$scratch/present" "$scratch/absent"
-if tr '\0' '\n' < "$scratch/absent" | grep -qv '^reports/'; then
+touch "$scratch/blobs" "$scratch/present" "$scratch/absent"
+if grep -qv '^reports/' "$scratch/absent"; then
   echo "gpu_stamp: tracked files outside reports/ are not in the working tree (only reports/" \
-       "may stay behind): $(tr '\0' '\n' < "$scratch/absent" | grep -v '^reports/' | head -n 3 \
-       | tr '\n' ' ')" >&2
+       "may stay behind): $(grep -v '^reports/' "$scratch/absent" | head -n 3 | tr '\n' ' ')" >&2
   exit 1
 fi
 # The content against the commit: git status trusts a skip-worktree or assume-unchanged flag.
-tr '\0' '\n' < "$scratch/present" | cut -f2- | git hash-object --stdin-paths > "$scratch/hashes"
-if ! tr '\0' '\n' < "$scratch/present" | cut -f1 | cmp -s - "$scratch/hashes"; then
+git hash-object --stdin-paths < "$scratch/present" > "$scratch/hashes"
+if ! cmp -s "$scratch/blobs" "$scratch/hashes"; then
   echo "gpu_stamp: files differ from their committed content although git status is clean" \
-       "(a skip-worktree or assume-unchanged flag?): $(tr '\0' '\n' < "$scratch/present" \
-       | cut -f1 | paste - "$scratch/hashes" <(tr '\0' '\n' < "$scratch/present" | cut -f2-) \
-       | awk -F'\t' '$1 != $2 {print $3}' | head -n 3 | tr '\n' ' ')" >&2
+       "(a skip-worktree or assume-unchanged flag?): $(paste "$scratch/blobs" "$scratch/hashes" \
+       "$scratch/present" | awk -F'\t' '$1 != $2 {print $3}' | head -n 3 | tr '\n' ' ')" >&2
   exit 1
 fi
 { git rev-parse HEAD
-  tr '\0' '\n' < "$scratch/present" | cut -f2- | while IFS= read -r path; do sha256sum -- "$path"; done
-  tr '\0' '\n' < "$scratch/absent" | sed 's/^/absent /'; } > .gpu/commit.tmp
+  tr '\n' '\0' < "$scratch/present" | xargs -0 -r sha256sum --
+  sed 's/^/absent /' "$scratch/absent"; } > .gpu/commit.tmp
 mv .gpu/commit.tmp .gpu/commit
-echo "stamped $(head -n 1 .gpu/commit): $(tr '\0' '\n' < "$scratch/present" | grep -c .) files" \
-     "($(tr '\0' '\n' < "$scratch/absent" | grep -c . || true) under reports/ not in the working" \
-     "tree: not sent, stamped absent)"
+echo "stamped $(head -n 1 .gpu/commit): $(wc -l < "$scratch/present") files" \
+     "($(wc -l < "$scratch/absent") under reports/ not in the working tree: not sent, stamped" \
+     "absent)"
