@@ -20,7 +20,7 @@ from harness.tools.bench import shapes as bench_shapes
 from harness.tools.bench import timing as bench_timing
 from harness import cli
 from harness.model.case import Case
-from harness.engine.kernel import Platform
+from harness.kernels.kernel import Platform
 from harness.model.layouts import CUSTOM
 from harness.sut.lowering import lengths_and_offsets
 

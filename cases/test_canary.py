@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from harness.model.case import Case
-from harness.engine.kernel import Kernel, Platform
+from harness.kernels.kernel import Kernel, Platform
 from harness.kernels.reference import dot_product
 from harness.engine.registry import select_kernels
 from harness.engine.runner import run_kernel_case

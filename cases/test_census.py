@@ -14,7 +14,7 @@ from harness.judge.record import Record
 from harness.tools.census.command import join_bench
 from harness.tools.census.options import census_names
 from harness.tools.census.table import COLUMNS, column_cell, padding_summary
-from harness.views import report_file as rec
+from harness.store import report_file as rec
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = "packed/random-*-f32-*"          # two smoke cases: causal and bidirectional
@@ -265,7 +265,7 @@ harness.register_kernel("nan_dk_at_padding", writes_at_padding(
 def test_a_padding_failure_gets_a_script_that_shows_it(tmp_path):
     """`harness repro` does not shrink padding failures: the census writes a script that runs
     the kernel on the failing case and looks at its padding positions, exit 1 while it shows."""
-    from harness.engine.kernel import Platform
+    from harness.kernels.kernel import Platform
     from harness.engine.registry import load_kernel_module, select_kernels
     from harness.engine.runner import run_kernel_case
     from harness.model.case import Case

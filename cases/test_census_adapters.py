@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness.engine.kernel import Kernel, Platform
+from harness.kernels.kernel import Kernel, Platform
 from harness.engine.programs import argument_shapes, kernel_fn
 from harness.engine.registry import select_kernels
 from harness.engine.runner import run_kernel_case

@@ -118,7 +118,7 @@ def test_a_worker_dying_between_pairs_blames_no_pair(tmp_path, monkeypatch):
     """A worker that dies after a pair's records and before it announces the next one: no pair
     was running, so none is blamed, and a fresh worker runs the rest. One that dies before it
     finishes anything blames the pair it would have run first (and the run goes on)."""
-    from harness.engine import isolation
+    from harness.engine import workers as isolation
     pairs = [("k", "a"), ("k", "b"), ("k", "c")]
     script = {"between": [("a",), ("b", "c")], "at start": [(), ("b", "c")]}
 
@@ -177,7 +177,7 @@ def test_the_groups_workers_run_at_once_each_with_its_share_of_the_device(tmp_pa
     the groups' workers now run at once. The kernels without a group keep XLA's default share
     of a GPU's memory (their probe's memory checks see what they saw alone); the others take
     what they need of the rest. A share the user set runs the groups one after another."""
-    from harness.engine import isolation
+    from harness.engine import workers as isolation
     grow = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     assert isolation.shares([None, "fa2", "fa3"], {}) == {
         None: {}, "fa2": {**grow, "XLA_CLIENT_MEM_FRACTION": "0.180"},
@@ -189,7 +189,7 @@ def test_the_groups_workers_run_at_once_each_with_its_share_of_the_device(tmp_pa
                  "XLA_PYTHON_CLIENT_ALLOCATOR"):
         assert isolation.shares([None, "fa2"], {name: ".5"}) is None
     assert isolation.shares([None], {}) is None
-    # pytest's xdist workers set a share for themselves (conftest): not the user's choice here.
+    # pytest's xdist workers set a share for themselves (harness.pytest_plugin): not the user's choice here.
     for name in isolation.USER_MEMORY:
         monkeypatch.delenv(name, raising=False)
     module = tmp_path / "slow.py"
@@ -212,7 +212,7 @@ def test_main_is_not_a_group_name():
     workers' folders."""
     import pytest
 
-    from harness.engine.kernel import Kernel
+    from harness.kernels.kernel import Kernel
     from harness.kernels.reference import dot_product
     with pytest.raises(ValueError, match="isolation 'main'"):
         Kernel("k", dot_product, isolation="main")
@@ -228,7 +228,7 @@ def test_two_groups_run_at_a_time_the_main_group_first(tmp_path, monkeypatch):
     import threading
     import time
 
-    from harness.engine import isolation
+    from harness.engine import workers as isolation
     running, peak, lock, log = {}, [], threading.Lock(), []
     sleeps = {"main": 0.6, "fa2": 0.2, "fa3": 0.2, "fa4": 0.2, "fa5": 0.2}
 
@@ -265,7 +265,7 @@ def test_ctrl_c_stops_a_controller_running_several_groups(tmp_path, monkeypatch)
     import signal
     import time
 
-    from harness.engine import isolation
+    from harness.engine import workers as isolation
     for name in isolation.USER_MEMORY:
         monkeypatch.delenv(name, raising=False)
     module = tmp_path / "slow.py"

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness.engine.kernel import Kernel, Platform
+from harness.kernels.kernel import Kernel, Platform
 from harness.engine.programs import Programs
 from harness.engine.runner import run_kernel_case
 from harness.judge import tallies

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from harness.model.case import Case
-from harness.engine.kernel import Platform
+from harness.kernels.kernel import Platform
 from harness.engine.registry import select_kernels
 from harness.engine.runner import run_kernel_case
 

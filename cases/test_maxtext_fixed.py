@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.engine.kernel import Platform
+from harness.kernels.kernel import Platform
 from harness.engine.registry import select_kernels
 from harness.engine.runner import run_kernel_case
 from harness.judge import tallies

@@ -66,7 +66,7 @@ def test_compare_with_nothing_in_common_or_an_interrupted_run_is_not_green(tmp_p
     assert out.returncode == 1 and "NOTHING COMPARED" in out.stdout, out.stdout
     # A run of the same selection that stopped early: its missing pairs are regressions.
     full = _report(tmp_path, "full", "--cases", "packed/random-*-bf16-*")
-    from harness.views import report_file as rec
+    from harness.store import report_file as rec
     header, records = rec.read(full)
     kept = [r for r in records if r.case_id == records[0].case_id]
     cut = tmp_path / "cut" / "report.jsonl"
@@ -96,12 +96,12 @@ def test_a_seed_expanded_case_id_is_a_case_the_cli_runs(tmp_path):
                ONE_CASE.replace("-s0", "-s2"), "--no-leak-probe", "--report-dir",
                str(tmp_path / "r"))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    from harness.views import report_file as rec
+    from harness.store import report_file as rec
     assert {r.case_id for r in rec.read(tmp_path / "r")[1]} == {ONE_CASE.replace("-s0", "-s2")}
 
 
 def test_an_interrupted_run_with_nothing_finished_says_so_in_a_well_formed_report(tmp_path):
-    from harness.views import report_file as rec
+    from harness.store import report_file as rec
     from harness.views.markdown import render
     md = render({"suite": "nightly", "environment": {}, "interrupted": True}, [])
     assert "every kernel expected to pass passed" not in md

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from harness.model.case import Case, make_inputs
-from harness.engine.kernel import Kernel
+from harness.kernels.kernel import Kernel
 from harness.kernels.reference import dot_product
 from harness.engine.programs import DEFAULT, DETERMINISTIC, Programs, environment_set, traced_under
 
@@ -171,7 +171,7 @@ def test_only_the_checked_run_poisons_the_blocks_it_will_take(monkeypatch):
     so what a kernel leaves unwritten reads NaN on every run; the leak probe's reruns do not
     need it (they compare valid tokens)."""
     from harness.engine import unwritten
-    from harness.engine.kernel import Platform
+    from harness.kernels.kernel import Platform
     from harness.engine.runner import run_kernel_case
     calls = []
     monkeypatch.setattr(unwritten, "poison", lambda sizes: calls.append(list(sizes)))

@@ -8,7 +8,7 @@ import pytest
 
 from harness.model.case import Case
 from harness.errors import UsageError
-from harness.engine.kernel import Kernel, Platform
+from harness.kernels.kernel import Kernel, Platform
 from harness.engine.registry import register_kernel, select_kernels
 from harness.engine.runner import run_kernel_case
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.judge import regression
-from harness.views import report_file as rec
+from harness.store import report_file as rec
 
 SERIES = Path(__file__).resolve().parent.parent / "reports" / "h200" / "nightlies-831b954"
 

@@ -10,12 +10,12 @@ import jax
 import pytest
 
 from harness.engine.environment import describe
-from harness.engine.kernel import Platform
+from harness.kernels.kernel import Platform
 from harness.engine.registry import select_kernels
 from harness.engine.runner import run_matrix
 from harness.judge.regression import compare
 from harness.model.case import Case
-from harness.views import report_file as rec
+from harness.store import report_file as rec
 from harness.views.report_dir import ReportWriter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +45,7 @@ def test_views_show_the_canary_down_to_segment_and_token(tmp_path):
 
 
 def test_a_failing_kernel_is_listed_by_segment_in_markdown(tmp_path):
-    from harness.engine.kernel import Kernel
+    from harness.kernels.kernel import Kernel
     from harness.kernels.reference import ignores_segments as causal_only
 
     writer = ReportWriter(tmp_path, describe(), suite="test")
@@ -389,7 +389,7 @@ def test_a_known_numerical_bug_is_reported_as_known_in_every_view_never_as_ok(tm
     passes, ok; on a check the expectation does not name, a failure is still a FAIL."""
     import jax.numpy as jnp
 
-    from harness.engine.kernel import Kernel
+    from harness.kernels.kernel import Kernel
     from harness.judge import judging
     from harness.kernels.reference import dot_product
 
@@ -428,7 +428,7 @@ def test_the_engine_runs_a_lanes_isolation_groups_at_once(tmp_path, monkeypatch)
     the FlashAttention groups no longer wait for the main group's worker."""
     from test_isolation import SLOW
 
-    from harness.engine import isolation
+    from harness.engine import workers as isolation
     for name in isolation.USER_MEMORY:     # pytest's xdist workers set a share for themselves
         monkeypatch.delenv(name, raising=False)
     module = tmp_path / "slow.py"

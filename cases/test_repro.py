@@ -13,7 +13,7 @@ import pytest
 
 from harness.model.case import Case
 from harness.cli import main as cli_main
-from harness.engine.kernel import Platform
+from harness.kernels.kernel import Platform
 from harness.engine.registry import select_kernels
 from harness.engine.runner import run_kernel_case
 
@@ -273,7 +273,7 @@ def test_repro_scripts_are_named_after_the_kernel():
 
 def test_a_lambda_kernel_is_refused_before_any_work():
     from harness.errors import UsageError
-    from harness.engine.kernel import Kernel
+    from harness.kernels.kernel import Kernel
     from harness.tools.repro.source import kernel_source
     with pytest.raises(UsageError, match="standalone="):
         kernel_source(Kernel("lam", lambda q, k, v, s, *, causal, scale: q))

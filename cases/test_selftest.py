@@ -10,7 +10,7 @@ from harness import cli
 from harness.tools import selftest, zoo
 from harness.model.case import Case
 from harness.errors import UsageError
-from harness.engine.kernel import Kernel
+from harness.kernels.kernel import Kernel
 from harness.engine.registry import select_kernels
 
 SMALL = (Case("packed/random", 2, 64, 2, 1, 16, "float32", seed=0),)
@@ -110,7 +110,7 @@ def test_an_uncatchable_bug_makes_the_selftest_fail(capsys):
     """A correct kernel presented as a bug cannot be caught: MISSED, exit status 1."""
     correct = next(e for e in zoo.entries() if e.name == "ok_additive_bias")
     planted = zoo.Entry(correct.kernel, "a correct kernel posing as a bug")
-    assert selftest.main(argparse.Namespace(bugs=None), zoo=[planted], cases=SMALL) == 1
+    assert selftest.main(None, zoo=[planted], cases=SMALL) == 1
     out = capsys.readouterr().out
     assert "MISSED" in out and "0/1 bugs caught" in out and "FAIL" in out
 
@@ -118,7 +118,7 @@ def test_an_uncatchable_bug_makes_the_selftest_fail(capsys):
 def test_a_flagged_correct_kernel_makes_the_selftest_fail(capsys):
     broken = next(e for e in zoo.entries() if e.name == "scale_applied_twice")
     posing = zoo.Entry(broken.kernel, "a broken kernel posing as correct", correct=True)
-    assert selftest.main(argparse.Namespace(bugs=None), zoo=[posing], cases=SMALL) == 1
+    assert selftest.main(None, zoo=[posing], cases=SMALL) == 1
     out = capsys.readouterr().out
     assert "FLAGGED" in out and "0/1 correct kernels unflagged" in out
 
@@ -127,7 +127,7 @@ def test_a_kernel_that_raises_is_an_error_not_a_catch(capsys):
     def raises(q, k, v, seg, *, causal, scale):
         raise RuntimeError("boom")
     entry = zoo.Entry(Kernel("raises", raises), "raises instead of computing")
-    assert selftest.main(argparse.Namespace(bugs=None), zoo=[entry], cases=SMALL) == 1
+    assert selftest.main(None, zoo=[entry], cases=SMALL) == 1
     out = capsys.readouterr().out
     assert "ERROR" in out and "boom" in out
 
@@ -139,7 +139,7 @@ def test_bugs_selects_entries_and_unknown_names_are_usage_errors(capsys):
     with pytest.raises(UsageError, match="unknown zoo entry nope; known: off_by_one_boundary"):
         selftest.select("scale_applied_twice,nope", entries)
     with pytest.raises(UsageError):
-        selftest.main(argparse.Namespace(bugs="nope"))
+        selftest.main("nope")
     assert cli.main(["selftest", "--bugs", "nope,nada"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown zoo entries nope, nada" in err

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness.engine.kernel import Kernel, Platform
+from harness.kernels.kernel import Kernel, Platform
 from harness.engine.registry import select_kernels
 from harness.engine.runner import run_kernel_case
 from harness.judge import leak_probe
@@ -194,7 +194,7 @@ def _harness(python, *args, tmp_path, extra_env=None):
 
 
 def _records(report_dir):
-    from harness.views import report_file as rec
+    from harness.store import report_file as rec
     return rec.read(report_dir)
 
 

@@ -125,7 +125,7 @@ def test_a_nested_pytest_leaves_the_outer_runs_parts_alone(tmp_path):
 
 
 def test_compare_takes_folders_and_warns_when_not_like_for_like(tmp_path):
-    from harness.views import report_file as rec
+    from harness.store import report_file as rec
     a = _run("-m", "harness", "run", "--kernels", "dot_product", "--cases", ONE_CASE,
              "--report-dir", str(tmp_path / "a"))
     assert a.returncode == 0, a.stderr[-2000:]
@@ -170,7 +170,7 @@ def test_a_run_says_when_it_replaces_a_report(tmp_path):
 def test_a_run_stopped_by_sigterm_keeps_its_report(tmp_path):
     import signal
     import time
-    from harness.views import report_file as rec
+    from harness.store import report_file as rec
     proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--kernels", "dot_product",
                              "--report-dir", str(tmp_path / "r")], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

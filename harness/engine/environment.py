@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jax
 
-from harness.engine.kernel import Platform
+from harness.kernels.kernel import Platform
 
 
 def current_platform() -> Platform:
@@ -111,6 +111,6 @@ def describe() -> dict:
         "git_commit": commit,
         "git_dirty": dirty,
         "jax_packed_gqa_offsets_bug": gqa_offsets_bug(),
-        "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": _platform.node(),
     }

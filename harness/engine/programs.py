@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 
-from harness.model.case import Case
 from harness.engine import unwritten
-from harness.engine.kernel import Kernel
 from harness.judge.oracle import reference_fn, with_gradients
+from harness.kernels.kernel import Kernel
+from harness.model.case import Case
 
 DEFAULT = "default"
 DETERMINISTIC = "deterministic"

@@ -8,11 +8,12 @@ import inspect
 import re
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from harness.errors import UsageError
-from harness.engine.kernel import ALL_DTYPES, Kernel
+from harness.kernels.kernel import ALL_DTYPES, Kernel
+from harness.kernels.libraries import mark_absl_flags_parsed
 
 _USER: dict[str, Kernel] = {}
 _BUILTIN: dict[str, Kernel] | None = None
@@ -21,13 +22,13 @@ _BUILTIN: dict[str, Kernel] | None = None
 def _builtins() -> dict[str, Kernel]:
     global _BUILTIN
     if _BUILTIN is None:
-        from harness.kernels import BUILTIN
+        from harness.kernels.builtin import BUILTIN
         _BUILTIN = {k.name: k for k in BUILTIN}
     return _BUILTIN
 
 
 def register_kernel(name: str, fn: Callable, *, replace: bool = False, **capabilities) -> Kernel:
-    """Adds a kernel to the matrix. Capabilities are the fields of `harness.engine.kernel.Kernel`."""
+    """Adds a kernel to the matrix. Capabilities are the fields of `harness.kernels.kernel.Kernel`."""
     if not replace and (name in _USER or name in _builtins()):
         raise ValueError(f"kernel {name!r} is already registered")
     dtypes = capabilities.get("dtypes")
@@ -65,18 +66,6 @@ def signature_problem(fn: Callable, takes_max_segments: bool = False) -> str | N
             ", max_segments)" if takes_max_segments else ")")
         return f"signature {sig} cannot be called as {wanted}: {exc}"
     return None
-
-
-def mark_absl_flags_parsed() -> None:
-    """Outside kernels are often built on libraries that read absl flags (tokamax, MaxText,
-    paxml). Unparsed, they raise or parse this process's own argv (`--suite ...`) and fail on
-    options that are not theirs. The harness owns the command line: the libraries get their
-    flags' defaults."""
-    if importlib.util.find_spec("absl") is None:
-        return
-    from absl import flags
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
 
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

@@ -15,20 +15,25 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import numpy as np
 
-from harness.engine.kernel import Kernel, Platform
-from harness.engine.programs import DEFAULT, DETERMINISTIC, Programs, device_memory_bytes
+from harness.engine.programs import (
+    DEFAULT,
+    DETERMINISTIC,
+    Programs,
+    device_memory_bytes,
+)
 from harness.judge import judging, leak_probe
 from harness.judge.metrics import token_errors
 from harness.judge.oracle import reference_for
 from harness.judge.record import Record, Trace
 from harness.judge.tallies import ratio_text
 from harness.judge.vocabulary import LEAK, PASS, TENSORS
+from harness.kernels.kernel import Kernel, Platform
 from harness.model.case import Case, make_inputs
 
 # Cases whose inputs are drawn ahead of the one running (make_inputs keeps 8).
@@ -241,7 +246,7 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
                on_start: Callable[[Kernel, Case], None] | None = None) -> KernelCaseResult:
     """Cases outermost, grouped by shape, so each case's reference is computed once for all
     kernels and each shape's programs compile together, ahead of use. `pairs`: only these
-    (kernel name, case id) of the product (a worker's share, harness.engine.isolation);
+    (kernel name, case id) of the product (a worker's share, harness.engine.workers);
     `on_start` is told each pair before it runs."""
     kernels, cases = list(kernels), list(cases)
     programs = programs or _default_programs()

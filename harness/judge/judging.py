@@ -28,7 +28,7 @@ NEAR_RATIO passes, but close: the views mark it, and keep its row's per-token er
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 

@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness.model.case import Case, make_inputs
-from harness.judge.vocabulary import TENSORS
-from harness.model.layouts import check_segment_ids
 from harness.judge.metrics import scales, token_errors
+from harness.judge.vocabulary import TENSORS
+from harness.model.case import Case, make_inputs
+from harness.model.layouts import check_segment_ids
 
 # A finite "minus infinity": rows that attend to nothing (padding queries) stay NaN-free.
 _MASKED = -1e30

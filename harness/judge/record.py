@@ -94,7 +94,7 @@ class Record:
             return self.segment_label
         return f"row {self.row}" if self.row is not None else ""
 
-    def replace(self, **changes) -> "Record":
+    def replace(self, **changes) -> Record:
         return dataclasses.replace(self, **changes)
 
     # ----- the JSON form -------------------------------------------------------------------
@@ -111,7 +111,7 @@ class Record:
         return {**self.extra, **out}
 
     @classmethod
-    def from_json(cls, row: dict) -> "Record":
+    def from_json(cls, row: dict) -> Record:
         known = {k: row[k] for k in _FIELDS if k in row}
         extra = {k: x for k, x in row.items() if k not in _FIELDS and k != "type"}
         known.setdefault("message", "")
@@ -143,5 +143,5 @@ class Trace:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, row: dict) -> "Trace":
+    def from_json(cls, row: dict) -> Trace:
         return cls(**{f.name: row[f.name] for f in fields(cls)})

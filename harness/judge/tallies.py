@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from harness.judge import judging
 from harness.judge import vocabulary as v
@@ -50,6 +50,16 @@ def judged_nothing(records: Iterable[Record]) -> bool:
     """No check measured anything (every pair skipped, or nothing ran): a run like that is never
     green."""
     return not any(r.measured or r.verdict == v.ERROR for r in records)
+
+
+def run_status(records: Iterable[Record], header: dict | None = None) -> int:
+    """A run's exit status from its records: 1 if anything is bad, if nothing at all was
+    judged (a run where every pair skipped is never green), or if the run never finished
+    (its header still says running: killed before its end); else 0."""
+    records = list(records)
+    if header is not None and header.get("state") == "running":
+        return 1
+    return 1 if bad(records) or judged_nothing(records) else 0
 
 
 def unjudged(records: Iterable[Record]) -> Counter:

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness.engine.kernel import Kernel
+from harness.kernels.kernel import Kernel
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS
 
 FA2_MARKERS = ("flash_mha_varlen_fwd", "flash_mha_varlen_bwd")
@@ -183,7 +183,7 @@ def vmap_rule_padding(case, row):
         return "pass"                      # no trailing padding: an empty sequence
     if row == case.batch - 1:
         return "fail"
-    from harness.model.case import make_inputs     # cached: a case's rows draw it once
+    from harness.model.case import make_inputs  # cached: a case's rows draw it once
     inputs = make_inputs(case)
     q = np.asarray(inputs.query[row, end:], np.float32)                        # [L, H, d]
     k = np.repeat(np.asarray(inputs.key[row, end:], np.float32),

@@ -18,9 +18,14 @@ constraints. The mask costs B x T x T bytes, its bias B x T x T elements of the 
 """
 from __future__ import annotations
 
-from harness.engine.kernel import Kernel
-from harness.kernels.op import (CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER, even_seq,
-                                pre_hopper_head_dims)
+from harness.kernels.kernel import Kernel
+from harness.kernels.op import (
+    CUDNN,
+    CUDNN_HEAD_DIMS,
+    CUDNN_MARKER,
+    even_seq,
+    pre_hopper_head_dims,
+)
 from harness.sut.dot_product import segment_mask
 
 

@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from harness.engine.kernel import Kernel
+from harness.kernels.kernel import Kernel
 from harness.kernels.op import CUDNN, CUDNN_MARKER
 from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
 

@@ -38,9 +38,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-from harness.engine.kernel import Kernel
-from harness.engine.registry import mark_absl_flags_parsed
 from harness.kernels import maxtext_adapter
+from harness.kernels.kernel import Kernel
+from harness.kernels.libraries import mark_absl_flags_parsed
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from harness.engine.kernel import Kernel
+from harness.kernels.kernel import Kernel
 from harness.kernels.reference import ignores_segments_expectation
 from harness.sut.attention_op import CUDNN_DTYPES, AttentionOp, cudnn_backend
 from harness.sut.config import AttentionConfig

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import jax
 
-from harness.engine.kernel import Kernel
+from harness.kernels.kernel import Kernel
 
 
 def pallas_mha(query, key, value, segment_ids, *, causal, scale):
-    from jax.experimental.pallas.ops.gpu import attention  # deprecated upstream; import late
+    from jax.experimental.pallas.ops.gpu import (
+        attention,  # deprecated upstream; import late
+    )
 
     interpret = jax.devices()[0].platform != "gpu"
     return attention.mha(query, key, value, segment_ids, sm_scale=scale, causal=causal,

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from harness.judge.vocabulary import DQ, LEAK, OUT
-from harness.engine.kernel import Kernel
+from harness.kernels.kernel import Kernel
 from harness.sut.dot_product import dot_product, segment_mask
 
 

@@ -26,8 +26,8 @@ import functools
 
 import numpy as np
 
-from harness.engine.kernel import Kernel
 from harness.kernels import load_balance
+from harness.kernels.kernel import Kernel
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER, op_kernel
 from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
 
@@ -51,7 +51,8 @@ def mesh(shape: tuple[int, ...], axes: tuple[str, ...]):
 
 def _constrain(x, the_mesh, *spec):
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
     return jax.lax.with_sharding_constraint(x, NamedSharding(the_mesh, P(*spec)))
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from harness.engine.kernel import Kernel
+from harness.kernels.kernel import Kernel
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, op_kernel
 from harness.sut.attention_op import te_fused_thd
 

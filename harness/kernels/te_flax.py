@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from harness.engine.kernel import Kernel
+from harness.kernels.kernel import Kernel
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS
 from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
 

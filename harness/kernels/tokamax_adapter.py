@@ -33,9 +33,14 @@ from __future__ import annotations
 
 import functools
 
-from harness.engine.kernel import Kernel
-from harness.kernels.op import (CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER, even_seq,
-                                pre_hopper_head_dims)
+from harness.kernels.kernel import Kernel
+from harness.kernels.op import (
+    CUDNN,
+    CUDNN_HEAD_DIMS,
+    CUDNN_MARKER,
+    even_seq,
+    pre_hopper_head_dims,
+)
 from harness.kernels.reference import no_f16_on_cpu
 from harness.sut.dot_product import segment_mask
 

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 
-from harness.model.layouts import CUSTOM, LAYOUTS, Segment, check_segment_ids, segment_ids_from_rows
+from harness.model.features import Features
+from harness.model.layouts import (
+    CUSTOM,
+    LAYOUTS,
+    Segment,
+    check_segment_ids,
+    segment_ids_from_rows,
+)
 
 DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 _SHORT = {v: k for k, v in DTYPES.items()}
@@ -24,7 +31,8 @@ INPUT_SALT = 0xA77E
 _ID = re.compile(
     r"^(?P<layout>[a-z]+/[a-z-]+)-b(?P<batch>\d+)-t(?P<seq_len>\d+)-h(?P<heads>\d+)"
     r"kv(?P<kv_heads>\d+)-d(?P<head_dim>\d+)-(?P<dtype>[a-z0-9]+)-s(?P<seed>\d+)"
-    r"(?P<bidir>-bidir)?(?:-r(?P<rows>[0-9p.,]+))?$")
+    r"(?P<bidir>-bidir)?(?P<features>(?:-w\d+\.\d+|-cap\d+(?:\.\d+)?|-ch\d+|-sink|-dv\d+)*)"
+    r"(?:-r(?P<rows>[0-9p.,]+))?$")
 
 
 def _rows_text(rows) -> str:
@@ -49,6 +57,8 @@ class Case:
     causal: bool = True
     # Only for layout custom/rows: each row's runs (segment_ids_from_rows).
     rows: tuple[tuple[int, ...], ...] | None = None
+    # What else the case asks for beyond the same-segment mask (harness.model.features).
+    features: Features = Features()
 
     def __post_init__(self):
         if self.layout != CUSTOM and self.layout not in LAYOUTS:
@@ -63,16 +73,19 @@ class Case:
             raise ValueError("batch, seq_len, heads, kv_heads and head_dim must be >= 1")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
+        if self.causal and self.features.window is not None and self.features.window[1]:
+            raise ValueError(f"window {self.features.window}: a causal mask reads nothing "
+                             "ahead (right size 0)")
 
     @property
     def id(self) -> str:
         return (f"{self.layout}-b{self.batch}-t{self.seq_len}-h{self.heads}kv{self.kv_heads}"
                 f"-d{self.head_dim}-{_SHORT[self.dtype]}-s{self.seed}"
-                + ("" if self.causal else "-bidir")
+                + ("" if self.causal else "-bidir") + self.features.suffix
                 + ("" if self.rows is None else f"-r{_rows_text(self.rows)}"))
 
     @classmethod
-    def from_id(cls, case_id: str) -> "Case":
+    def from_id(cls, case_id: str) -> Case:
         m = _ID.match(case_id)
         if not m:
             raise ValueError(f"not a case id: {case_id!r} (ids look like "
@@ -83,9 +96,10 @@ class Case:
         if dtype is None:
             raise ValueError(f"unknown dtype {g['dtype']!r} in case id {case_id!r}")
         rows = _rows_parse(g["rows"]) if g["rows"] else None
-        return cls(layout=g["layout"], dtype=dtype, causal=not g["bidir"], rows=rows, **ints)
+        return cls(layout=g["layout"], dtype=dtype, causal=not g["bidir"], rows=rows,
+                   features=Features.parse(g["features"] or ""), **ints)
 
-    def with_seed(self, seed: int) -> "Case":
+    def with_seed(self, seed: int) -> Case:
         return dataclasses.replace(self, seed=seed)
 
     @property
@@ -103,8 +117,9 @@ class Case:
     @property
     def shape_key(self) -> tuple:
         """What a compiled program depends on: cases that share it share programs."""
-        return (self.batch, self.seq_len, self.heads, self.kv_heads, self.head_dim, self.dtype,
-                self.causal)
+        key = (self.batch, self.seq_len, self.heads, self.kv_heads, self.head_dim, self.dtype,
+               self.causal)
+        return key + (self.features,) if self.features else key
 
     @functools.cached_property
     def segment_ids(self) -> np.ndarray:

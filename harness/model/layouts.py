@@ -9,8 +9,8 @@ also allows padding before and between segments (`padding="anywhere"`: left-padd
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

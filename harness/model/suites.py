@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import fnmatch
 
-from harness.model.case import Case
 from harness.errors import UsageError
+from harness.model.case import Case
 from harness.model.layouts import LAYOUTS
 
 # Layouts every suite covers at its main shapes; the long-row layouts have shapes of their own.
@@ -56,39 +56,61 @@ def nightly() -> list[Case]:
 SUITES = {"smoke": smoke, "nightly": nightly}
 
 
-def suite_cases(name: str, pattern: str | None = None, seeds: int = 1) -> list[Case]:
-    """The suite's cases, each under `seeds` seeds (its own and the next ones); `pattern` (globs
-    over case ids, comma-separated) narrows them: a case whose own id matches comes under all its
-    seeds, another only under the seeds whose ids match; an exact id of the case under a later
-    seed (no glob characters) comes under `seeds` seeds from that one. The suite's own seeds
-    differ by shape (`-s0`, `-s1`, ...): a glob ending in one seed picks those shapes' cases.
-    Matching nothing is a UsageError."""
+def suite_cases(name: str, pattern=None, seeds: int = 1, features=None) -> list[Case]:
+    """The suite's cases, each under `seeds` seeds (its own and the next ones).
+
+    `pattern` (globs over case ids: comma-separated text or a sequence) narrows them: a case
+    whose own id matches comes under all its seeds, another only under the seeds whose ids
+    match; an exact id of the case under a later seed (no glob characters) comes under `seeds`
+    seeds from that one. The suite's own seeds differ by shape (`-s0`, `-s1`, ...): a glob
+    ending in one seed picks those shapes' cases. `features` (names of
+    harness.model.features, or `none`) keeps the cases with any of those features (`none`:
+    the cases without one). A glob that matches no case, or a selection that leaves none, is a
+    UsageError naming it."""
+    from harness.model.features import NONE
     if name not in SUITES:
         raise UsageError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
     if seeds < 1:
         raise UsageError(f"--seeds {seeds}: must be at least 1")
     cases = SUITES[name]()
+    if features:
+        wanted = set(features)
+        cases = [c for c in cases if (NONE in wanted and not c.features)
+                 or wanted & set(c.features.names)]
+        if not cases:
+            raise UsageError(f"--features {','.join(features)}: no case of suite {name!r} has "
+                             f"{'them' if len(wanted) > 1 else 'it'}")
     if not pattern:
         return [c.with_seed(c.seed + i) for c in cases for i in range(seeds)]
-    globs = [p.strip() for p in pattern.split(",") if p.strip()]
+    globs = [p.strip() for p in (pattern.split(",") if isinstance(pattern, str) else pattern)
+             if p.strip()]
 
-    def matches(case: Case) -> bool:
-        return any(fnmatch.fnmatch(case.id, g) for g in globs)
-    # A glob that matches a case's own id takes it under every seed (`*-s0 --seeds 50` is fifty
-    # seeds, not one); otherwise it picks the seeds whose ids it matches (`*-s7 --seeds 10`).
-    chosen = [c.with_seed(c.seed + i) for c in cases for i in range(seeds)
-              if matches(c) or matches(c.with_seed(c.seed + i))]
-    # A case id another run wrote under another seed (`...-s1` of a --seeds run): that case,
-    # under its own seed (and the next ones with --seeds).
+    def matches(case: Case, glob: str) -> bool:
+        return fnmatch.fnmatch(case.id, glob)
+    chosen, unmatched = [], []
     for g in globs:
+        # A glob that matches a case's own id takes it under every seed (`*-s0 --seeds 50` is
+        # fifty seeds, not one); otherwise it picks the seeds whose ids it matches (`*-s7
+        # --seeds 10`).
+        mine = [c.with_seed(c.seed + i) for c in cases for i in range(seeds)
+                if matches(c, g) or matches(c.with_seed(c.seed + i), g)]
+        # A case id another run wrote under another seed (`...-s1` of a --seeds run): that
+        # case, under its own seed (and the next ones with --seeds).
         exact = _seeded(g, cases)
         if exact is not None:
-            chosen += [exact.with_seed(exact.seed + i) for i in range(seeds)]
-    chosen = list(dict.fromkeys(chosen))
-    if not chosen:
-        raise UsageError(f"no case of suite {name!r} matches {pattern!r}; "
-                         f"`python -m harness list --suite {name} -v` lists the case ids")
-    return chosen
+            mine += [exact.with_seed(exact.seed + i) for i in range(seeds)]
+        if not mine:
+            unmatched.append(g)
+        chosen += mine
+    if unmatched:
+        raise UsageError(f"--cases: {', '.join(repr(g) for g in unmatched)} "
+                         f"match{'es' if len(unmatched) == 1 else ''} no case of suite "
+                         f"{name!r}; `python -m harness list --suite {name} -v` lists the "
+                         "case ids")
+    # In suite order, each once.
+    order = {c: n for n, c in enumerate(c.with_seed(c.seed + i) for c in cases
+                                        for i in range(seeds))}
+    return sorted(dict.fromkeys(chosen), key=lambda c: order.get(c, len(order)))
 
 
 def _seeded(text: str, cases: list[Case]) -> Case | None:
@@ -100,19 +122,6 @@ def _seeded(text: str, cases: list[Case]) -> Case | None:
     except ValueError:
         return None
     return case if any(c.with_seed(case.seed) == case for c in cases) else None
-
-
-def parse_shard(text: str | None) -> tuple[int, int] | None:
-    """"I/N" -> (I, N), 1 <= I <= N; None for no sharding."""
-    if not text:
-        return None
-    try:
-        index, count = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise UsageError(f"--shard {text!r}: expected I/N, e.g. 1/4") from None
-    if not 1 <= index <= count:
-        raise UsageError(f"--shard {text!r}: I must be between 1 and N")
-    return index, count
 
 
 def shard(cases: list[Case], index: int, count: int) -> list[Case]:

@@ -33,9 +33,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from harness.sut.dot_product import dot_product, segment_mask
 from harness.sut import lowering
 from harness.sut.config import AttentionConfig
+from harness.sut.dot_product import dot_product, segment_mask
 
 CUDNN_DTYPES = ("bfloat16", "float16")
 

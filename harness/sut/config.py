@@ -74,7 +74,7 @@ class AttentionConfig:
         room = seq_len / max(self.max_segments_per_seq or 1, 1)
         return seq_len >= AUTO_TE_MIN_SEQ_LEN or room <= AUTO_TE_MAX_TOKENS_PER_SEGMENT
 
-    def validate(self) -> "AttentionConfig":
+    def validate(self) -> AttentionConfig:
         """Raises ConfigError naming the first rule broken; returns self otherwise."""
         def need(ok: bool, message: str) -> None:
             if not ok:

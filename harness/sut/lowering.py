@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 
-
 class SegmentIdError(ValueError):
     """Segment ids the packed lowering cannot represent (MaxText's convention: each row is
     contiguous runs numbered 1..n, n <= max_segments_per_seq, then padding, id 0)."""
@@ -154,7 +153,7 @@ def positions(segment_ids):
     return jnp.where(segment_ids > 0, idx - start, 0).astype(jnp.int32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def upstream_gqa_offsets_wrong() -> bool:
     """Whether this jax scales packed kv offsets by the number of *query* heads (jax <= 0.11.0;
     fixed by jax PR #39521), which makes the packed path read the wrong kv memory under GQA.

@@ -17,13 +17,14 @@ import math
 import time
 from dataclasses import dataclass
 
-from harness.engine.kernel import Platform
 from harness.errors import UsageError
 from harness.judge import tallies
 from harness.judge import vocabulary as v
 from harness.judge.record import Record
+from harness.kernels.kernel import Platform
 from harness.model.case import Case
-from harness.tools.zoo import Entry, entries as zoo_entries
+from harness.tools.zoo import Entry
+from harness.tools.zoo import entries as zoo_entries
 
 # Small shapes, kept few (programs compile once per shape): rows of 256 tokens with 4 query
 # heads over 2 kv heads (GQA), and rows of 1152 (MQA, float32) for boundaries at 511-513 and
@@ -208,11 +209,11 @@ def report(results: list[Result], cases, wall_s: float, console=None) -> None:
                   highlight=False)
 
 
-def main(args, zoo: list[Entry] | None = None, cases=None) -> int:
-    """`args.bugs`: comma-separated entries, or None for all. `zoo` and `cases` replace the
+def main(bugs: str | None = None, zoo: list[Entry] | None = None, cases=None) -> int:
+    """`bugs`: comma-separated entries, or None for all. `zoo` and `cases` replace the
     built-in zoo and case list (for the harness's own tests)."""
     start = time.perf_counter()
-    chosen = select(getattr(args, "bugs", None), zoo_entries() if zoo is None else zoo)
+    chosen = select(bugs, zoo_entries() if zoo is None else zoo)
     cases = tuple(SELFTEST_CASES if cases is None else cases)
     from harness.views.progress import progress
     with progress(len(cases), "selftest case") as step:

@@ -5,7 +5,7 @@ pass)."""
 from __future__ import annotations
 
 from harness.judge import regression
-from harness.views import report_file as rec
+from harness.store import report_file as rec
 
 SHOWN = 40
 
@@ -29,6 +29,48 @@ def same_selection(new_header: dict, base_header: dict) -> bool:
     without a selection (older harness versions, merged parts) are not assumed to match."""
     new, base = new_header.get("selection"), base_header.get("selection")
     return new is not None and new == base
+
+
+def _identity(path) -> tuple:
+    p = rec.resolve(path)
+    return (p.resolve(),)
+
+
+def check_comparable(new_path, base_path) -> None:
+    """Mistakes before comparing: the same report twice (nothing can regress against itself),
+    a baseline file given as the new report."""
+    from harness.errors import UsageError
+    new_header, _ = rec.read(new_path)
+    rec.read(base_path, what="baseline")
+    if _identity(new_path) == _identity(base_path):
+        raise UsageError(f"compare {new_path} {base_path}: the same report twice; give a new "
+                         "run and an earlier one")
+    if new_header.get("baseline_of"):
+        raise UsageError(f"compare {new_path}: a baseline file (made by `harness baseline`), "
+                         "given as the new report; the new report comes first, the baseline "
+                         "second")
+
+
+def check_baseline_sources(sources) -> None:
+    """`harness baseline OUT RUN...`: every run readable, each given once, all of one
+    selection (a baseline's error ranges are over runs of the same cases)."""
+    from harness.errors import UsageError
+    headers = {}
+    for src in sources:
+        header, _ = rec.read(src)
+        key = _identity(src)
+        if key in headers:
+            raise UsageError(f"baseline: {src} given twice")
+        if header.get("baseline_of"):
+            raise UsageError(f"baseline: {src} is a baseline already; give the runs' reports")
+        headers[key] = (src, header)
+    (first, h0), *rest = headers.values()
+    for src, header in rest:
+        if header.get("selection") != h0.get("selection") or \
+                header.get("suite") != h0.get("suite"):
+            raise UsageError(f"baseline: {src} selected other cases than {first} "
+                             f"({header.get('selection')} vs {h0.get('selection')}); a baseline "
+                             "is made of runs of the same selection")
 
 
 def _listed(title: str, lines: list[str], shown: int = SHOWN) -> None:

@@ -12,8 +12,15 @@ import jinja2
 from harness.judge import judging, tallies
 from harness.judge import vocabulary as v
 from harness.views.markdown import env_line, run_line
-from harness.views.summary import (coverage_lines, fmt, known_lines, not_judged_lines,
-                                   outcome_text, padding_lines, power_rows)
+from harness.views.summary import (
+    coverage_lines,
+    fmt,
+    known_lines,
+    not_judged_lines,
+    outcome_text,
+    padding_lines,
+    power_rows,
+)
 
 PLOTTED_CHECKS = tuple(c.name for c in v.TENSORS if c.traced)
 MAX_PLOTS = 24
@@ -169,7 +176,7 @@ _PLOT_CSS = {v.FAIL: "bad", v.MISSED: "bad", v.CAUGHT: "caught"}
 def _plots(records, traces) -> tuple[list[dict], int]:
     outcome = tallies.row_outcomes(records)
     wanted = [t for t in traces if t.check in PLOTTED_CHECKS]
-    key = lambda t: (t.kernel, t.case_id, t.check, t.row)  # noqa: E731
+    key = lambda t: (t.kernel, t.case_id, t.check, t.row)
     wanted.sort(key=lambda t: _PLOT_ORDER.get(outcome.get(key(t)), 2))
     plots = []
     for t in wanted[:MAX_PLOTS]:

@@ -9,8 +9,16 @@ from pathlib import Path
 from harness.judge import judging, tallies
 from harness.judge import vocabulary as v
 from harness.judge.record import Record
-from harness.views.summary import (coverage_lines, fmt, known_lines, margin_rows,
-                                   not_judged_lines, outcome_text, padding_lines, power_rows)
+from harness.views.summary import (
+    coverage_lines,
+    fmt,
+    known_lines,
+    margin_rows,
+    not_judged_lines,
+    outcome_text,
+    padding_lines,
+    power_rows,
+)
 
 MARKS = {v.CELL_OK: "🟢", v.CELL_NEAR: "🟡", v.CELL_CAUGHT: "🔵", v.CELL_KNOWN: "🟠",
          v.CELL_FAIL: "🔴", v.CELL_MISSED: "🔴", v.CELL_ERROR: "❌", v.CELL_SKIP: "⚪"}
@@ -41,7 +49,10 @@ def run_line(header: dict) -> str:
         parts.append(f"leak probe: {header['probe_mode']} build")
     if header.get("shard"):
         parts.append(f"shard {header['shard']}")
-    if header.get("interrupted"):
+    if header.get("state") == "running":
+        from harness.views.summary import INCOMPLETE
+        parts.append(f"**{INCOMPLETE}**")
+    elif header.get("interrupted"):
         parts.append("**interrupted: only what finished is here**")
     return " · ".join(parts)
 

@@ -10,8 +10,14 @@ from contextlib import contextmanager
 @contextmanager
 def progress(total: int, label: str = "kernel x case"):
     if sys.stderr.isatty():
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TimeRemainingColumn(), transient=True) as bar:
             task = bar.add_task(label, total=total)

@@ -122,7 +122,11 @@ STYLES = {v.CELL_OK: "green", v.CELL_NEAR: "yellow", v.CELL_CAUGHT: "cyan",
           v.CELL_ERROR: "bold red", v.CELL_SKIP: "dim"}
 
 
-def print_console(records: list[Record], console=None) -> None:
+INCOMPLETE = ("INCOMPLETE: the run that wrote this report never finished (killed before its "
+              "end); only what it finished is here, and it is not a pass")
+
+
+def print_console(records: list[Record], header: dict | None = None, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -155,6 +159,8 @@ def print_console(records: list[Record], console=None) -> None:
     for line in known_lines(records) + not_judged_lines(records) + coverage_lines(records):
         console.print(f"[yellow]{line}[/]", highlight=False)
     console.print(f"outcomes: {outcome_text(records)}", highlight=False)
+    if header is not None and header.get("state") == "running":
+        console.print(f"[bold red]{INCOMPLETE}[/]", highlight=False)
     if tallies.judged_nothing(records):
         console.print("[bold red]nothing was judged: no check measured anything (every kernel x "
                       "case skipped, or none finished; summary.md lists the skips and why); "

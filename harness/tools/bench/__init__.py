@@ -52,7 +52,7 @@ counted as 2.5 times the forward (FlashAttention's convention: five matmuls to t
 two), whatever the entry actually computes: a call that attends across segments or over padding
 gets no credit for it.
 
-Memory: before any work, each entry's peak is estimated (dense kernels: harness.engine.kernel.
+Memory: before any work, each entry's peak is estimated (dense kernels: harness.kernels.kernel.
 scores_bytes, doubled on CPUs, where XLA keeps more float32 [B, H, T, T] temporaries alive: a
 hopper run on a CPU was killed at 24 GB where scores_bytes says 16 GiB; fused kernels: inputs,
 outputs, gradients, a float32 dq accumulator and softmax statistics) against the device's limit
@@ -67,6 +67,8 @@ declared by capability: what each runs, which goals it takes part in, how its me
 table), `goals` and `command` (main).
 """
 from harness.tools.bench.command import main
-from harness.tools.bench.shapes import SHAPE_SETS  # scripts/op_overhead.py times these shapes
+from harness.tools.bench.shapes import (
+    SHAPE_SETS,  # scripts/op_overhead.py times these shapes
+)
 
-__all__ = ["main", "SHAPE_SETS"]
+__all__ = ["SHAPE_SETS", "main"]

@@ -25,16 +25,20 @@ METHOD = {"timing": "jax.vjp forward+backward, compiled ahead, arguments on devi
                         "arguments, outputs, alias; total = temp + arguments + outputs"}
 
 
-def main(args) -> int:
+def main(shapes: str = "small", repeats: int = 10, output: str | None = None,
+         kernels=None) -> int:
+    """Times the entries (`kernels`: names, or None for the bench's own) on the shape set
+    `shapes`, `repeats` samples each; the JSON report to `output`."""
     from harness.engine.environment import current_platform, describe
 
-    if args.repeats < 1:
-        raise UsageError(f"--repeats {args.repeats}: must be at least 1")
-    shapes = shape_set(args.shapes)
-    entries = select_entries(args.kernels)
+    if repeats < 1:
+        raise UsageError(f"--repeats {repeats}: must be at least 1")
+    shape_set_name = shapes
+    shapes = shape_set(shape_set_name)
+    entries = select_entries(kernels)
     platform = current_platform()
     budget = memory_budget(platform)
-    plans = plan_all(shapes, entries, platform, budget, args.shapes)  # refuses before any work
+    plans = plan_all(shapes, entries, platform, budget, shape_set_name)  # refuses before any work
     if platform.name == "cpu":
         print("cpu: the cuDNN entries run through the cuDNN emulator (dense, plain JAX); their "
               "times say nothing about cuDNN's")
@@ -42,18 +46,18 @@ def main(args) -> int:
           "segment of L tokens, backward 2.5x the forward)\n")
     results = []
     for shape, shape_plans in zip(shapes, plans):
-        timings = time_shape(shape, shape_plans, args.repeats) \
+        timings = time_shape(shape, shape_plans, repeats) \
             if any(p.runs for p in shape_plans) else []
         results.append(shape_result(shape, shape_plans, timings))
-        print_shape(results[-1], args.repeats)
+        print_shape(results[-1], repeats)
         del timings
     checks = goal_checks(results)
     print("\ngoals" + (" (measured on the cpu through the emulator: the goals are for the GPU)"
                        if platform.name == "cpu" else "") + ":")
     for c in checks:
         print(f"  {c['text']}")
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump({"environment": describe(), "shapes": args.shapes, "repeats": args.repeats,
+    if output:
+        with open(output, "w") as f:
+            json.dump({"environment": describe(), "shapes": shape_set_name, "repeats": repeats,
                        "method": METHOD, "results": results, "goals": checks}, f, indent=1)
     return 0

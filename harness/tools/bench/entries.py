@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from harness.errors import UsageError
-from harness.engine.kernel import Kernel
+from harness.kernels.kernel import Kernel
 from harness.model.case import Case
 
 # What an entry stands for in the goals (BenchEntry.goals).
@@ -153,6 +153,9 @@ ENTRIES = (
                emulated=lambda: registered("maxtext_fixed:cudnn_flash_jax:emulated"),
                goals=frozenset({PATCH_AFTER})),
 )
+
+
+DEFAULT_ENTRIES_TEXT = ", ".join(e.name for e in ENTRIES)
 
 
 def entry_with(goal: str, entries=ENTRIES) -> BenchEntry | None:

@@ -4,8 +4,18 @@ seed shape, and its best path within 5% of the fastest correct entry. Which entr
 raw call or the replaced call is each entry's declared capability (entries.BenchEntry.goals)."""
 from __future__ import annotations
 
-from harness.tools.bench.entries import AUTO, ENTRIES, OP_PATH, PATCH_AFTER, PATCH_BEFORE, \
-    RAW_BASE, RAW_FUSED, REPLACED, THE_OP, entry_with
+from harness.tools.bench.entries import (
+    AUTO,
+    ENTRIES,
+    OP_PATH,
+    PATCH_AFTER,
+    PATCH_BEFORE,
+    RAW_BASE,
+    RAW_FUSED,
+    REPLACED,
+    THE_OP,
+    entry_with,
+)
 from harness.tools.bench.shapes import SEED_SHAPE
 
 GOAL_OP_OVER_RAW = 0.03             # the op within 3% of the raw packed call
@@ -102,7 +112,7 @@ def _patch_after_vs_before(res: dict, declared: dict) -> dict:
     """MaxText's own op after the patch against before it, at the seed shape."""
     shape = res["shape"]
     timed = {e["entry"]: e for e in res["entries"] if e["median_ms"]}
-    pick = lambda goal: next((timed[n] for n, spec in declared.items()  # noqa: E731
+    pick = lambda goal: next((timed[n] for n, spec in declared.items()
                               if goal in spec.goals and n in timed), None)
     before, after = pick(PATCH_BEFORE), pick(PATCH_AFTER)
     if before is None or after is None:

@@ -11,12 +11,18 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 
 from harness.errors import UsageError
-from harness.engine.kernel import Kernel, Platform, scores_bytes
+from harness.kernels.kernel import Kernel, Platform, scores_bytes
 from harness.kernels.op import CUDNN as CUDNN_DTYPES
 from harness.model.case import Case
 from harness.sut.config import PACKED_MIN_CC
-from harness.tools.bench.entries import MASK_BIAS, TE_MASKS, BenchEntry, RawCall, \
-    gqa_offsets_bug, registered
+from harness.tools.bench.entries import (
+    MASK_BIAS,
+    TE_MASKS,
+    BenchEntry,
+    RawCall,
+    gqa_offsets_bug,
+    registered,
+)
 from harness.tools.bench.shapes import Shape
 
 GiB = 2 ** 30
@@ -66,7 +72,7 @@ def peak_bytes(case: Case, dense: bool, platform: Platform, te_segment_ids: bool
                mask_bias: bool = False) -> int:
     """A program's estimated peak: inputs (q, k, v, cotangent), outputs (out, dq, dk, dv), a
     float32 dq accumulator and softmax statistics; dense kernels add their float32 scores
-    (harness.engine.kernel.scores_bytes, doubled on CPUs); TE's segment-id path may add [B, T, T]
+    (harness.kernels.kernel.scores_bytes, doubled on CPUs); TE's segment-id path may add [B, T, T]
     masks; cuDNN with a mask bias (the fallback) its [B, 1, T, T] boolean mask and bias."""
     itemsize = jnp.dtype(case.dtype).itemsize
     btd = case.batch * case.seq_len * case.head_dim

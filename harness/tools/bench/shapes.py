@@ -4,8 +4,8 @@ ids (seqlens and offsets, computed in numpy outside any program)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -1,7 +1,7 @@
 """python -m harness census: every packed-attention path a JAX user can pick, judged, timed and
 written up in one table (issue 18, "the census report").
 
-One command on a GPU runner writes, under --report-dir (default reports/census):
+One command on a GPU runner writes, under --report-dir (default reports/census-latest):
 
     parts/<part>/nightly/    the suite's records over the census kernels, written by the same
                              code as `harness run` (its controller and isolation workers where
@@ -22,18 +22,18 @@ One command on a GPU runner writes, under --report-dir (default reports/census):
                              together) is joined by copying the parts into one folder and running
                              `python -m harness census --table-only`
 
-Kernels of several isolation groups (harness.engine.isolation): the run is a controller, and
+Kernels of several isolation groups (harness.engine.workers): the run is a controller, and
 the bench, the versions and the reproducers of each group run in a child process of their own
-(`census --after-run`), so no two clashing libraries ever share a process.
+(harness.tools.census.child), so no two clashing libraries ever share a process.
 
-The package: `options` (the census set and the command line), `command` (main), `findings`
-(reproducers and report texts), `table` (reading the parts, the rows) and `render` (census.md).
+The package: `options` (the census set and the command line), `command` (main), `child` (a group's
+child process), `findings` (reproducers and report texts), `table` (reading the parts, the rows) and `render` (census.md).
 """
 
 
-def main(args) -> int:
+def main(census, run) -> int:
     from harness.tools.census.command import main as census_main
-    return census_main(args)
+    return census_main(census, run)
 
 
 __all__ = ["main"]

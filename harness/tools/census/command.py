@@ -1,9 +1,8 @@
-"""`python -m harness census`: run the suite over the census kernels (through `harness run`'s own
-command), then per isolation group the bench, the libraries' versions and the reproducers, then
-the table over every part present."""
+"""`python -m harness census`: run the suite over the census kernels (the engine's run, as
+`harness run` does), then per isolation group the bench, the libraries' versions and the
+reproducers, then the table over every part present."""
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -12,6 +11,8 @@ import traceback
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.store import report_file as rec
+from harness.tools.census.findings import versions
 from harness.tools.census.options import census_names
 
 PART_FILE = "part.json"
@@ -20,17 +21,18 @@ VERSIONS_FILE = "versions.json"
 FINDINGS_FILE = "findings.json"
 
 
-def select(args) -> list:
+def select(census, run) -> list:
     """The kernels this part covers: --kernels, else the census set that is registered, less
     --without."""
     import fnmatch
+
     from harness.engine.registry import all_kernels, select_kernels
-    if args.kernels:
-        if args.without:
+    if run.kernels:
+        if census.without:
             raise UsageError("--kernels and --without: give one of them")
-        return select_kernels(args.kernels)
+        return select_kernels(list(run.kernels))
     names = census_names(all_kernels())
-    globs = [g.strip() for g in (args.without or "").split(",") if g.strip()]
+    globs = [g.strip() for g in (census.without or "").split(",") if g.strip()]
     unmatched = [g for g in globs if not any(fnmatch.fnmatchcase(n, g) for n in names)]
     if unmatched:
         raise UsageError(f"--without {', '.join(unmatched)}: no kernel of the census set "
@@ -41,36 +43,39 @@ def select(args) -> list:
     return select_kernels(names)
 
 
-def _check_args(args) -> None:
-    """Every user mistake before any work: the suite, the cases, the shape set."""
-    from harness.model.suites import suite_cases
+def main(census, run) -> int:
+    """A census part: its suite run (the engine's), then per isolation group the bench, the
+    versions and the reproducers, then the table over every part present. `census`: a
+    CensusOptions; `run`: the run's options (RunOptions)."""
+    import dataclasses
+
+    from harness.engine import engine
     from harness.tools.bench.shapes import shape_set
-    suite_cases(args.suite, args.cases, seeds=args.seeds)
-    if not args.no_bench:
-        shape_set(args.shapes)
-
-
-def main(args) -> int:
     from harness.tools.census.table import write_table
-    report_dir = Path(args.report_dir)
-    if args.table_only:
+    report_dir = Path(census.report_dir)
+    if census.table_only:
         if not (report_dir / "parts").is_dir():
             raise UsageError(f"--report-dir {report_dir}: no parts/ folder: nothing to tabulate "
                              "(run `python -m harness census` first)")
         return _table(report_dir, write_table)
-    kernels = select(args)
-    _check_args(args)
-    part_dir = report_dir / "parts" / args.part
-    if args.after_run:
-        return after_run(args, kernels, part_dir)
-    from harness.views import report_file as rec
+    for path in run.kernel_modules:
+        from harness.engine.registry import load_kernel_module
+        load_kernel_module(path)
+    kernels = select(census, run)
+    run = dataclasses.replace(run, kernels=tuple(k.name for k in kernels),
+                              report_dir=str(census.run_dir), source="census").checked()
+    engine.select(run)   # every user mistake (cases, features) before any work
+    if census.bench:
+        shape_set(census.shapes)
+    part_dir = census.part_dir
     rec.check_writable(part_dir)
+    engine.check_not_running(census.run_dir)
     start = time.monotonic()
-    clear_part(part_dir, kernels, Path(args.report_dir) / "repro", args.no_repro)
-    _write_part(args, kernels, part_dir, None, [], None)  # the command, for the children
-    run_status = run_suite(args, kernels, part_dir / "nightly")
-    problems = after_groups(args, kernels, part_dir)
-    _write_part(args, kernels, part_dir, run_status, problems, time.monotonic() - start)
+    clear_part(part_dir, kernels, report_dir / "repro", not census.repro)
+    _write_part(census, run, kernels, None, [], None)  # the command, for the children
+    run_status = engine.run(run)
+    problems = after_groups(census, run, kernels)
+    _write_part(census, run, kernels, run_status, problems, time.monotonic() - start)
     status = _table(report_dir, write_table)
     for problem in problems:
         print(f"census: {problem}", file=sys.stderr)
@@ -87,6 +92,7 @@ def clear_part(part_dir: Path, kernels, repro_dir: Path, keep_repro: bool) -> No
     """What an earlier run of this part left (its groups' files, bench, versions; and, unless
     reproducers are left out, its kernels' reproducers): nothing stale reaches the table."""
     import shutil
+
     from harness.tools.census.findings import safe_name
     shutil.rmtree(part_dir / "groups", ignore_errors=True)
     for name in (BENCH_FILE, VERSIONS_FILE, PART_FILE):
@@ -99,124 +105,83 @@ def clear_part(part_dir: Path, kernels, repro_dir: Path, keep_repro: bool) -> No
                 (repro_dir / (stem + suffix)).unlink(missing_ok=True)
 
 
-# ----- the suite ------------------------------------------------------------------------------
-
-def _option_argv(args) -> list[str]:
-    """The options a census passes on (to `harness run`, and to its children)."""
-    argv = []
-    for module in args.kernel_module:
-        argv += ["--kernel-module", str(Path(module).resolve()) if Path(module).exists()
-                 else module]
-    if args.no_compilation_cache:
-        argv.append("--no-compilation-cache")
-    else:
-        argv += ["--compilation-cache", str(args.compilation_cache)]
-    return argv
-
-
-def run_suite(args, kernels, report_dir: Path) -> int:
-    """The suite over the kernels, by `harness run` itself (its controller and workers where
-    the kernels' libraries cannot share a process); its exit status."""
-    from harness import cli
-    argv = ["run", "--suite", args.suite, "--seeds", str(args.seeds), "--report-dir",
-            str(report_dir), "--kernels", ",".join(k.name for k in kernels),
-            *_option_argv(args)]
-    if args.cases:
-        argv += ["--cases", args.cases]
-    if args.no_leak_probe:
-        argv.append("--no-leak-probe")
-    return cli.cmd_run(cli.build_parser().parse_args(argv))
-
-
 # ----- bench, versions and reproducers, per isolation group ---------------------------------
 
 def group_dir(part_dir: Path, group: str | None) -> Path:
     return part_dir / "groups" / (group or "main")
 
 
-def after_groups(args, kernels, part_dir: Path) -> list[str]:
+def after_groups(census, run, kernels) -> list[str]:
     """The bench, versions and reproducers: in this process where the kernels share one, else
-    one child per isolation group; the groups' files joined. The problems, in words."""
-    from harness.engine import isolation
-    groups = isolation.groups(kernels)
+    one child per isolation group (harness.tools.census.child); the groups' files joined. The
+    problems, in words."""
+    from harness.engine import workers
+    groups = workers.groups(kernels)
     problems = []
     if len(groups) == 1:
         (group, members), = groups.items()
-        if after_run(args, members, part_dir, group=group):
+        if after_run(census, run, members, group):
             problems.append(f"group {group or 'main'}: a step failed (see "
-                            f"{group_dir(part_dir, group)})")
+                            f"{group_dir(census.part_dir, group)})")
     else:
         for group, members in groups.items():
-            problems += _child(args, group, members, part_dir)
-    join_groups(part_dir)
+            problems += _child(census, run, group, members)
+    join_groups(census.part_dir)
     return problems
 
 
-def _child(args, group, members, part_dir: Path) -> list[str]:
-    """`census --after-run` for one group's kernels, in a process of its own."""
-    argv = [sys.executable, "-m", "harness", "census", "--after-run", "--part", args.part,
-            "--report-dir", str(args.report_dir), "--kernels", ",".join(k.name for k in members),
-            "--suite", args.suite, "--seeds", str(args.seeds), "--shapes", args.shapes,
-            "--repeats", str(args.repeats), "--repro-runs", str(args.repro_runs),
-            *_option_argv(args)]
-    argv += ["--cases", args.cases] if args.cases else []
-    argv += ["--no-bench"] * args.no_bench + ["--no-repro"] * args.no_repro
+def _child(census, run, group, members) -> list[str]:
+    """One group's bench, versions and reproducers in a process of its own: its orders as a
+    JSON spec (harness.tools.census.child), never an argv of options."""
+    import dataclasses
+    spec = group_dir(census.part_dir, group) / "spec.json"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    run = dataclasses.replace(run, kernels=tuple(k.name for k in members))
+    spec.write_text(json.dumps({"census": census.to_json(), "run": run.to_json(),
+                                "group": group}))
     print(f"[census] {group or 'main'}: bench, versions and reproducers in a child process",
           file=sys.stderr, flush=True)
-    done = subprocess.run(argv)
+    done = subprocess.run([sys.executable, "-m", "harness.tools.census.child", str(spec)])
     if done.returncode == 0:
         return []
     return [f"group {group or 'main'}: the child process exited with status {done.returncode}"]
 
 
-def after_run(args, kernels, part_dir: Path, group: str | None = "") -> int:
+def after_run(census, run, kernels, group) -> int:
     """One group's bench, versions and reproducers, in this process; 1 if a step failed."""
-    from harness.engine import isolation
-    from harness.views import report_file as rec
-    if group == "":
-        group = next(iter(isolation.groups(kernels)))
-    out = group_dir(part_dir, group)
+    out = group_dir(census.part_dir, group)
     out.mkdir(parents=True, exist_ok=True)
     (out / VERSIONS_FILE).write_text(json.dumps(versions(kernels), indent=1) + "\n")
     failed = 0
-    if not args.no_bench:
-        failed |= run_bench(args, kernels, out / BENCH_FILE)
-    if not args.no_repro:
-        nightly = part_dir / "nightly"
+    if census.bench:
+        failed |= run_bench(census, kernels, out / BENCH_FILE)
+    if census.repro:
+        nightly = census.run_dir
         header, records = rec.read(nightly) if (nightly / rec.RECORDS_FILE).exists() else ({}, [])
         from harness.tools.census.findings import write_findings
-        meta = part_dir / PART_FILE
+        meta = census.part_dir / PART_FILE
         command = (json.loads(meta.read_text()).get("command") if meta.exists() else None) \
-            or command_line(args)
-        written = write_findings(Path(args.report_dir) / "repro", kernels, header, records,
-                                 list(args.kernel_module), command, args.repro_runs)
+            or command_line(census, run)
+        written = write_findings(Path(census.report_dir) / "repro", kernels, header, records,
+                                 list(run.kernel_modules), command, census.repro_runs)
         (out / FINDINGS_FILE).write_text(json.dumps(written, indent=1) + "\n")
         failed |= any(w.get("problem") for w in written)
     return failed
 
 
-def versions(kernels) -> dict[str, dict[str, str | None]]:
-    """kernel -> the version of each module it requires (its top-level package), read in the
-    process that runs it."""
-    from harness.engine.environment import package_version
-    return {k.name: {m.split(".")[0]: package_version(m.split(".")[0]) for m in k.requires}
-            for k in kernels}
-
-
-def run_bench(args, kernels, output: Path) -> int:
+def run_bench(census, kernels, output: Path) -> int:
     """`harness bench` over the kernels; a bench that cannot run writes its error instead."""
     from harness.tools.bench import main as bench_main
-    ns = argparse.Namespace(shapes=args.shapes, repeats=args.repeats, output=str(output),
-                            kernels=",".join(k.name for k in kernels), kernel_module=[])
     try:
-        bench_main(ns)
+        bench_main(shapes=census.shapes, repeats=census.repeats, output=str(output),
+                   kernels=[k.name for k in kernels])
         return 0
     except UsageError as exc:  # e.g. nothing of the shape set fits this device
         error, trace = str(exc), None
     except Exception as exc:
         error, trace = f"{type(exc).__name__}: {exc}", traceback.format_exc()
     print(f"census: the bench did not run: {error}", file=sys.stderr)
-    output.write_text(json.dumps({"shapes": args.shapes, "error": error, "traceback": trace,
+    output.write_text(json.dumps({"shapes": census.shapes, "error": error, "traceback": trace,
                                   "results": []}, indent=1) + "\n")
     return 1
 
@@ -255,37 +220,46 @@ def join_groups(part_dir: Path) -> None:
     (part_dir / VERSIONS_FILE).write_text(json.dumps(found, indent=1) + "\n")
 
 
-def _write_part(args, kernels, part_dir: Path, run_status: int | None, problems: list[str],
+def _write_part(census, run, kernels, run_status: int | None, problems: list[str],
                 wall_s: float | None) -> None:
     """part.json: what this part ran, and how it went (written at the start, without the
     status, and again at the end)."""
-    meta = {"part": args.part, "suite": args.suite, "cases": args.cases, "seeds": args.seeds,
-            "kernels": [k.name for k in kernels], "bench_shapes": None if args.no_bench
-            else args.shapes, "repeats": args.repeats, "repro": not args.no_repro,
-            "leak_probe": not args.no_leak_probe, "run_status": run_status,
-            "problems": problems, "wall_s": None if wall_s is None else round(wall_s, 1),
-            "command": command_line(args)}
-    (part_dir / PART_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+    meta = {"part": census.part, "suite": run.suite, "cases": _joined(run.cases),
+            "features": _joined(run.features), "seeds": run.seeds,
+            "kernels": [k.name for k in kernels],
+            "bench_shapes": census.shapes if census.bench else None,
+            "repeats": census.repeats, "repro": census.repro, "leak_probe": run.leak_probe,
+            "run_status": run_status, "problems": problems,
+            "wall_s": None if wall_s is None else round(wall_s, 1),
+            "command": command_line(census, run)}
+    census.part_dir.mkdir(parents=True, exist_ok=True)
+    (census.part_dir / PART_FILE).write_text(json.dumps(meta, indent=1) + "\n")
 
 
-def command_line(args) -> str:
+def _joined(names):
+    return None if names is None else ",".join(names)
+
+
+def command_line(census, run) -> str:
     """The census command that makes this part again."""
     import shlex
-    words = ["python", "-m", "harness", "census", "--suite", args.suite, "--part", args.part,
-             "--report-dir", str(args.report_dir)]
-    if args.kernels:
-        words += ["--kernels", args.kernels]
-    if args.without:
-        words += ["--without", args.without]
-    if args.cases:
-        words += ["--cases", args.cases]
-    if args.seeds != 1:
-        words += ["--seeds", str(args.seeds)]
-    for module in args.kernel_module:
+    words = ["python", "-m", "harness", "census", "--suite", run.suite, "--part", census.part,
+             "--report-dir", str(census.report_dir)]
+    if census.without:
+        words += ["--without", census.without]
+    elif run.kernels:
+        words += ["--kernels", ",".join(run.kernels)]
+    if run.cases:
+        words += ["--cases", ",".join(run.cases)]
+    if run.features:
+        words += ["--features", ",".join(run.features)]
+    if run.seeds != 1:
+        words += ["--seeds", str(run.seeds)]
+    for module in run.kernel_modules:
         words += ["--kernel-module", module]
-    words += ["--no-bench"] if args.no_bench else ["--shapes", args.shapes, "--repeats",
-                                                   str(args.repeats)]
-    words += ["--no-repro"] if args.no_repro else (
-        ["--repro-runs", str(args.repro_runs)] if args.repro_runs != 40 else [])
-    words += ["--no-leak-probe"] * args.no_leak_probe
+    words += ["--no-bench"] if not census.bench else ["--shapes", census.shapes, "--repeats",
+                                                      str(census.repeats)]
+    words += ["--no-repro"] if not census.repro else (
+        ["--repro-runs", str(census.repro_runs)] if census.repro_runs != 40 else [])
+    words += ["--no-leak-probe"] * (not run.leak_probe)
     return " ".join(shlex.quote(w) for w in words)

@@ -5,7 +5,6 @@ upstream report: what, where, the numbers, the versions, the command) and `<name
 script's output on this machine)."""
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 from pathlib import Path
@@ -18,12 +17,20 @@ from harness.tools.census.scripts import error_script, report_text
 # Checks `harness repro` can shrink (a tolerance check, or the leak probe), in its order.
 SHRINKABLE = (*(c.name for c in v.TENSORS), v.LEAK.name)
 NUMBERS_SHOWN = 8
-CRASH_TEXT = "died while running it"   # harness.engine.isolation's words for a dead worker
+CRASH_TEXT = "died while running it"   # harness.engine.workers's words for a dead worker
 
 
 def safe_name(kernel: str) -> str:
     """A kernel's name as a file name ('tokamax:triton' -> 'tokamax_triton')."""
     return kernel.replace(":", "_").replace("/", "_")
+
+
+def versions(kernels) -> dict[str, dict[str, str | None]]:
+    """kernel -> the version of each module it requires (its top-level package), read in the
+    process that runs it."""
+    from harness.engine.environment import package_version
+    return {k.name: {m.split(".")[0]: package_version(m.split(".")[0]) for m in k.requires}
+            for k in kernels}
 
 
 def failing(records) -> list[Record]:
@@ -42,7 +49,6 @@ def write_findings(repro_dir: Path, kernels, header: dict, records: list[Record]
                    kernel_modules: list[str], command: str, max_runs: int) -> list[dict]:
     """Every kernel's reproducers; one dict per script written (or attempted). `header`: the
     part's run (environment, suite); `command`: the census command of the part."""
-    from harness.tools.census.command import versions
     written = []
     for kernel in kernels:
         mine = [r for r in records if r.kernel == kernel.name]
@@ -100,12 +106,11 @@ def fail_repro(kernel, fails: list[Record], path: Path, context: dict) -> dict:
         on_case = [r for r in shrinkable if r.case_id == case_id]
         check = min(on_case, key=lambda r: SHRINKABLE.index(r.check)).check
         entry.update(case_id=case_id, check=check)
-        ns = argparse.Namespace(kernel=kernel.name, case_id=case_id, check=check,
-                                output=str(path), max_runs=context["max_runs"])
         print(f"[census] repro {kernel.name} {check} on {case_id}", flush=True)
         try:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-                repro_main(ns)
+                repro_main(kernel.name, case_id, check=check, output=str(path),
+                           max_runs=context["max_runs"])
         except UsageError as exc:
             entry["problem"] = f"harness repro: {exc}"
         except Exception as exc:  # the census goes on; the report says what broke
@@ -144,7 +149,7 @@ def error_repro(kernel, errors: list[Record], path: Path, kernel_modules: list[s
     path.write_text(error_script(kernel, case_id, first, modules, context))
     print(f"[census] error reproducer for {kernel.name} on {case_id}", flush=True)
     code, output = _run_script(path, needs_harness=True)
-    # A kernel whose worker died (harness.engine.isolation) takes the script's process with it:
+    # A kernel whose worker died (harness.engine.workers) takes the script's process with it:
     # a death by a signal is that crash, shown.
     crashed = CRASH_TEXT in first.message and code is not None and code < 0
     entry = {"kernel": kernel.name, "kind": "error", "case_id": case_id, "script": path.name,

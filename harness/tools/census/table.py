@@ -53,7 +53,7 @@ def _json(path: Path):
 
 
 def read_parts(report_dir: Path) -> list[Part]:
-    from harness.views import report_file as rec
+    from harness.store import report_file as rec
     parts = []
     for path in sorted(p for p in (report_dir / "parts").glob("*") if p.is_dir()):
         part = Part(path.name, path, bench=_json(path / "bench.json"),
@@ -266,7 +266,7 @@ def build(report_dir: Path) -> dict:
                         if key.startswith("d") and key[1:].isdigit()})
     columns = [{"key": key, "title": title} for key, title, _ in COLUMNS]
     columns += [{"key": f"d{d}", "title": f"head dim {d}"} for d in head_dims]
-    return {"schema": 1, "generated_utc": datetime.datetime.now(datetime.timezone.utc)
+    return {"schema": 1, "generated_utc": datetime.datetime.now(datetime.UTC)
             .isoformat(timespec="seconds"), "parts": [part_summary(p) for p in parts],
             "columns": columns, "bench_shapes": bench_shapes(parts), "rows": rows}
 

@@ -95,25 +95,28 @@ def _summary(original: Case, shrunk: Trial, check: str, runs: int, elapsed: floa
     print(f"script:        {output}")
 
 
-def main(args) -> int:
+def main(kernel_name: str, case_id: str, check: str | None = None, output: str | None = None,
+         max_runs: int | None = None) -> int:
+    """Shrinks `case_id`'s failure of `kernel_name` (on `check`, or the first failing one)
+    and writes the script to `output`; `max_runs` kernel runs at most (the census spends
+    fewer)."""
     from harness.engine.environment import current_platform
     from harness.engine.programs import Programs
     from harness.engine.registry import select_kernels
 
-    kernel = select_kernels([args.kernel])[0]
-    original = _original_case(args.case_id)
-    check = getattr(args, "check", None)
+    kernel = select_kernels([kernel_name])[0]
+    original = _original_case(case_id)
     if check is not None and check not in CHECKS:
         raise UsageError(f"--check {check}: unknown check; known: {', '.join(CHECKS)}")
     kernel_source(kernel)  # refuse a kernel the script could not load, before any work
-    output = Path(getattr(args, "output", None) or default_output(kernel.name))
+    output = Path(output or default_output(kernel.name))
 
     start = time.perf_counter()
     programs = Programs()
     try:
         # A caller may spend fewer kernel runs (the census: one budget per kernel).
         trials = Trials(kernel, current_platform(), programs,
-                        max_runs=getattr(args, "max_runs", None) or MAX_RUNS)
+                        max_runs=max_runs or MAX_RUNS)
         shrunk, check = _find_and_shrink(trials, original, check)
     finally:
         programs.close()

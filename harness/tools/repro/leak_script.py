@@ -3,12 +3,11 @@ out, dq, dk and dv, then the same with the other segments' and the padding's inp
 harness's groups): a segment whose results change at all reads tokens that are not its own."""
 from __future__ import annotations
 
-from harness.engine.kernel import Kernel
 from harness.judge import judging, leak_probe
 from harness.judge.record import Record
+from harness.kernels.kernel import Kernel
 from harness.tools.repro.text import ScriptParts, comment_lines, number_literal
 from harness.tools.repro.trials import Trial
-
 
 _LEAK_MAIN = '''
 

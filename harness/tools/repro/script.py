@@ -7,12 +7,17 @@ from __future__ import annotations
 import platform as _platform
 from pathlib import Path
 
-from harness.engine.kernel import Kernel
 from harness.judge.vocabulary import LEAK
+from harness.kernels.kernel import Kernel
 from harness.model.case import Case
 from harness.tools.repro import leak_script, tolerance_script
 from harness.tools.repro.source import kernel_source
-from harness.tools.repro.text import CHECK_WORDS, ScriptParts, array_literal, comment_lines
+from harness.tools.repro.text import (
+    CHECK_WORDS,
+    ScriptParts,
+    array_literal,
+    comment_lines,
+)
 from harness.tools.repro.trials import Trial
 
 # The script's last line when the failure shows; `verify` looks for it besides exit status 1

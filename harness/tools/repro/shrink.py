@@ -8,9 +8,9 @@ seconds), else step by step: a shorter row, fewer heads, a smaller head_dim. Can
 kernel does not declare are never run; dtype, causal flag and seed stay."""
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
-from harness.engine.kernel import Kernel
+from harness.kernels.kernel import Kernel
 from harness.model.case import Case
 from harness.model.layouts import CUSTOM, rows_of, segment_ids_from_rows
 from harness.tools.repro.trials import Budget, Trial, Trials

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.engine.kernel import Kernel
+from harness.kernels.kernel import Kernel
 
 
 def literal(value) -> str:

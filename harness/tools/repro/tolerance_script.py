@@ -3,13 +3,12 @@ harness draws them, the checked tensor from the kernel and from a float32 dense 
 segment's max abs error next to the tolerance the harness computed for it on the shrunk case."""
 from __future__ import annotations
 
-from harness.engine.kernel import Kernel
 from harness.judge.judging import FLOAT32_FLOOR_FACTOR
 from harness.judge.record import Record
 from harness.judge.vocabulary import CHECKS, TENSORS
+from harness.kernels.kernel import Kernel
 from harness.tools.repro.text import ScriptParts, comment_lines, number_literal
 from harness.tools.repro.trials import Trial
-
 
 _REFERENCE = '''
 def reference_attention(q, k, v, segment_ids):

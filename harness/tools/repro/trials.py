@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.errors import UsageError
-from harness.engine.kernel import Kernel, Platform
 from harness.judge import judging
 from harness.judge import vocabulary as v
 from harness.judge.record import Record
 from harness.judge.vocabulary import LEAK, TENSORS
+from harness.kernels.kernel import Kernel, Platform
 from harness.model.case import Case
 
 MAX_RUNS = 150

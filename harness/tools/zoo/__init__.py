@@ -5,7 +5,7 @@ all and proves that the harness catches every bug and flags no correct kernel.
 Zoo kernels are never registered: they do not appear in `python -m harness list` or in the
 kernel x case matrix.
 
-Every kernel follows harness.engine.kernel: `fn(query, key, value, segment_ids, *, causal, scale)`,
+Every kernel follows harness.kernels.kernel: `fn(query, key, value, segment_ids, *, causal, scale)`,
 [batch, seq, heads, head_dim], query head h reads kv head h // (heads // kv_heads). Masks are
 [batch, seq_q, seq_k] booleans built from the segment ids. Valid queries never read padding;
 padding queries (never compared) read something harmless so that nothing is NaN.
@@ -16,15 +16,31 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
-from harness.engine.kernel import Kernel
-from harness.tools.zoo.bugs import (BLOCK_TILE, FOLD, WINDOW, always_causal, backward_bug,
-                                    block_granular_mask, causal_first_segment_only,
-                                    float32_output, folded_mask, last_segment_unmasked,
-                                    lengths_only, mask_after_softmax, nan_output_at_padding,
-                                    off_by_one_mask, padding_keys_mask, with_mask,
-                                    reorder_forgets_segments, scale_twice,
-                                    single_tokens_zeroed, window_mask, writes_at_padding,
-                                    wrong_gqa)
+from harness.kernels.kernel import Kernel
+from harness.tools.zoo.bugs import (
+    BLOCK_TILE,
+    FOLD,
+    WINDOW,
+    always_causal,
+    backward_bug,
+    block_granular_mask,
+    causal_first_segment_only,
+    float32_output,
+    folded_mask,
+    last_segment_unmasked,
+    lengths_only,
+    mask_after_softmax,
+    nan_output_at_padding,
+    off_by_one_mask,
+    padding_keys_mask,
+    reorder_forgets_segments,
+    scale_twice,
+    single_tokens_zeroed,
+    window_mask,
+    with_mask,
+    writes_at_padding,
+    wrong_gqa,
+)
 from harness.tools.zoo.reference_math import additive_bias, float64, online_softmax
 
 __all__ = ["BLOCK_TILE", "FOLD", "WINDOW", "Entry", "entries"]

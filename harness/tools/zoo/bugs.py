@@ -5,9 +5,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from harness.tools.zoo.reference_math import (causal_mask, dense, manual, positions,
-                                              right_mask, same_segment, segment_bounds,
-                                              valid_rows)
+from harness.tools.zoo.reference_math import (
+    causal_mask,
+    dense,
+    manual,
+    positions,
+    right_mask,
+    same_segment,
+    segment_bounds,
+    valid_rows,
+)
 
 
 def with_mask(mask_fn, **dense_kw):

@@ -5,7 +5,7 @@ core, while the device runs what is ready. A pytest test that compiles its own p
 starts waits on the compiler most of the time (one H200, the nightly: 200 s with two workers,
 against 126 s for the CLI), and a second GPU does not shorten that. So pytest hands the pairs
 it selected to that engine when its collection is done: lanes of worker processes
-(harness.engine.isolation.run_group, `python -m harness run --worker-pairs`: each isolation
+(harness.engine.workers.run_group, `python -m harness run --worker-pairs`: each isolation
 group in turn; a worker that dies costs an error record for the pair it was running, and a
 fresh worker takes the rest), one lane per GPU with --gpu-per-worker, else one lane. Each test
 waits for its pair's records in the lanes' folders and judges them as if it had run the pair
@@ -32,7 +32,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from harness.engine import isolation
+from harness.engine import workers as isolation
 
 PLAN = "plan.json"
 CRASHES = "crashes.jsonl"

@@ -1,23 +1,25 @@
-"""pytest options and the kernel x case matrix.
+"""The harness's pytest plugin: the run's options as pytest options, and the kernel x case matrix.
 
     pytest --suite smoke|nightly --kernels a,b --kernel-module my_kernels.py --cases 'packed/*'
-           --seeds N --shard I/N --report-dir DIR --baseline reports/baselines/h200.jsonl.gz
+           --features window --seeds N --shard I/N --report-dir DIR --baseline PATH
+
+pyproject.toml loads it with `-p harness.pytest_plugin`, so its options are known when pytest
+parses the command line (`--report-dir /abs/path` works with or without test paths). The
+options are the engine's own declarations (harness.engine.options), checked once; a mistake is
+a usage error of one line before anything runs.
 
 Where an NVIDIA GPU is visible (or with --ahead), the matrix's pairs run ahead of their tests in
-the CLI's engine (harness.engine.ahead: worker processes compiling ahead on every core, one lane
-per GPU with --gpu-per-worker), and each test waits for its pair's records and judges them;
-elsewhere (or with --in-test) each pair runs inside its test, compiling its programs then.
-Each xdist worker appends its records to DIR/parts/<run>/<worker>.jsonl as it goes; the
-controller merges the parts of its own run into DIR/report.jsonl (plus summary.md and
-report.html) at the end, so a worker that crashes loses only the test it was running, and a
-pytest started inside another (the harness's own tests do) never touches the outer run's parts.
-A user's mistake (an unknown kernel or suite, a glob that matches nothing,
-a missing module or baseline) is a one-line usage error before anything runs.
+the engine's worker lanes (harness.engine.lanes: worker processes compiling ahead on every
+core, one lane per GPU with --gpu-per-worker), and each test waits for its pair's records and
+judges them; elsewhere (or with --in-test) each pair runs inside its test. Each xdist worker
+appends its records to DIR/parts/<run>/<worker>/ as it goes; at the end the controller joins
+the parts and finishes the report with the engine's one finish (views, status, baseline), so a
+worker that crashes loses only the test it was running, and a pytest started inside another
+(the harness's own tests do) never touches the outer run's parts.
 """
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import subprocess
@@ -27,44 +29,34 @@ from pathlib import Path
 
 import pytest
 
+MATRIX_TEST = "test_kernel_on_case["
+
 
 def pytest_addoption(parser):
+    from harness.engine.options import add_pytest_options
     group = parser.getgroup("attention harness")
-    group.addoption("--suite", default="smoke", help="case suite: smoke (CPU) or nightly (GPU)")
-    group.addoption("--kernels", default=None, help="comma-separated kernel names (default all)")
-    group.addoption("--kernel-module", action="append", default=[], metavar="PATH",
-                    help="Python file that registers kernels with harness.register_kernel")
-    group.addoption("--cases", default=None, help="glob(s) over case ids, comma-separated")
-    group.addoption("--seeds", type=int, default=1, help="run every case under N seeds")
-    group.addoption("--shard", default=None, metavar="I/N", help="run shard I of N of the suite")
-    group.addoption("--report-dir", default="reports/pytest", help="where the report goes")
-    group.addoption("--baseline", default=None, help="baseline report (folder or file)")
-    group.addoption("--growth", type=float, default=2.0,
-                    help="error growth beyond a check's spread that counts as a regression "
-                         "(above 1)")
+    add_pytest_options(group)
     group.addoption("--gpu-per-worker", action="store_true",
                     help="one GPU per xdist worker and per engine lane (-n = the number of GPUs)")
     group.addoption("--ahead", action="store_true",
-                    help="the CLI's engine runs the selected pairs ahead of their tests (one "
-                         "lane per GPU with --gpu-per-worker) and each test judges its pair's "
-                         "records (the default where an NVIDIA GPU is visible)")
+                    help="the engine runs the selected pairs ahead of their tests (one lane per "
+                         "GPU with --gpu-per-worker) and each test judges its pair's records "
+                         "(the default where an NVIDIA GPU is visible)")
     group.addoption("--in-test", action="store_true",
                     help="run each kernel x case inside its test, compiling its programs then "
                          "(the default where no NVIDIA GPU is visible)")
-    group.addoption("--no-leak-probe", action="store_true", help="tolerance checks only")
-    group.addoption("--no-deterministic-probe", action="store_true",
-                    help="probe the kernels' default builds on GPUs too")
-    group.addoption("--compilation-cache", default=None, metavar="DIR",
-                    help="jax's persistent compilation cache (default: the CLI's)")
-    group.addoption("--no-compilation-cache", action="store_true")
 
 
 def _is_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def _options(config):
+    return config._harness_options
+
+
 def _report_dir(config) -> Path:
-    return Path(config.getoption("--report-dir")).resolve()
+    return Path(_options(config).report_dir).resolve()
 
 
 def _parts(config) -> Path:
@@ -73,12 +65,16 @@ def _parts(config) -> Path:
 
 
 def pytest_configure(config):
+    from harness.engine import engine
+    from harness.engine.options import RunOptions
     from harness.errors import UsageError
 
+    config.addinivalue_line("markers", "matrix: a kernel x case differential check")
+    config.addinivalue_line("markers", "gpu: needs a GPU")
     if _is_worker(config):
         config._harness_ahead = config.workerinput.get("harness_ahead", False)
         count = int(config.workerinput.get("workercount", 1))
-        from harness.engine.isolation import MEM_FRACTION, user_set_memory
+        from harness.engine.workers import MEM_FRACTION, user_set_memory
         if config._harness_ahead and not user_set_memory():
             # The engine's lanes hold the GPU (jax's default share); a worker takes device
             # memory only as it needs it (the harness's own tests, a pair no lane ran).
@@ -93,36 +89,25 @@ def pytest_configure(config):
         config._harness_run = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         config._harness_gpus = {}  # xdist worker id -> its GPU (--gpu-per-worker)
         config._harness_start = time.monotonic()
-        config._harness_started_utc = _now_utc()
     try:
         if config.getoption("--ahead") and config.getoption("--in-test"):
             raise UsageError("--ahead and --in-test: choose one")
+        options = RunOptions.from_values(config.getoption, source="pytest")
+        config._harness_options = options
         if config.getoption("--gpu-per-worker") and not _is_worker(config):
             config._harness_gpu_ids = _gpu_per_worker_ids(config)
         if not _is_worker(config):
             config._harness_ahead = not config.getoption("--in-test") and (
                 config.getoption("--ahead") or _nvidia_gpu_visible())
-        from harness.views import report_file as rec
-        from harness.engine.registry import load_kernel_module, mark_absl_flags_parsed
-        mark_absl_flags_parsed()
-        for path in config.getoption("--kernel-module"):
-            load_kernel_module(path)
-        if not _is_worker(config):
-            if config.getoption("--baseline"):
-                rec.read(config.getoption("--baseline"), what="baseline")
-            if not config.getoption("--growth") > 1:
-                raise UsageError(f"--growth {config.getoption('--growth')}: must be above 1 "
-                                 "(a factor of growth)")
-            if config.getoption("--seeds") < 1:
-                raise UsageError(f"--seeds {config.getoption('--seeds')}: must be at least 1")
-            rec.check_writable(_report_dir(config))
         # Every process of the run (workers too, for the harness's own tests as well as the
-        # matrix) reads and writes jax's persistent compilation cache.
-        if not config.getoption("--no-compilation-cache"):
-            from harness.engine.programs import DEFAULT_CACHE_DIR, enable_compilation_cache
-            enable_compilation_cache(config.getoption("--compilation-cache")
-                                     or DEFAULT_CACHE_DIR)
-        config._harness_matrix = _matrix(config)
+        # matrix) loads the kernel modules and reads jax's persistent compilation cache.
+        selection = engine.prepare(options) if not _is_worker(config) else engine.select(options)
+        if _is_worker(config):
+            from harness.engine.programs import enable_compilation_cache
+            enable_compilation_cache(options.cache_dir)
+        config._harness_selection = selection
+        # Case-major order: consecutive tests share the case's reference computation.
+        config._harness_matrix = [(k, c) for c in selection.cases for k in selection.kernels]
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
 
@@ -146,11 +131,6 @@ def _nvidia_gpu_visible() -> bool:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False
     return bool(_nvidia_smi_gpus())
-
-
-def _now_utc() -> str:
-    import datetime
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _gpu_per_worker_ids(config) -> list[str] | None:
@@ -197,27 +177,13 @@ def pytest_testnodedown(node, error):
     node.config._harness_gpus.pop(node.gateway.id, None)
 
 
-def _matrix(config):
-    from harness.engine.registry import select_kernels
-    from harness.model.suites import parse_shard, shard, suite_cases
-    kernels = select_kernels(config.getoption("--kernels"))
-    cases = suite_cases(config.getoption("--suite"), config.getoption("--cases"),
-                        seeds=config.getoption("--seeds"))
-    part = parse_shard(config.getoption("--shard"))
-    if part:
-        cases = shard(cases, *part)
-    # Case-major order: consecutive tests share the case's reference computation.
-    return [(k, c) for c in cases for k in kernels]
-
-
 def pytest_generate_tests(metafunc):
     if "kernel_case" in metafunc.fixturenames:
         pairs = metafunc.config._harness_matrix
         # One xdist group per shape: with `--dist loadgroup` the tests that share a shape's
-        # programs (its oracle, above all) run in one worker, which compiles them once (the
-        # smoke matrix 1.4x the CLI's time instead of more). Not the default: xdist 3.8 does not
-        # hand a crashed worker's group to its replacement, so the run hangs where a kernel
-        # kills its process (cases/test_reports.py's crash test).
+        # programs (its oracle, above all) run in one worker, which compiles them once. Not the
+        # default: xdist 3.8 does not hand a crashed worker's group to its replacement, so the
+        # run hangs where a kernel kills its process (cases/test_reports.py's crash test).
         metafunc.parametrize("kernel_case", [
             pytest.param((k, c), marks=pytest.mark.xdist_group(_shape_group(c)))
             for k, c in pairs],
@@ -226,9 +192,6 @@ def pytest_generate_tests(metafunc):
 
 def _shape_group(case) -> str:
     return "shape-" + "-".join(str(x) for x in case.shape_key)
-
-
-
 
 
 @pytest.fixture(scope="session")
@@ -241,12 +204,9 @@ def platform():
 def programs(request):
     """This process's compiled programs. Each test traces and compiles its own kernel's
     programs (see run_case): no program of another test is traced ahead."""
-    from harness.engine.programs import DEFAULT_CACHE_DIR, Programs, enable_compilation_cache
-    config = request.config
-    if not config.getoption("--no-compilation-cache"):
-        enable_compilation_cache(config.getoption("--compilation-cache") or DEFAULT_CACHE_DIR)
-    progs = Programs(deterministic_probe=not config.getoption("--no-deterministic-probe"))
-    config._harness_programs = progs
+    from harness.engine.programs import Programs
+    progs = Programs(deterministic_probe=_options(request.config).deterministic_probe)
+    request.config._harness_programs = progs
     yield progs
     progs.close()
 
@@ -267,27 +227,27 @@ def run_case(request):
 
 
 def _run_in_test(request, kernel, case):
-    from harness.engine import isolation
+    from harness.engine import workers
     from harness.engine.runner import run_kernel_case
     config = request.config
     platform, programs = request.getfixturevalue("platform"), request.getfixturevalue("programs")
     start = time.perf_counter()
-    if isolation.clashes_here(kernel):
+    if workers.clashes_here(kernel):
         # Its library cannot share this process with one already loaded here (the same FFI
         # targets): the pair runs in a worker of its own.
-        result = isolation.run_pair_in_worker(kernel, case, _worker_options(config),
-                                              _parts(config) / "isolated" / uuid.uuid4().hex)
+        result = workers.run_pair_in_worker(kernel, case, _options(config),
+                                            _parts(config) / "isolated" / uuid.uuid4().hex)
     else:
         if not kernel.unsupported_reasons(case, platform):
-            isolation.mark_loaded(kernel)   # its library loads only where it runs
+            workers.mark_loaded(kernel)   # its library loads only where it runs
             programs.prefetch([(kernel, case)])
         result = run_kernel_case(kernel, case, platform, programs,
-                                 leak=not config.getoption("--no-leak-probe"))
+                                 leak=_options(config).leak_probe)
     programs.timing[kernel.name].wall_s += time.perf_counter() - start
     return result
 
 
-# ----- the engine's lanes (harness.engine.ahead) ---------------------------------------------
+# ----- the engine's lanes (harness.engine.lanes) ---------------------------------------------
 
 def _lanes_dir(config) -> Path:
     return _parts(config) / "lanes"
@@ -298,12 +258,9 @@ def _lane_results(config):
     if not getattr(config, "_harness_ahead", False):
         return None
     if getattr(config, "_harness_lane_results", None) is None:
-        from harness.engine.ahead import LaneResults
+        from harness.engine.lanes import LaneResults
         config._harness_lane_results = LaneResults(_lanes_dir(config))
     return config._harness_lane_results
-
-
-MATRIX_TEST = "test_kernel_on_case["
 
 
 def _selected_pairs(config, nodeids) -> list:
@@ -324,18 +281,40 @@ def _whole_matrix_named(config) -> bool:
     if o.keyword or o.markexpr or getattr(o, "deselect", None) or getattr(o, "lf", False) \
             or getattr(o, "stepwise", False) or getattr(o, "failedfirst", False):
         return False
-    matrix = (Path(__file__).parent / "cases" / "test_matrix.py").resolve()
+    matrix = (Path(config.rootpath) / "cases" / "test_matrix.py").resolve()
     here = config.invocation_params.dir
     return any("::" not in a and (here / a).resolve() == matrix for a in config.args)
 
 
+def _begin(config, pairs) -> None:
+    """Controller, once matrix tests are selected: the report folder is this run's (its lock;
+    another run writing it is a usage error) and its header says the run is running, until
+    the end's finish (a pytest killed hard leaves a report that says it is incomplete)."""
+    if getattr(config, "_harness_lock", None) is not None or not pairs \
+            or config.option.collectonly:
+        return
+    from harness.engine import engine
+    from harness.engine.environment import describe
+    from harness.errors import UsageError
+    from harness.store import report_file as rec
+    from harness.store.writer import RUNNING, FolderLock
+    try:
+        config._harness_lock = FolderLock(_report_dir(config)).acquire()
+    except UsageError as exc:
+        pytest.exit(f"error: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+    rec.write_header(_report_dir(config) / rec.RECORDS_FILE, describe(), state=RUNNING,
+                     **engine.run_info(_options(config), config._harness_selection))
+    (_report_dir(config) / rec.TRACES_FILE).write_text("")
+
+
 def _start_lanes(config, pairs) -> None:
     """Controller: the selected matrix tests' pairs to the engine (once)."""
+    _begin(config, pairs)
     if getattr(config, "_harness_lanes", None) is not None \
             or not getattr(config, "_harness_ahead", False) \
             or config.option.collectonly or getattr(config, "_harness_matrix", None) is None:
         return
-    from harness.engine.ahead import Lanes, no_lanes
+    from harness.engine.lanes import Lanes, no_lanes
     if not pairs:
         no_lanes(_lanes_dir(config))
         config._harness_lanes = False
@@ -345,7 +324,7 @@ def _start_lanes(config, pairs) -> None:
     if config.getoption("--gpu-per-worker") and ids:
         workers = config.getoption("numprocesses", None)
         gpus = ids[:workers] if isinstance(workers, int) and workers > 0 else ids
-    config._harness_lanes = Lanes(_lanes_dir(config), _worker_options(config), gpus)
+    config._harness_lanes = Lanes(_lanes_dir(config), _options(config), gpus)
     config._harness_lanes.start(pairs)
 
 
@@ -366,90 +345,98 @@ def pytest_xdist_node_collection_finished(node, ids):
 def pytest_collection_finish(session):
     config = session.config
     if not _is_worker(config) and not config.pluginmanager.hasplugin("dsession"):
-        _start_lanes(config, _selected_pairs(config, [item.nodeid for item in session.items]))
+        pairs = _selected_pairs(config, [item.nodeid for item in session.items])
+        _begin(config, pairs)
+        _start_lanes(config, pairs)
 
 
-def _stop_lanes(config, parts: Path) -> None:
+def _stop_lanes(config, parts: Path) -> list[dict]:
     """Controller: the lanes stopped (pytest may stop early); each lane worker's probe mode and
-    timing beside the tests' parts, for the report's header."""
+    timing, for the report's header."""
     lanes = getattr(config, "_harness_lanes", None)
     if not lanes:
-        return
+        return []
     lanes.stop()
     for why in lanes.errors():
         print(f"\nharness: an engine lane failed ({why}); its remaining pairs ran in their tests")
-    from harness.views import report_file as rec
-    for n, report in enumerate(lanes.report_dirs()):
+    from harness.store import report_file as rec
+    runs = []
+    for report in lanes.report_dirs():
         try:
             header, _ = rec.read(report)
         except Exception:  # a worker killed before its header was written
             continue
-        (parts / f"lane-{n}.run.json").write_text(json.dumps(
-            {"probe_mode": header.get("probe_mode", "default"),
-             "timing": header.get("timing", {})}))
-
-
-def _worker_options(config) -> list[str]:
-    """The options a worker repeats, as the CLI's controller builds them."""
-    import argparse
-
-    from harness.engine.isolation import option_flags
-    names = ("kernel_module", "no_leak_probe", "no_deterministic_probe", "no_compilation_cache",
-             "compilation_cache")
-    options = argparse.Namespace(**{n: config.getoption("--" + n.replace("_", "-"))
-                                    for n in names})
-    return ["--suite", config.getoption("--suite"), *option_flags(options)]
+        runs.append({"probe_mode": header.get("probe_mode", "default"),
+                     "timing": header.get("timing", {})})
+    return runs
 
 
 @pytest.fixture(scope="session")
 def record_sink(request):
-    """Appends records and traces to this process's part file."""
-    from harness.views import report_file as rec
+    """Appends records and traces to this process's part of the report."""
+    from harness.store.writer import ReportWriter
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    parts = _parts(request.config)
-    parts.mkdir(parents=True, exist_ok=True)
+    writer = None
 
     def sink(result):
-        rec.append(parts / f"{worker}.jsonl", result.records)
-        rec.append(parts / f"{worker}.traces.jsonl", result.traces, kind="trace")
-    return sink
+        nonlocal writer
+        if writer is None:
+            from harness.engine.environment import describe
+            writer = ReportWriter(_parts(request.config) / worker, describe(),
+                                  suite=_options(request.config).suite)
+        writer.add(result)
+    yield sink
+    if writer is not None:
+        programs = getattr(request.config, "_harness_programs", None)
+        writer.close(probe_mode=programs.probe_mode if programs else "default",
+                     timing=programs.report() if programs else {})
 
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
-    if getattr(config, "_harness_matrix", None) is None:
-        return  # configuration failed: nothing ran
+    if getattr(config, "_harness_matrix", None) is None or _is_worker(config):
+        return  # configuration failed (nothing ran), or a worker (its part is written)
     parts = _parts(config)
-    programs = getattr(config, "_harness_programs", None)
-    if programs is not None:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        parts.mkdir(parents=True, exist_ok=True)
-        (parts / f"{worker}.run.json").write_text(json.dumps(
-            {"probe_mode": programs.probe_mode, "timing": programs.report()}))
-    if _is_worker(config):
-        return
-    _stop_lanes(config, parts)
-    if not any(p.stat().st_size for p in parts.glob("*.jsonl")):
+    lane_runs = _stop_lanes(config, parts)
+    sources = sorted(p for p in parts.glob("*") if (p / "report.jsonl").exists())
+    lock = getattr(config, "_harness_lock", None)
+    if not sources:
         shutil.rmtree(parts, ignore_errors=True)
-        return  # no matrix test ran
-    from harness.views.report_dir import merge_parts
+        if lock is not None:   # begun, but no matrix test ran: nothing was judged
+            _finish(config, session, exitstatus, [], lane_runs)
+            lock.release()
+        return
+    try:
+        _finish(config, session, exitstatus, sources, lane_runs)
+    finally:
+        shutil.rmtree(parts, ignore_errors=True)
+        if lock is not None:
+            lock.release()
+
+
+def _finish(config, session, exitstatus, sources, lane_runs) -> None:
+    from harness.engine import engine
+    from harness.engine.environment import describe
+    from harness.store import report_file as rec
+    from harness.store.merge import merge_reports, merge_timing
+    from harness.store.writer import FINISHED, INTERRUPTED
+    options = _options(config)
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop is not False
-    status = merge_parts(
-        _report_dir(config),
-        header_info={"suite": config.getoption("--suite"), "seeds": config.getoption("--seeds"),
-                     "shard": config.getoption("--shard"),
-                     "kernels": sorted({k.name for k, _ in config._harness_matrix}),
-                     "cases": len({c for _, c in config._harness_matrix}),
-                     "leak_probe": not config.getoption("--no-leak-probe"),
-                     "selection": {"suite": config.getoption("--suite"),
-                                   "cases": config.getoption("--cases"),
-                                   "seeds": config.getoption("--seeds"),
-                                   "shard": config.getoption("--shard"),
-                                   "kernels": config.getoption("--kernels")},
-                     "started_utc": config._harness_started_utc,
-                     **({"interrupted": True} if interrupted else {})},
-        wall_s=time.monotonic() - config._harness_start, parts=parts,
-        baseline=config.getoption("--baseline"), growth=config.getoption("--growth"))
-    shutil.rmtree(parts, ignore_errors=True)
+    runs = [rec.read(s)[0] for s in sources] + lane_runs
+    modes = sorted({r.get("probe_mode") or "default" for r in runs})
+    report_dir = _report_dir(config)
+    info = engine.run_info(options, config._harness_selection)
+    if sources:
+        merge_reports(report_dir, sources, **info)
+    else:
+        rec.write_header(report_dir / rec.RECORDS_FILE, describe(), **info)
+    status = engine.finish(
+        report_dir, options, state=INTERRUPTED if interrupted else FINISHED, console=False,
+        wall_s=round(time.monotonic() - config._harness_start, 1),
+        timing=merge_timing([r.get("timing") for r in runs]),
+        probe_mode=modes[0] if len(modes) == 1 else modes)
+    header, records = rec.read(report_dir)
+    print(f"\nharness report: {report_dir}/ ({len(records)} records, wall time "
+          f"{header.get('wall_s', 0):.0f} s)")
     if status and session.exitstatus == 0:
         session.exitstatus = 1

@@ -3,16 +3,16 @@
 A kernel declares a process group (`Kernel.isolation`): flash-attn-jax and flash-attn3-jax
 register FFI targets of the same names, so whichever is imported second fails; a library may
 also crash its process. When a run selects kernels of more than one group (kernels without a
-group form one group of their own), the CLI becomes a controller that never touches a device
-itself: each group runs in a worker (`python -m harness run --worker-pairs FILE`), two at a
-time, sharing the device (`start_groups`, `shares`: the kernels without a group keep XLA's
+group form one group of their own), the engine becomes a controller that never touches a device
+itself: each group runs in a worker (`python -m harness.engine.worker SPEC.json`: the run's
+options and the worker's pairs as JSON, harness.engine.worker), two at a time, sharing the device (`start_groups`, `shares`: the kernels without a group keep XLA's
 default 75% of a GPU's memory, the other groups take turns beside them with what they need of
 the rest), or one after another with the whole device where the user chose jax's memory
 settings themselves (`user_set_memory`). A worker appends its records as it goes and says
 which pair it starts. A worker that dies (a crash, a clash at import) costs one error record,
 for the pair it was running, with the reason; a fresh worker then takes the group's remaining
 pairs, so the rest of the run goes on. The controller joins the workers' reports into one
-(harness.views.report_dir.merge_reports).
+(harness.store.merge.merge_reports).
 
 pytest uses the same workers: a test whose kernel's group clashes with one already loaded in
 its process runs its pair in a worker (run_pair_in_worker).
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 STARTED_FILE = "started.jsonl"
-FINISHED_FILE = "finished.jsonl"   # pairs whose records are all written (harness.engine.ahead)
+FINISHED_FILE = "finished.jsonl"   # pairs whose records are all written (harness.engine.lanes)
 MAX_TAIL = 1500
 _LOADED: set[str] = set()     # isolation groups whose kernels ran in this process
 LIVE: set = set()              # worker processes running now (stopped with their run)
@@ -96,7 +96,7 @@ def share(*, main_running: bool) -> dict:
     return {MEM_FRACTION: f"{round(fraction, 3):.3f}", PREALLOCATE: "false"}
 
 
-def start_groups(pairs_by_group: dict, workdir: Path, options: list[str], *, env=None,
+def start_groups(pairs_by_group: dict, workdir: Path, options, *, env=None,
                  on_crash=None, stop=None, echo=print):
     """Starts each group's run_group in a thread, AT_ONCE groups at a time with their `shares`
     of the device (or one after another where `shares` says so), the main group first: while
@@ -146,9 +146,20 @@ class WorkerResult:
     interrupted: bool = False      # stopped by Ctrl-C / SIGTERM: what finished is kept
 
 
-def worker_command(pairs_file: Path, report_dir: Path, options: list[str]) -> list[str]:
-    return [sys.executable, "-m", "harness", "run", "--worker-pairs", str(pairs_file),
-            "--report-dir", str(report_dir), *options]
+def worker_command(spec_file: Path) -> list[str]:
+    return [sys.executable, "-m", "harness.engine.worker", str(spec_file)]
+
+
+def write_spec(path: Path, options, pairs: list, report_dir: Path) -> Path:
+    """A worker's orders: the run's options (paths of kernel modules made absolute: the
+    worker may start elsewhere), its pairs and its report folder."""
+    import dataclasses
+    modules = tuple(str(Path(m).resolve()) if os.path.exists(m) else m
+                    for m in options.kernel_modules)
+    options = dataclasses.replace(options, kernel_modules=modules, source="worker")
+    path.write_text(json.dumps({"options": options.to_json(), "pairs": [list(p) for p in pairs],
+                                "report_dir": str(report_dir)}))
+    return path
 
 
 def _done_pairs(report_dir: Path) -> set[tuple[str, str]]:
@@ -220,7 +231,7 @@ def stop_live() -> None:
             proc.kill()
 
 
-def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options: list[str],
+def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
               echo=print, env: dict | None = None, on_crash=None, stop=None) -> WorkerResult:
     """Runs one process group's pairs in workers until every pair has records or an error.
     `env`: the workers' environment (default: this process's); `on_crash(kernel, case, why)`
@@ -234,13 +245,11 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options: l
         wdir = workdir / f"{name}-{attempt}"
         shutil.rmtree(wdir, ignore_errors=True)   # nothing of an earlier run counts as done
         wdir.mkdir(parents=True)
-        pairs_file = wdir / "pairs.json"
-        pairs_file.write_text(json.dumps(remaining))
+        spec = write_spec(wdir / "spec.json", options, remaining, wdir / "report")
         echo(f"[worker {name}#{attempt}] {len(remaining)} kernel x case pairs")
         result.report_dirs.append(wdir / "report")
         try:
-            returncode, tail = _stream(worker_command(pairs_file, wdir / "report", options),
-                                       echo, env, stop)
+            returncode, tail = _stream(worker_command(spec), echo, env, stop)
         except KeyboardInterrupt:
             result.interrupted = True
             return result
@@ -296,11 +305,11 @@ def crash_records(crashes, kernels_by_name) -> list:
             for k, c, why in crashes]
 
 
-def run_pair_in_worker(kernel, case, options: list[str], workdir: Path):
+def run_pair_in_worker(kernel, case, options, workdir: Path):
     """One kernel x case in a worker of its own (pytest, where the kernel's group clashes with
     one this process already loaded): its records and traces, or an error record."""
     from harness.engine.runner import KernelCaseResult
-    from harness.views import report_file as rec
+    from harness.store import report_file as rec
     workdir.mkdir(parents=True, exist_ok=True)
     result = run_group(kernel.isolation or "main", [(kernel.name, case.id)], workdir, options,
                        echo=lambda line: None)
@@ -312,19 +321,3 @@ def run_pair_in_worker(kernel, case, options: list[str], workdir: Path):
                            if (t.kernel, t.case_id) == (kernel.name, case.id)]
     out.records += crash_records(result.crashes, {kernel.name: kernel})
     return out
-
-
-def option_flags(args) -> list[str]:
-    """The options of this run a worker repeats (kernel modules, the probe, the cache)."""
-    flags = []
-    for path in getattr(args, "kernel_module", []) or []:
-        flags += ["--kernel-module", str(Path(path).resolve()) if os.path.exists(path) else path]
-    if getattr(args, "no_leak_probe", False):
-        flags.append("--no-leak-probe")
-    if getattr(args, "no_deterministic_probe", False):
-        flags.append("--no-deterministic-probe")
-    if getattr(args, "no_compilation_cache", False):
-        flags.append("--no-compilation-cache")
-    elif getattr(args, "compilation_cache", None):
-        flags += ["--compilation-cache", str(args.compilation_cache)]
-    return flags

@@ -51,7 +51,7 @@ def update_header(path: Path, **run_info) -> None:
     header = json.loads(lines[0])
     header.update(run_info)
     lines[0] = json.dumps(header) + "\n"
-    # A new file moved over the old one: a reader (harness.engine.ahead) sees the old file or
+    # A new file moved over the old one: a reader (harness.engine.lanes) sees the old file or
     # the new one, whole, never one half written.
     fresh = path.with_name(path.name + ".new")
     fresh.write_text("".join(lines))

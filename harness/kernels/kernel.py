@@ -8,8 +8,8 @@ raises on a combination it declares is an error, never a skip.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from harness.judge import judging
 from harness.judge import vocabulary as v

@@ -1,0 +1,284 @@
+"""The engine: `run(options) -> status` runs a matrix from its options to its finished report.
+
+    options (harness.engine.options) -> selection (kernels, cases) -> pairs run here, or in
+    worker processes per isolation group (harness.engine.workers) -> records in the report
+    folder -> finish: the header's last facts, the views, the console, the status, the
+    baseline compared
+
+Every caller is thin: the CLI's `run`, the census and the worker processes call `run` or its
+steps; pytest (harness.pytest_plugin) calls `prepare`, the same workers through its lanes
+(harness.engine.lanes), and `finish`. There is one finish: whoever ran the pairs, a report is
+ended, viewed, judged for its status and compared with its baseline here.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.engine import workers
+from harness.engine.options import RunOptions
+from harness.errors import UsageError
+from harness.judge import tallies
+from harness.store import report_file as rec
+from harness.store.writer import FINISHED, INTERRUPTED, FolderLock, ReportWriter
+
+# The exit status of a run stopped by Ctrl-C or SIGTERM (what finished is kept).
+STOPPED = 130
+
+
+@dataclass
+class Selection:
+    """What a run runs: its kernels and its cases (in suite order)."""
+    kernels: list
+    cases: list
+
+    @property
+    def pairs(self) -> int:
+        return len(self.kernels) * len(self.cases)
+
+
+def select(options: RunOptions) -> Selection:
+    """The kernels and cases the options name: modules loaded, names and globs checked (one
+    UsageError naming the first mistake)."""
+    from harness.engine.registry import (
+        load_kernel_module,
+        mark_absl_flags_parsed,
+        select_kernels,
+    )
+    from harness.model.suites import shard, suite_cases
+    mark_absl_flags_parsed()
+    for path in options.kernel_modules:
+        load_kernel_module(path)
+    kernels = select_kernels(options.kernels)
+    cases = suite_cases(options.suite, options.cases, seeds=options.seeds,
+                        features=options.features)
+    if options.shard_part:
+        cases = shard(cases, *options.shard_part)
+    return Selection(kernels, cases)
+
+
+def prepare(options: RunOptions) -> Selection:
+    """Everything a user can get wrong, before any work: the options, the selection, the
+    baseline (readable), the report folder (writable), the compilation cache."""
+    from harness.engine.programs import enable_compilation_cache
+    selection = select(options)
+    if options.baseline:
+        rec.read(options.baseline, what="baseline")
+    rec.check_writable(options.report_dir)
+    enable_compilation_cache(options.cache_dir)
+    return selection
+
+
+def gpu_suite_warning(options: RunOptions, platform) -> str | None:
+    """The nightly suite on a CPU: rows up to 32768 tokens, hours of work."""
+    if options.suite == "nightly" and platform.name == "cpu":
+        return ("the nightly suite is sized for a GPU (rows up to 32768 tokens): on this CPU "
+                "one kernel takes most of an hour")
+    return None
+
+
+def refuse_gpu_suite_on_cpu(options: RunOptions) -> None:
+    """`run --suite nightly` on a CPU with nothing narrowing it: a UsageError before any work
+    (narrowed with --cases or --kernels, it runs: the user chose what to wait for)."""
+    from harness.engine.environment import current_platform
+    options = options.checked()
+    warning = gpu_suite_warning(options, current_platform())
+    if warning and not (options.cases or options.kernels or options.shard):
+        raise UsageError(f"{warning}; use --suite smoke, or narrow it with --cases or "
+                         "--kernels")
+
+
+def run_info(options: RunOptions, selection: Selection, **more) -> dict:
+    """The header's account of what the run was asked to do."""
+    return {"suite": options.suite, "kernels": [k.name for k in selection.kernels],
+            "cases": len(selection.cases), "seeds": options.seeds, "shard": options.shard,
+            "leak_probe": options.leak_probe, "selection": options.selection(),
+            "source": options.source, **more}
+
+
+def run(options: RunOptions) -> int:
+    """Runs the matrix the options select and finishes its report; the run's exit status (0
+    green, 1 red or regressed, 130 stopped)."""
+    options = options.checked()
+    selection = prepare(options)
+    report_dir = Path(options.report_dir)
+    lock = FolderLock(report_dir).acquire()
+    try:
+        if (report_dir / rec.RECORDS_FILE).exists():
+            print(f"replacing the report in {report_dir}/ (--report-dir DIR writes elsewhere)",
+                  file=sys.stderr)
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # `timeout`, CI cancellations
+        try:
+            if workers.needs_workers(selection.kernels):
+                facts, interrupted = _run_in_workers(options, selection, report_dir)
+            else:
+                facts, interrupted = _run_here(options, selection, report_dir)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if interrupted:
+            print("interrupted: the report holds what finished", file=sys.stderr)
+        status = finish(report_dir, options, state=INTERRUPTED if interrupted else FINISHED,
+                        **facts)
+        return STOPPED if interrupted else status
+    finally:
+        lock.release()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _programs(options: RunOptions):
+    from harness.engine.programs import Programs
+    return Programs(deterministic_probe=options.deterministic_probe)
+
+
+def _run_here(options: RunOptions, selection: Selection, report_dir: Path
+              ) -> tuple[dict, bool]:
+    """Every pair in this process, records written as they finish."""
+    from harness.engine.environment import current_platform, describe
+    from harness.engine.runner import run_matrix
+    from harness.views.progress import progress
+    programs = _programs(options)
+    writer = ReportWriter(report_dir, describe(),
+                          **run_info(options, selection, probe_mode=programs.probe_mode))
+    interrupted = False
+    try:
+        with progress(selection.pairs) as step:
+            def on_result(kernel, case, result):
+                writer.add(result)
+                step(f"{kernel.name} {case.id}")
+            run_matrix(selection.kernels, selection.cases, current_platform(),
+                       on_result=on_result, programs=programs, leak=options.leak_probe)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        programs.close()
+    return {"wall_s": round(time.monotonic() - writer.start, 1),
+            "timing": programs.report()}, interrupted
+
+
+def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
+                    ) -> tuple[dict, bool]:
+    """Kernels of several isolation groups: each group's pairs in worker processes (two
+    groups at a time, harness.engine.workers.start_groups); their reports joined into the
+    folder's. This process never touches a device."""
+    import shutil
+    import threading
+
+    from harness.engine.environment import describe
+    from harness.store.merge import merge_reports
+    start = time.monotonic()
+    rec.write_header(report_dir / rec.RECORDS_FILE, describe(), state="running",
+                     **run_info(options, selection))
+    (report_dir / rec.TRACES_FILE).write_text("")
+    workdir = report_dir / "workers"
+    shutil.rmtree(workdir, ignore_errors=True)   # an earlier run's workers are not this run's
+    groups = workers.groups(selection.kernels)
+    stopping = threading.Event()
+    crashes, interrupted = [], False
+    crashes_lock = threading.Lock()
+
+    def on_crash(kernel, case_id, why):
+        if stopping.is_set():        # killed because the run was stopped: not its pair's crash
+            raise workers.Stopped()
+        with crashes_lock:           # kept as it happens: a run stopped later still has it
+            crashes.append((kernel, case_id, why))
+
+    pool, futures = workers.start_groups(
+        {g: [(k.name, c.id) for c in selection.cases for k in members]
+         for g, members in groups.items()},
+        workdir, options, on_crash=on_crash, stop=stopping)
+    try:
+        for future in futures:
+            try:
+                interrupted |= future.result().interrupted
+            except workers.Stopped:
+                interrupted = True
+    except BaseException as exc:    # stopped (Ctrl-C, SIGTERM), or a group's usage error
+        stopping.set()               # before the kill: no worker starts after it
+        for sig in (signal.SIGINT, signal.SIGTERM):   # a second signal: let the merge finish
+            signal.signal(sig, signal.SIG_IGN)
+        workers.stop_live()
+        pool.shutdown(wait=True, cancel_futures=True)
+        if not isinstance(exc, KeyboardInterrupt):
+            raise
+        interrupted = True
+    pool.shutdown(wait=True)
+    # Every worker's report, in the groups' order (a worker stopped early kept what it wrote).
+    dirs = [d for g in groups for d in workers.worker_reports(workdir, g or "main")
+            if (d / rec.RECORDS_FILE).exists()]
+    records = workers.crash_records(crashes, {k.name: k for k in selection.kernels})
+    if records or not dirs:
+        crash_dir = workdir / "crashes"
+        rec.write_report(crash_dir / rec.RECORDS_FILE, {}, records, suite=options.suite)
+        dirs.append(crash_dir)
+    merge_reports(report_dir, dirs, **run_info(
+        options, selection, isolation={g or "main": [k.name for k in m]
+                                       for g, m in groups.items()}))
+    return {"wall_s": round(time.monotonic() - start, 1)}, interrupted
+
+
+def finish(report_dir: Path, options: RunOptions, *, state: str = FINISHED,
+           console: bool = True, **facts) -> int:
+    """The one end of every run: the header's last facts (`facts`: wall time, timing, ...)
+    and its state, the views, the console, the status; then the baseline compared. Returns 1
+    if anything is bad or regressed (or nothing was judged), else 0."""
+    from harness.views.report_dir import write_views
+    from harness.views.summary import print_console
+    rec.update_header(Path(report_dir) / rec.RECORDS_FILE, state=state,
+                      **({"interrupted": True} if state == INTERRUPTED else {}), **facts)
+    header, records = write_views(Path(report_dir))
+    if console:
+        print_console(records, header)
+        wall = header.get("wall_s")
+        print(("" if wall is None else f"wall time {wall:.0f} s; ")
+              + f"report: {report_dir}/ (report.jsonl, summary.md, report.html)")
+    elif tallies.judged_nothing(records):
+        print("harness: nothing was judged (no check measured anything): not a pass")
+    status = tallies.run_status(records)
+    if options.baseline:
+        from harness.views.compare import compare_files
+        status |= compare_files(Path(report_dir) / rec.RECORDS_FILE, options.baseline,
+                                growth=options.growth)
+    return status
+
+
+def merge(out: Path, sources: list[Path], rejudge: bool = False) -> tuple[int, list]:
+    """`harness merge`: several reports (the shards of a suite) joined into one, optionally
+    with every expectation recomputed from the kernels as registered now; the views written.
+    Returns (status, overlaps)."""
+    from harness.store.merge import merge_reports
+    from harness.views.report_dir import write_views
+    transform = None
+    if rejudge:
+        from harness.engine.registry import all_kernels
+        from harness.judge.judging import rejudge as rejudged
+
+        def transform(records):
+            return rejudged(records, all_kernels())
+    overlaps = merge_reports(Path(out), [Path(s) for s in sources], transform,
+                             rejudged=rejudge)
+    header, records = write_views(Path(out))
+    return tallies.run_status(records, header), overlaps
+
+
+def check_not_running(report_dir: Path) -> None:
+    """A folder another run is writing now: a UsageError (its lock is held)."""
+    FolderLock(report_dir).acquire().release()
+
+
+__all__ = [
+    "Selection",
+    "UsageError",
+    "check_not_running",
+    "finish",
+    "merge",
+    "prepare",
+    "run",
+    "run_info",
+    "select",
+]

@@ -1,0 +1,327 @@
+"""The options of a run, declared once.
+
+`RunOptions` is what a run of the matrix is asked to do: which kernels and cases, where the
+report goes, the leak probe's mode, the baseline, the compilation cache. Every option is one
+`Option` below: its flag, its default, its help and its check. The CLI's flags
+(harness.cli) and pytest's options (harness.pytest_plugin) are generated from these declarations, and
+`RunOptions.checked()` runs every check once, whoever built the options (the CLI, pytest, the
+census, a test). A value that fails its check is a UsageError of one line naming the option.
+
+Options reach a worker process as JSON (`to_json` / `from_json`), never as an argv.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.errors import UsageError
+
+DEFAULT_CACHE_DIR = os.environ.get("HARNESS_COMPILATION_CACHE",
+                                   os.path.join("~", ".cache", "attention-harness", "jax"))
+CLI_REPORT_DIR = "reports/latest"
+PYTEST_REPORT_DIR = "reports/pytest"
+
+
+# ----- checks: each returns the value as the run uses it, or raises UsageError --------------
+
+def _names(flag: str, text: str | None, what: str) -> tuple[str, ...] | None:
+    """Comma-separated names: None where not given; empty or repeated names are mistakes."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",")]
+    if not any(names):
+        raise UsageError(f"{flag} {text!r}: names no {what} (leave the option out for all)")
+    if "" in names:
+        raise UsageError(f"{flag} {text!r}: an empty name between commas")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise UsageError(f"{flag} {text!r}: {', '.join(repeated)} named twice")
+    return tuple(names)
+
+
+def check_kernels(text):
+    return _names("--kernels", text, "kernel")
+
+
+def check_cases(text):
+    return _names("--cases", text, "case glob")
+
+
+def check_features(text):
+    from harness.model.features import FEATURE_NAMES, NONE
+    names = _names("--features", text, "feature")
+    if names is None:
+        return None
+    unknown = [n for n in names if n not in (*FEATURE_NAMES, NONE)]
+    if unknown:
+        raise UsageError(f"--features {', '.join(unknown)}: unknown; known: "
+                         f"{', '.join(FEATURE_NAMES)}, or {NONE} (cases without features)")
+    return names
+
+
+def check_seeds(value) -> int:
+    try:
+        seeds = int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"--seeds {value!r}: not a whole number") from None
+    if seeds < 1:
+        raise UsageError(f"--seeds {value}: must be at least 1")
+    return seeds
+
+
+def check_shard(text) -> str | None:
+    if text is None:
+        return None
+    try:
+        index, count = (int(x) for x in str(text).split("/"))
+    except ValueError:
+        raise UsageError(f"--shard {text!r}: expected I/N, e.g. 1/4") from None
+    if not 1 <= index <= count:
+        raise UsageError(f"--shard {text!r}: I must be between 1 and N")
+    return f"{index}/{count}"
+
+
+def check_growth(value) -> float:
+    try:
+        growth = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"--growth {value!r}: not a number") from None
+    if not math.isfinite(growth) or not growth > 1:
+        raise UsageError(f"--growth {value}: must be a finite factor above 1 (an error grown "
+                         "by more than it is a regression)")
+    return growth
+
+
+def check_path(flag: str) -> Callable:
+    def check(text):
+        if text is None:
+            return None
+        if not str(text).strip():
+            raise UsageError(f"{flag} {text!r}: an empty path")
+        return str(text)
+    return check
+
+
+def check_modules(values) -> tuple[str, ...]:
+    out = []
+    for v in values or ():
+        if not str(v).strip():
+            raise UsageError(f"--kernel-module {v!r}: an empty path")
+        out.append(str(v))
+    return tuple(out)
+
+
+# ----- the declarations ---------------------------------------------------------------------
+
+RUN, LIST, PYTEST = "run", "list", "pytest"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: `name` is RunOptions' field; `flag` its command-line spelling; `switch`
+    options are on/off flags that turn the field to False (`--no-leak-probe`); `repeat`
+    options take the flag several times; `where`: which commands offer it."""
+    name: str
+    flag: str
+    help: str
+    check: Callable[[Any], Any] = lambda v: v
+    switch: bool = False
+    repeat: bool = False
+    metavar: str | None = None
+    where: frozenset = frozenset({RUN, PYTEST})
+
+
+OPTIONS = (
+    Option("suite", "--suite", "the suite: smoke (CPU, minutes) or nightly (GPU)",
+           where=frozenset({RUN, LIST, PYTEST})),
+    Option("cases", "--cases", "glob(s) over case ids, comma-separated, to narrow the suite "
+           "(each must match a case); a case id with another seed (…-s1) is taken as is",
+           check_cases, metavar="GLOBS", where=frozenset({RUN, LIST, PYTEST})),
+    Option("features", "--features", "only the cases with these attention features "
+           "(comma-separated: window, softcap, chunk, sinks, head_dim_v; none: the cases "
+           "without any)", check_features, metavar="NAMES",
+           where=frozenset({RUN, LIST, PYTEST})),
+    Option("seeds", "--seeds", "run every case under N seeds (its own and the next ones)",
+           check_seeds, metavar="N"),
+    Option("shard", "--shard", "run shard I of N of the suite (join the parts with "
+           "`harness merge`)", check_shard, metavar="I/N"),
+    Option("kernels", "--kernels", "comma-separated kernel names (default: every registered "
+           "kernel)", check_kernels, metavar="NAMES", where=frozenset({RUN, LIST, PYTEST})),
+    Option("kernel_modules", "--kernel-module", "a Python file (or an importable module) that "
+           "calls harness.register_kernel (repeatable)", check_modules, repeat=True,
+           metavar="PATH", where=frozenset({RUN, LIST, PYTEST})),
+    Option("report_dir", "--report-dir", "where the report goes", check_path("--report-dir"),
+           metavar="DIR"),
+    Option("baseline", "--baseline", "a baseline report (folder or file) to compare the run "
+           "with at its end", check_path("--baseline"), metavar="PATH"),
+    Option("growth", "--growth", "an error grown by more than this factor beyond its measured "
+           "spread is a regression (harness/judge/regression.py)", check_growth,
+           metavar="FACTOR"),
+    Option("leak_probe", "--no-leak-probe", "tolerance checks only: the views say the probe "
+           "did not run, and the checks only it could judge are shown as not run",
+           switch=True),
+    Option("deterministic_probe", "--no-deterministic-probe", "probe the kernels' default "
+           "builds on GPUs too: a tensor that differs in its reruns is then decided above its "
+           "noise, and one whose reruns agree is compared bitwise", switch=True),
+    Option("compilation_cache", "--compilation-cache", "jax's persistent compilation cache "
+           "(HARNESS_COMPILATION_CACHE sets it too)", check_path("--compilation-cache"),
+           metavar="DIR"),
+    Option("use_compilation_cache", "--no-compilation-cache", "compile everything afresh and "
+           "keep nothing on disk", switch=True),
+)
+BY_NAME = {o.name: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What a run of the matrix is asked to do (see OPTIONS for each field's meaning)."""
+    suite: str = "smoke"
+    cases: tuple[str, ...] | None = None
+    features: tuple[str, ...] | None = None
+    seeds: int = 1
+    shard: str | None = None
+    kernels: tuple[str, ...] | None = None
+    kernel_modules: tuple[str, ...] = ()
+    report_dir: str = CLI_REPORT_DIR
+    baseline: str | None = None
+    growth: float = 2.0
+    leak_probe: bool = True
+    deterministic_probe: bool = True
+    compilation_cache: str = DEFAULT_CACHE_DIR
+    use_compilation_cache: bool = True
+    # Not options of a user: where the run comes from ("cli", "pytest", "census", "worker").
+    source: str = field(default="cli", compare=False)
+
+    def checked(self) -> RunOptions:
+        """Every option's check, once: the options as the run uses them (comma-separated
+        text becomes tuples), or a UsageError naming the first bad one."""
+        changes = {}
+        for opt in OPTIONS:
+            value = getattr(self, opt.name)
+            if opt.switch:
+                continue
+            if opt.name in ("cases", "kernels", "features") and isinstance(value, tuple):
+                value = ",".join(value)
+            changes[opt.name] = opt.check(value) if value is not None or opt.repeat else None
+        if changes["suite"] is None or not str(changes["suite"]).strip():
+            raise UsageError("--suite: give a suite name (smoke or nightly)")
+        out = dataclasses.replace(self, **changes)
+        if out.baseline and _same_path(out.baseline, out.report_dir):
+            raise UsageError(f"--baseline {out.baseline}: the run's own --report-dir; a "
+                             "baseline is an earlier run")
+        return out
+
+    @property
+    def shard_part(self) -> tuple[int, int] | None:
+        if not self.shard:
+            return None
+        index, count = self.shard.split("/")
+        return int(index), int(count)
+
+    @property
+    def cache_dir(self) -> str | None:
+        return self.compilation_cache if self.use_compilation_cache else None
+
+    def selection(self) -> dict:
+        """What the run selected, in its header: two runs that selected alike are compared
+        pair for pair (a missing pair is then a regression)."""
+        out = {"suite": self.suite, "cases": _joined(self.cases), "seeds": self.seeds,
+               "shard": self.shard, "kernels": _joined(self.kernels)}
+        if self.features is not None:  # absent from older headers: they still compare alike
+            out["features"] = _joined(self.features)
+        return out
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> RunOptions:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()
+                  if k in known}
+        return cls(**values)
+
+    @classmethod
+    def from_values(cls, get: Callable[[str], Any], **fixed) -> RunOptions:
+        """From a command line's values (`get(name)`: argparse's namespace, pytest's
+        config), switches included; then checked."""
+        values = {}
+        for opt in OPTIONS:
+            value = get(opt.name)
+            if opt.switch:
+                values[opt.name] = not value
+            elif value is not None and not (opt.repeat and not value):
+                values[opt.name] = tuple(value) if opt.repeat else value
+        return dataclasses.replace(cls(), **values, **fixed).checked()
+
+
+def _joined(names):
+    return None if names is None else ",".join(names)
+
+
+def _same_path(a: str, b: str) -> bool:
+    from pathlib import Path
+    pa, pb = Path(a).resolve(), Path(b).resolve()
+    return pa == pb or pa == pb / "report.jsonl" or pa == pb / "report.jsonl.gz"
+
+
+def default(name: str, where: str) -> Any:
+    """An option's default as the command `where` shows it."""
+    if name == "report_dir":
+        return PYTEST_REPORT_DIR if where == PYTEST else CLI_REPORT_DIR
+    return getattr(RunOptions(), name)
+
+
+# ----- generated command lines --------------------------------------------------------------
+
+def _help(opt: Option, where: str) -> str:
+    value = default(opt.name, where)
+    if opt.switch or value is None or opt.repeat:
+        return opt.help
+    return f"{opt.help} (default {value})"
+
+
+def add_arguments(parser, where: str = RUN) -> None:
+    """The options of `where` on an argparse parser (the CLI's run and list)."""
+    import argparse
+
+    def typed(check):
+        def parse(text):
+            try:
+                return check(text)
+            except UsageError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+        return parse
+    for opt in OPTIONS:
+        if where not in opt.where:
+            continue
+        help_ = _help(opt, where).replace("%", "%%")
+        if opt.switch:
+            parser.add_argument(opt.flag, dest=opt.name, action="store_true", help=help_)
+        elif opt.repeat:
+            parser.add_argument(opt.flag, dest=opt.name, action="append", default=[],
+                                metavar=opt.metavar, help=help_)
+        else:
+            # Checked once, in RunOptions.checked: the parser keeps the text.
+            parser.add_argument(opt.flag, dest=opt.name, default=default(opt.name, where),
+                                metavar=opt.metavar, help=help_)
+
+
+def add_pytest_options(group) -> None:
+    """The same options as pytest options (harness.pytest_plugin)."""
+    for opt in OPTIONS:
+        if PYTEST not in opt.where:
+            continue
+        help_ = _help(opt, PYTEST)
+        if opt.switch:
+            group.addoption(opt.flag, dest=opt.name, action="store_true", help=help_)
+        elif opt.repeat:
+            group.addoption(opt.flag, dest=opt.name, action="append", default=[],
+                            metavar=opt.metavar, help=help_)
+        else:
+            group.addoption(opt.flag, dest=opt.name, default=default(opt.name, PYTEST),
+                            metavar=opt.metavar, help=help_)

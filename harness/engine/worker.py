@@ -1,0 +1,81 @@
+"""A worker process of the engine: `python -m harness.engine.worker SPEC.json`.
+
+SPEC (written by harness.engine.workers.write_spec) holds the run's options, the worker's
+(kernel, case) pairs and its report folder. The worker runs its pairs in this process,
+appends each pair's records as it finishes, says which pair it starts (STARTED_FILE) and which
+it finished with how many records (FINISHED_FILE), and writes no views: its controller joins
+the workers' reports and finishes the run (harness.engine.engine). A user's mistake is one
+line on stderr and exit status 2, as from the CLI."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def run_pairs(spec: dict) -> int:
+    from harness.engine.environment import current_platform, describe
+    from harness.engine.options import RunOptions
+    from harness.engine.programs import Programs, enable_compilation_cache
+    from harness.engine.registry import (
+        load_kernel_module,
+        mark_absl_flags_parsed,
+        select_kernels,
+    )
+    from harness.engine.runner import run_matrix
+    from harness.engine.workers import FINISHED_FILE, STARTED_FILE
+    from harness.model.case import Case
+    from harness.store.writer import ReportWriter
+
+    options = RunOptions.from_json(spec["options"])
+    mark_absl_flags_parsed()
+    for path in options.kernel_modules:
+        load_kernel_module(path)
+    pairs = [tuple(p) for p in spec["pairs"]]
+    kernels = select_kernels(list(dict.fromkeys(k for k, _ in pairs)))
+    cases = [Case.from_id(c) for c in dict.fromkeys(c for _, c in pairs)]
+    report_dir = Path(spec["report_dir"])
+    enable_compilation_cache(options.cache_dir)
+    programs = Programs(deterministic_probe=options.deterministic_probe)
+    writer = ReportWriter(report_dir, describe(), suite=options.suite,
+                          probe_mode=programs.probe_mode, leak_probe=options.leak_probe)
+    started = (report_dir / STARTED_FILE).open("a")
+    finished = (report_dir / FINISHED_FILE).open("a")
+
+    def announce(log, kernel, case, **more):
+        log.write(json.dumps({"kernel": kernel.name, "case_id": case.id, **more}) + "\n")
+        log.flush()
+
+    def on_result(kernel, case, result):
+        writer.add(result)
+        # After its records, and how many: a reader takes the pair once it has read them all.
+        announce(finished, kernel, case, records=len(result.records))
+    try:
+        run_matrix(kernels, cases, current_platform(), on_result=on_result,
+                   programs=programs, leak=options.leak_probe, pairs=set(pairs),
+                   on_start=lambda kernel, case: announce(started, kernel, case))
+    finally:
+        programs.close()
+        started.close()
+        finished.close()
+    writer.close(timing=programs.report())
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    from harness.errors import UsageError
+    if len(argv) != 1:
+        print("usage: python -m harness.engine.worker SPEC.json (started by the engine)",
+              file=sys.stderr)
+        return 2
+    try:
+        return run_pairs(json.loads(Path(argv[0]).read_text()))
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,83 @@
+"""Joining report folders into one: the workers of a run, the parts of a pytest run, the shards
+of a suite. A kernel x case in a later source replaces the same one from an earlier source."""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.store import report_file as rec
+from harness.store.writer import FINISHED, INTERRUPTED, RUNNING
+
+# What a merged header keeps of its sources' (shared, or the list of their values).
+RUN_FACTS = ("seeds", "shard", "probe_mode", "leak_probe", "interrupted")
+
+
+def merge_timing(timings: list[dict]) -> dict:
+    """Per-kernel seconds and counts summed over workers or shards."""
+    out: dict[str, dict] = {}
+    for timing in timings:
+        for kernel, t in (timing or {}).items():
+            acc = out.setdefault(kernel, {})
+            for k, v in t.items():
+                acc[k] = round(acc.get(k, 0) + v, 3)
+    return out
+
+
+def merged_environment(environments: list[dict]) -> dict:
+    """One environment for several runs: a value they share, or the list of their values."""
+    keys = list(dict.fromkeys(k for env in environments for k in env))
+    out = {}
+    for key in keys:
+        values = list(dict.fromkeys(json.dumps(env.get(key)) for env in environments))
+        values = [json.loads(v) for v in values]
+        present = [v for v in values if v is not None]
+        out[key] = present[0] if len(present) == 1 else (present or None)
+    return out
+
+
+def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None = None,
+                  **header) -> list[tuple[Path, int]]:
+    """One report (records and traces) from several report folders; `transform(records)`
+    rewrites the joined records first (merge --rejudge); `header` adds to the joined header.
+    Returns (source, pairs it replaced) for each source that overlapped an earlier one."""
+    by_case: dict[tuple, list] = {}
+    traces: dict[tuple, list] = {}
+    headers, overlaps = [], []
+    for src in sources:
+        head, records = rec.read(src)
+        headers.append(head)
+        fresh: dict[tuple, list] = {}
+        for r in records:
+            fresh.setdefault(r.pair, []).append(r)
+        replaced = sorted(set(fresh) & set(by_case))
+        if replaced:
+            overlaps.append((src, len(replaced)))
+        by_case.update(fresh)
+        fresh_traces: dict[tuple, list] = {key: [] for key in fresh}
+        folder = Path(src) if Path(src).is_dir() else Path(src).parent
+        for t in rec.read_traces(folder / rec.TRACES_FILE):
+            fresh_traces.setdefault((t.kernel, t.case_id), []).append(t)
+        traces.update(fresh_traces)
+    records = [r for rows in by_case.values() for r in rows]
+    if transform is not None:
+        records = transform(records)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    facts = merged_environment([{k: h.get(k) for k in RUN_FACTS} for h in headers])
+    states = {h.get("state") for h in headers}
+    facts["state"] = next((s for s in (RUNNING, INTERRUPTED) if s in states), FINISHED)
+    suites = sorted({h.get("suite") for h in headers}, key=str)
+    rec.write_header(out_dir / rec.RECORDS_FILE,
+                     merged_environment([h["environment"] for h in headers]),
+                     **{**facts, "suite": suites[0] if len(suites) == 1 else suites,
+                        "merged_from": [{"path": str(s), "environment": h["environment"],
+                                         "wall_s": h.get("wall_s")}
+                                        for s, h in zip(sources, headers)],
+                        "timing": merge_timing([h.get("timing") for h in headers]),
+                        **header})
+    rec.append(out_dir / rec.RECORDS_FILE, records)
+    (out_dir / rec.TRACES_FILE).write_text("")
+    rec.append(out_dir / rec.TRACES_FILE,
+               [t for key in by_case for t in traces.get(key, [])], kind="trace")
+    return overlaps

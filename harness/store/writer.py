@@ -1,0 +1,76 @@
+"""Writing one run's report folder as the run goes: the header first (state "running"), each
+kernel x case's records and traces appended as they finish, the header's last facts at the end
+(state "finished" or "interrupted"). A run killed hard (SIGKILL, out of memory, a CI timeout)
+leaves state "running", and every view says the report is incomplete.
+
+One run writes a folder at a time: the writer holds an exclusive lock on `DIR/.lock` while the
+run lives (the kernel releases it with the process, however it ends); a second run on the same
+folder is a UsageError naming the run that holds it.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+from harness.errors import UsageError
+from harness.store import report_file as rec
+
+LOCK_FILE = ".lock"
+RUNNING, FINISHED, INTERRUPTED = "running", "finished", "interrupted"
+
+
+class FolderLock:
+    """An exclusive lock on a report folder for this process's run."""
+
+    def __init__(self, report_dir: str | Path):
+        self.dir = Path(report_dir)
+        self._fd: int | None = None
+
+    def acquire(self) -> FolderLock:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise UsageError(f"--report-dir {self.dir}: another run (pid {holder}) is writing "
+                             "this report folder; wait for it, or give another folder") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+class ReportWriter:
+    """The folder's report.jsonl and traces.jsonl, written as the run goes."""
+
+    def __init__(self, report_dir: Path, environment: dict, **run_info):
+        self.dir = Path(report_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.start = time.monotonic()
+        rec.write_header(self.dir / rec.RECORDS_FILE, environment, state=RUNNING, **run_info)
+        (self.dir / rec.TRACES_FILE).write_text("")
+
+    def add(self, result) -> None:
+        rec.append(self.dir / rec.RECORDS_FILE, result.records)
+        rec.append(self.dir / rec.TRACES_FILE, result.traces, kind="trace")
+
+    def close(self, state: str = FINISHED, **facts) -> None:
+        """The header's last facts (wall time, timing, ...) and the run's end state."""
+        rec.update_header(self.dir / rec.RECORDS_FILE, state=state,
+                          wall_s=round(time.monotonic() - self.start, 1), **facts)
+
+
+def incomplete(header: dict) -> bool:
+    """Whether the run that wrote this header never finished (killed before its end). Reports
+    older than the state field are taken as finished."""
+    return header.get("state") == RUNNING
