@@ -296,17 +296,19 @@ def test_the_fa2_vmap_padding_bug_is_predicted_row_by_row_from_the_inputs(monkey
     """flash-attn-jax 0.6.2's vmap rule drops the log-sum-exp of each row's trailing padding
     (a sequence of its own once the rows are flattened) and never writes the last row's
     (harness.kernels.flash_attn.vmap_rule_padding). The prediction, from the case's inputs,
-    against what the H200 measured: every padded row of a committed nightly, and the float16
-    rows of the flake study's four seeds (where dv overflows at float16's threshold), failing
-    and passing rows both; and before unwritten memory was poisoned (the census, at 18b7f5f),
-    every row but the last ones, whose contents were left over from other programs."""
+    against what the H200 measured: every padded row of a nightly (night 1 of the 831b954
+    series), and the float16 rows of the flake study's four seeds (where dv overflows at
+    float16's threshold), failing and passing rows both; and before unwritten memory was
+    poisoned (the census, at 18b7f5f), every row but the last ones, whose contents were left
+    over from other programs. The rows are fixtures cut from those runs' records and digest
+    (cases/fixtures/README.md)."""
     import gzip
     import json
     from pathlib import Path
     from harness.engine.registry import all_kernels
     from harness.views import digest
     kernel = all_kernels()["flash_attn:varlen_vmap"]
-    root = Path(__file__).resolve().parent.parent / "reports"
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "h200"
 
     def rows(path):
         for line in gzip.open(path, "rt"):
@@ -319,14 +321,14 @@ def test_the_fa2_vmap_padding_bug_is_predicted_row_by_row_from_the_inputs(monkey
             if r["kernel"] == kernel.name and r["check"] == "padding":
                 yield Case.from_id(r["case_id"]), int(r["row"]), r["verdict"]
 
-    measured = list(rows(root / "h200" / "nightlies-3cb1dac" / "nightly-c1" / "report.jsonl.gz"))
+    measured = list(rows(fixtures / "series-831b954-night1-vmap-padding.jsonl.gz"))
     predicted = [kernel.expected_padding(case, row)[0] for case, row, _ in measured]
     assert predicted == [verdict for *_, verdict in measured]
     assert predicted.count("fail") == 72 and predicted.count("pass") == 17
     # The flake study's padded float16 rows, four seeds (all 252 padded rows of its cases agree;
     # drawing every case's inputs would take CI most of a minute).
     flake = [(c, row, v) for c, row, v
-             in digest_rows(root / "h200" / "flake-4-seeds" / "verdicts.tsv.gz")
+             in digest_rows(fixtures / "flake-4-seeds-vmap-padding.tsv.gz")
              if c.dtype == "float16"]
     predicted = [kernel.expected_padding(case, row)[0] for case, row, _ in flake]
     assert predicted == [verdict for *_, verdict in flake]
@@ -339,7 +341,7 @@ def test_the_fa2_vmap_padding_bug_is_predicted_row_by_row_from_the_inputs(monkey
     assert [kernel.expected_padding(c, row)[0] for c, row in float16].count("pass") == 3
     monkeypatch.undo()
     before = [(case, row, verdict) for case, row, verdict
-              in rows(root / "census" / "parts" / "fa" / "nightly" / "report.jsonl.gz")]
+              in rows(fixtures / "census-fa-18b7f5f-vmap-padding.jsonl.gz")]
     wrong = [(case.id, row) for case, row, verdict in before
              if kernel.expected_padding(case, row)[0] != verdict]
     assert wrong and all(row == Case.from_id(case_id).batch - 1 for case_id, row in wrong)

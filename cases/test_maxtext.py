@@ -62,7 +62,13 @@ def test_float16_softmax_sum_bug_is_known_only_where_it_can_show(monkeypatch):
     f16 = Case("unaligned/block-edges", 4, 2048, 8, 8, 128, "float16", 2)
     long, short = Segment(3, 4, 129, 1919), Segment(0, 1, 0, 256)
     assert kernel.expected(f16, "dq", long) == ("known", maxtext_adapter.FLOAT16_SUM_REASON)
+    assert kernel.expected(f16, "dk", long)[0] == "known"
+    assert kernel.expected(f16, "dv", long)[0] == "pass"      # dv never differentiates the sum
     assert kernel.expected(f16, "out", long)[0] == "pass"     # the forward pass is right
+    # The H200 nightly's other long float16 segments (sums 238.3 and 253.0) passed: not known.
+    assert kernel.expected(f16, "dq", Segment(0, 4, 129, 1919))[0] == "pass"
+    single = Case("extremes/single-tokens", 4, 2048, 8, 8, 128, "float16", 2)
+    assert all(kernel.expected(single, "dq", s)[0] == "pass" for s in single.segments)
     assert kernel.expected(f16, "dq", short)[0] == "pass"     # 256 keys cannot sum above 256
     bf16 = Case("unaligned/block-edges", 4, 2048, 8, 8, 128, "bfloat16", 2)
     assert kernel.expected(bf16, "dq", long)[0] == "pass"
@@ -81,6 +87,6 @@ def test_float16_softmax_sum_bug_shows_and_is_reported_as_known():
     case = Case.from_id("unaligned/block-edges-b4-t2048-h8kv8-d128-f16-s2")
     records = run_kernel_case(kernel, case, Platform("cpu"), leak=False).records
     known = [r for r in records if r.outcome == "known"]
-    assert known and {r.check for r in known} <= {"dq", "dk", "dv"}
+    assert known and {r.check for r in known} <= {"dq", "dk"}
     assert all(r.length > 256 for r in known)
     assert not [r for r in records if r.outcome in ("fail", "missed", "error")]

@@ -2,6 +2,7 @@
 outside kernels work whatever flags library they use; the views and parts are where they say."""
 import os
 import subprocess
+import re
 import sys
 from pathlib import Path
 
@@ -186,20 +187,29 @@ def test_a_run_stopped_by_sigterm_keeps_its_report(tmp_path):
     assert "interrupted" in (tmp_path / "r" / "summary.md").read_text()
 
 
-def test_every_readme_command_block_runs_in_ci_or_says_why_not():
+def test_every_command_block_runs_in_ci_or_says_why_not():
+    """README.md and docs/*.md: every ```sh block runs in CI as written, or says why not (it
+    needs a GPU, or CI's Python 3.12 stage runs it); the two commands run first, by name."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from readme_commands import blocks
-    found = blocks((ROOT / "README.md").read_text())
-    # Every block CI leaves out says why (the tests run what it does, or it needs a GPU).
-    assert all(why for c, why in found if why is not None)
-    # The two commands: CI's first stage runs each by name (.ci/run), timed.
-    first = [why for _, why in found if why and why.startswith("CI's first stage")]
+    from readme_commands import all_blocks
+    found = all_blocks()
+    assert {page for page, _, _ in found} >= {"README.md", "docs/kernels.md"}
+    skipped = [why for _, _, why in found if why is not None]
+    assert all(why for why in skipped)
+    assert all(why.startswith(("needs a GPU", "CI's first stage", "<!-- CI's Python 3.12"))
+               for why in skipped), skipped
+    first = [why for _, _, why in found if why and why.startswith("CI's first stage")]
     assert first == ["CI's first stage runs it (--run main-job)",
                      "CI's first stage runs it (--run test-command)"], first
     ci = (ROOT / ".ci" / "run").read_text()
     assert "readme_commands.py --run main-job" in ci and "readme_commands.py --run test-command" in ci
-    text = "\n".join(c for c, _ in found)
+    assert "python3 scripts/readme_commands.py\n" in ci and "readme_commands.py --python312" in ci
+    text = "\n".join(c for _, c, _ in found)
     for path in ("examples/my_kernel.py", "constraints/maxtext.txt", "reports/baselines/h200.jsonl.gz"):
         if path in text:
-            assert (ROOT / path).exists(), f"the README names {path}, which does not exist"
+            assert (ROOT / path).exists(), f"a page names {path}, which does not exist"
     assert "python3 -m pytest -n 2" in text, "the README's test command, which CI runs"
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250, "the README is read in five minutes"
+    for link in re.findall(r"\]\((docs/[\w.-]+\.md|reports/README\.md)", readme):
+        assert (ROOT / link).exists(), f"the README points to {link}, which does not exist"

@@ -94,6 +94,7 @@ def pytest_configure(config):
             raise UsageError("--ahead and --in-test: choose one")
         options = RunOptions.from_values(config.getoption, source="pytest")
         config._harness_options = options
+        _settle_rootdir(config, options)
         if config.getoption("--gpu-per-worker") and not _is_worker(config):
             config._harness_gpu_ids = _gpu_per_worker_ids(config)
         if not _is_worker(config):
@@ -110,6 +111,28 @@ def pytest_configure(config):
         config._harness_matrix = [(k, c) for c in selection.cases for k in selection.kernels]
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _settle_rootdir(config, options) -> None:
+    """pytest settles its rootdir and configuration file before it knows this plugin's options:
+    in `--report-dir DIR` (two words) DIR looks like a test path to it, and where DIR exists it
+    becomes the rootdir, without pyproject.toml's settings. The controller refuses that in one
+    line; its xdist workers (which settle theirs anew, after the controller made DIR) are told
+    the controller's rootdir and configuration file."""
+    from harness.errors import UsageError
+    report_dir = Path(options.report_dir).resolve()
+    if config.rootpath.resolve() == report_dir or (
+            config.inipath is None and report_dir in {Path(a).resolve()
+                                                      for a in config.invocation_params.args}):
+        raise UsageError(f"--report-dir {options.report_dir}: pytest took this existing folder "
+                         f"for a test path while it looked for its configuration; write "
+                         f"--report-dir={options.report_dir}")
+    inside = report_dir == config.rootpath.resolve() or config.rootpath.resolve() in \
+        report_dir.parents
+    if not _is_worker(config) and not inside:
+        pinned = f"--rootdir={config.rootpath}" + (
+            f" -c {config.inipath}" if config.inipath is not None else "")
+        os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {pinned}".strip()
 
 
 @functools.lru_cache(maxsize=1)

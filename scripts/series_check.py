@@ -15,7 +15,8 @@ from pathlib import Path
 
 from harness.judge import regression
 from harness.judge import vocabulary as v
-from harness.views import digest, report_file
+from harness.store import report_file
+from harness.views import digest
 
 
 def load(source: str):

@@ -7,7 +7,8 @@ agree are identical.
 """
 import sys
 
-from harness.views import digest, report_file
+from harness.store import report_file
+from harness.views import digest
 
 
 def main(source: str, out: str) -> None:

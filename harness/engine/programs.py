@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from harness.engine import unwritten
-from harness.judge.oracle import reference_fn, with_gradients
+from harness.judge.oracle import gradient_inputs, reference_fn, with_gradients
 from harness.kernels.kernel import Kernel
 from harness.model.case import Case
 
@@ -96,27 +96,48 @@ def traced_under(env: dict | None):
             _clear_abstract_eval_cache()
 
 
-def kernel_fn(kernel: Kernel, case: Case):
-    """The kernel's program as a function of (q, k, v, seg, cotangent)."""
-    extra = {"max_segments": case.max_segments} if kernel.takes_max_segments else {}
+def feature_arguments(case: Case) -> dict:
+    """The case's static features as a kernel's keyword arguments (harness.model.features):
+    window=(left, right), softcap=, chunk=. Sinks travel as an array input."""
+    f = case.features
+    out = {}
+    if f.window is not None:
+        out["window"] = tuple(f.window)
+    if f.softcap is not None:
+        out["softcap"] = f.softcap
+    if f.chunk is not None:
+        out["chunk"] = f.chunk
+    return out
 
-    def fn(q, k, v, seg):
-        out = kernel.fn(q, k, v, seg, causal=case.causal, scale=case.scale, **extra)
-        if out.shape != q.shape:
-            raise ValueError(f"{kernel.name}: output shape {out.shape} != query shape {q.shape}")
+
+def kernel_fn(kernel: Kernel, case: Case):
+    """The kernel's program as a function of (q, k, v, seg[, sinks], cotangent): the case's
+    features handed over as keyword arguments, the sinks as `sinks=` (differentiated)."""
+    extra = {"max_segments": case.max_segments} if kernel.takes_max_segments else {}
+    extra.update(feature_arguments(case))
+
+    def fn(q, k, v, seg, *sinks):
+        more = {"sinks": sinks[0]} if sinks else {}
+        out = kernel.fn(q, k, v, seg, causal=case.causal, scale=case.scale, **extra, **more)
+        want = q.shape[:-1] + v.shape[-1:]
+        if out.shape != want:
+            raise ValueError(f"{kernel.name}: output shape {out.shape} != {want} (the query's, "
+                             "with the value's head dim)")
         return out
 
-    return with_gradients(fn, kernel.backward)
+    return with_gradients(fn, kernel.backward, gradient_inputs(case))
 
 
 def argument_shapes(case: Case) -> tuple:
     dtype = jnp.dtype(case.dtype)
-    b, t, d = case.batch, case.seq_len, case.head_dim
+    b, t, d, dv = case.batch, case.seq_len, case.head_dim, case.value_dim
+    sinks = (jax.ShapeDtypeStruct((case.heads,), jnp.float32),) if case.features.sinks else ()
     return (jax.ShapeDtypeStruct((b, t, case.heads, d), dtype),
             jax.ShapeDtypeStruct((b, t, case.kv_heads, d), dtype),
-            jax.ShapeDtypeStruct((b, t, case.kv_heads, d), dtype),
+            jax.ShapeDtypeStruct((b, t, case.kv_heads, dv), dtype),
             jax.ShapeDtypeStruct((b, t), jnp.int32),
-            jax.ShapeDtypeStruct((b, t, case.heads, d), dtype))
+            *sinks,
+            jax.ShapeDtypeStruct((b, t, case.heads, dv), dtype))
 
 
 @dataclass
@@ -147,6 +168,9 @@ class Program:
     oracle: bool = False               # the harness's own reference, not a kernel
     text: str = ""                     # the lowered module: proof of which custom calls ran
     compiled: Future = field(default_factory=Future)
+    # Raised while the kernel was traced, before anything computed: where it names a feature
+    # the case handed over, a refusal (harness.judge.judging.refusal).
+    trace_error: BaseException | None = None
     _buffer_sizes: list[int] | None = field(default=None, repr=False)
 
     def missing_markers(self) -> list[str]:
@@ -257,10 +281,11 @@ class Programs:
         deterministic build."""
         modes = [DEFAULT] + ([self.probe_mode] if self.probe_mode != DEFAULT else [])
         for kernel, case in pairs:
+            convention = kernel.chunk_convention
             for truth in (True, False):
-                program, fresh = self._oracle_entry(case, truth)
+                program, fresh = self._oracle_entry(case, truth, convention)
                 if fresh:
-                    self._tracer.submit(self._build_oracle, program, case, truth)
+                    self._tracer.submit(self._build_oracle, program, case, truth, convention)
             for mode in modes:
                 program, fresh = self._entry(("kernel", kernel, _shape(kernel, case), mode),
                                              kernel.name, kernel.hlo_markers, mode,
@@ -301,27 +326,37 @@ class Programs:
                                   program.timing)
             program.text = lowered.as_text() if kernel.hlo_markers else ""
         except BaseException as exc:  # the kernel fails while tracing (a library may even
-            program.compiled.set_exception(exc)  # sys.exit): its error, when run; never a hang
+            program.trace_error = exc            # sys.exit): its error, when run; never a hang
+            program.compiled.set_exception(exc)
             return
         self._submit(program, lowered, {**DETERMINISTIC_COMPILER_OPTIONS, **self._own}
                      if deterministic else None)
 
     # ----- the oracle -------------------------------------------------------------------------
 
-    def oracle(self, case: Case, truth: bool) -> Program:
-        program, fresh = self._oracle_entry(case, truth)
+    def oracle(self, case: Case, truth: bool, chunk_convention: str = "segment") -> Program:
+        program, fresh = self._oracle_entry(case, truth, chunk_convention)
         if fresh:
-            self._build_oracle(program, case, truth)
+            self._build_oracle(program, case, truth, chunk_convention)
         return program
 
-    def _oracle_entry(self, case: Case, truth: bool):
-        program, fresh = self._entry(("oracle", case.shape_key, truth), ORACLE, (), DEFAULT)
+    @staticmethod
+    def _oracle_key(case: Case, truth: bool, chunk_convention: str) -> tuple:
+        # The convention changes the program only where the case has chunks.
+        key = ("oracle", case.shape_key, truth)
+        return key + (chunk_convention,) if case.features.chunk is not None else key
+
+    def _oracle_entry(self, case: Case, truth: bool, chunk_convention: str = "segment"):
+        program, fresh = self._entry(self._oracle_key(case, truth, chunk_convention), ORACLE,
+                                     (), DEFAULT)
         program.oracle = True
         return program, fresh
 
-    def _build_oracle(self, program: Program, case: Case, truth: bool) -> None:
+    def _build_oracle(self, program: Program, case: Case, truth: bool,
+                      chunk_convention: str = "segment") -> None:
         try:
-            lowered = self._lower(("oracle", case.shape_key, truth), reference_fn(case, truth),
+            lowered = self._lower(self._oracle_key(case, truth, chunk_convention),
+                                  reference_fn(case, truth, chunk_convention),
                                   argument_shapes(case), None, program.timing)
         except BaseException as exc:
             program.compiled.set_exception(exc)

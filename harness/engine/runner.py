@@ -13,6 +13,7 @@ are arguments of compiled programs, so a kernel compiles once per shape, not per
 """
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -32,6 +33,7 @@ from harness.judge.metrics import token_errors
 from harness.judge.oracle import reference_for
 from harness.judge.record import Record, Trace
 from harness.judge.tallies import ratio_text
+from harness.judge import vocabulary as v
 from harness.judge.vocabulary import LEAK, PASS, TENSORS
 from harness.kernels.kernel import Kernel, Platform
 from harness.model.case import Case, make_inputs
@@ -70,13 +72,14 @@ def _measure(kernel: Kernel, case: Case, programs: Programs):
     whatever the kernel raised, or a missing fused-kernel marker."""
     inputs = make_inputs(case)
     try:
-        ref = reference_for(case, programs)
+        ref = reference_for(case, programs, kernel.chunk_convention)
     except Exception as exc:  # not the kernel's doing: say whose it is
         raise RuntimeError(f"oracle failed, the kernel did not run: {type(exc).__name__}: "
                            f"{exc}") from exc
     program = programs.get(kernel, case, DEFAULT)
     results = program(*inputs.device_args, poison_unwritten=programs.poisons_unwritten)
-    errs = token_errors(results, ref.truth[:len(results)])
+    tensors = results[:len(TENSORS)]
+    errs = token_errors(tensors, ref.truth[:len(tensors)])
     missing = program.missing_markers()
     if missing:
         raise AssertionError(f"program lacks {missing}: the fused kernel did not run")
@@ -94,6 +97,11 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
         inputs, ref, results, errs = _measure(kernel, case, programs)
     except Exception as exc:  # a kernel that raises is an error, never a skip
         message = f"{type(exc).__name__}: {exc}".strip()
+        # Raised while tracing, naming a feature the case handed over: refused before any
+        # computing, which a path may always do (judging.refused_feature).
+        feature = judging.refused_feature(case, programs.get(kernel, case, DEFAULT).trace_error)
+        if feature is not None:
+            return KernelCaseResult([judging.refused_record(kernel, case, feature, message)])
         return KernelCaseResult([judging.error_record(
             kernel, case, message, traceback.format_exc(limit=-3)[-4000:])])
     out = KernelCaseResult(judging.kernel_level_records(kernel, case))
@@ -102,12 +110,64 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
         records, tolerances = judging.tensor_records(kernel, case, chk, err, ref, DEFAULT)
         out.records += records
         out.traces += _traces(kernel, case, chk, err, tolerances, records)
+    if case.features.sinks and kernel.backward:
+        out.records.append(_dsinks(kernel, case, results, ref))
+    out.records = _diagnosed(kernel, case, programs, results, out.records)
     out.records += judging.padding_records(
         kernel, case, {chk.name: err for chk, err in zip(TENSORS, errs)})
     if leak:
-        out.records += _leak_records(kernel, case, programs, inputs, results,
+        out.records += _leak_records(kernel, case, programs, inputs, results[:len(TENSORS)],
                                      _disagreement(kernel, case, ref, out.records))
-    out.records = judging.cover_unjudged(out.records)
+    out.records = judging.cover_unjudged(out.records, probed=leak)
+    if case.features.chunk is not None and kernel.chunk_convention != "segment":
+        # Judged against the chunks its library documents: every record says which.
+        out.records = [r.replace(convention=f"chunks from the {kernel.chunk_convention}'s "
+                                            "start") for r in out.records]
+    return out
+
+
+def _dsinks(kernel, case, results, ref) -> Record:
+    """The sinks' gradient against the truth's, over the heads."""
+    got, want = (np.asarray(x, np.float64) for x in (results[len(TENSORS)],
+                                                     ref.truth[len(TENSORS)]))
+    nonfinite = not np.isfinite(got).all()
+    err = float(np.abs(got - want).max()) if not nonfinite else math.inf
+    return judging.dsinks_record(kernel, case, err, nonfinite, ref, DEFAULT)
+
+
+def _diagnosed(kernel, case, programs, results, records: list[Record]) -> list[Record]:
+    """A feature case's failing tolerance checks, each held against the case without one
+    feature at a time: a check that passes there on every segment names the feature dropped
+    ("matches the mask without the window"), in the record's diagnosis and message."""
+    import dataclasses
+
+    from harness.model.features import HEAD_DIM_V
+    failing = {r.check for r in records if r.verdict == v.FAIL and v.has_ratio(r.check)
+               and r.segment}
+    droppable = [f for f in case.features.names if f != HEAD_DIM_V]
+    if not failing or not droppable:
+        return records
+    matches: dict[str, dict[str, bool]] = {}
+    tensors = results[:len(TENSORS)]
+    for name in droppable:
+        without = dataclasses.replace(case, features=case.features.without(name))
+        try:
+            ref = reference_for(without, programs, kernel.chunk_convention)
+        except Exception:   # noqa: BLE001 - a diagnosis that cannot be made is left out
+            continue
+        for chk, err in zip(TENSORS, token_errors(tensors, ref.truth[:len(tensors)])):
+            if chk.name in failing:
+                again, _ = judging.tensor_records(kernel, without, chk, err, ref, DEFAULT)
+                matches.setdefault(chk.name, {})[name] = all(r.verdict == v.PASS
+                                                             for r in again)
+    out = []
+    for r in records:
+        diagnosis = judging.drop_diagnosis(matches.get(r.check, {})) \
+            if r.verdict == v.FAIL and r.check in failing else None
+        if diagnosis:
+            r = r.replace(diagnosis=diagnosis, message=diagnosis + (
+                f"; {r.message}" if r.message else ""))
+        out.append(r)
     return out
 
 
@@ -121,6 +181,7 @@ def _disagreement(kernel, case, ref, default_records: list[Record]):
 
     def differs(base) -> str:
         bad = []
+        base = base[:len(TENSORS)]
         for chk, err in zip(TENSORS, token_errors(base, ref.truth[:len(base)])):
             records, _ = judging.tensor_records(kernel, case, chk, err, ref, DETERMINISTIC)
             bad += [f"{r.check} {r.where} (ratio {ratio_text(r.ratio)})" for r in records
@@ -145,11 +206,13 @@ def _leak_records(kernel, case, programs: Programs, inputs, results, disagreemen
     try:
         if mode == DEFAULT:
             found = leak_probe.probe(programs.get(kernel, case, DEFAULT), inputs, case, results,
-                                     confirm=confirm, reproducible=kernel.reproducible)
+                                     confirm=confirm, reproducible=kernel.reproducible,
+                                     convention=kernel.chunk_convention)
         else:
             try:
                 found = _probe_deterministic(programs.get(kernel, case, mode), inputs, case,
-                                             confirm, kernel.reproducible, disagreement)
+                                             confirm, kernel.reproducible, disagreement,
+                                             kernel.chunk_convention)
             except Exception as exc:  # e.g. a deterministic workspace that does not fit
                 note = (f"deterministic build {_failed(exc)} ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0][:300] if str(exc) else ''}); probed the "
@@ -166,7 +229,8 @@ def _leak_records(kernel, case, programs: Programs, inputs, results, disagreemen
                 # above their noise always, however the reruns went.
                 found = leak_probe.probe(programs.get(kernel, case, DEFAULT), inputs, case,
                                          results, reruns=leak_probe.RERUNS_UNCERTAIN,
-                                         confirm=True, reproducible=False)
+                                         confirm=True, reproducible=False,
+                                         convention=kernel.chunk_convention)
     except Exception as exc:  # the kernel ran once already: a failure here is the kernel's
         return [judging.error_record(kernel, case, f"leak probe: {type(exc).__name__}: {exc}",
                                      check=LEAK.name)]
@@ -186,7 +250,8 @@ class DoesNotFit(RuntimeError):
     out-of-memory run is slow: XLA logs its whole allocator state)."""
 
 
-def _probe_deterministic(program, inputs, case, confirm, reproducible=None, disagreement=None):
+def _probe_deterministic(program, inputs, case, confirm, reproducible=None, disagreement=None,
+                         convention="segment"):
     """The probe on a deterministic build; where its workspace does not fit (cuDNN's and TE's
     deterministic backward passes ask for tens of GiB on long or many-segment rows), once more
     after the harness lets go of the device buffers it keeps for other cases. A build that
@@ -202,7 +267,7 @@ def _probe_deterministic(program, inputs, case, confirm, reproducible=None, disa
         if differs:
             raise BuildDisagrees(differs)
         return leak_probe.probe(program, inputs, case, first=base, confirm=confirm,
-                                reproducible=reproducible)
+                                reproducible=reproducible, convention=convention)
     try:
         return attempt()
     except Exception as exc:

@@ -118,6 +118,8 @@ def expectation(value, check_name: str = "") -> tuple[str, str]:
 
 
 def outcome(verdict: str, expected: str) -> str:
+    if verdict == v.REFUSED:
+        return v.REFUSED  # a feature refused before computing: what a path may always do
     if verdict in (v.SKIP, v.ERROR):
         return verdict  # an expected error is "known" only when its message matches
     if expected == v.ERROR:
@@ -145,10 +147,13 @@ def error_outcome(message: str, expect_error: str | None) -> tuple[str, str]:
 # ----- records ----------------------------------------------------------------------------------
 
 def case_fields(case) -> dict:
-    return dict(case_id=case.id, layout=case.layout, family=case.family, dtype=case.dtype,
-                batch=case.batch, seq_len=case.seq_len, heads=case.heads,
-                kv_heads=case.kv_heads, head_dim=case.head_dim, causal=case.causal,
-                seed=case.seed)
+    out = dict(case_id=case.id, layout=case.layout, family=case.family, dtype=case.dtype,
+               batch=case.batch, seq_len=case.seq_len, heads=case.heads,
+               kv_heads=case.kv_heads, head_dim=case.head_dim, causal=case.causal,
+               seed=case.seed)
+    if case.features:
+        out["features"] = "+".join(case.features.names)
+    return out
 
 
 def segment_fields(seg) -> dict:
@@ -200,6 +205,51 @@ def contract_record(kernel, case, out_dtype: str) -> Record:
     return status_record(kernel, case, verdict, message, check=v.CONTRACT.name)
 
 
+def refused_feature(case, error: BaseException | None) -> str | None:
+    """The feature a kernel refused: an error raised while it was traced (before anything
+    computed) that names one of the features the case handed over (its words:
+    harness.model.features.REFUSAL_WORDS). None: no refusal (an error is an error)."""
+    from harness.model.features import REFUSAL_WORDS
+    if error is None or not case.features:
+        return None
+    text = f"{type(error).__name__}: {error}".lower()
+    for name in case.features.names:
+        if any(word in text for word in REFUSAL_WORDS[name]):
+            return name
+    return None
+
+
+def refused_record(kernel, case, feature: str, message: str) -> Record:
+    """A feature refused before computing: the path's honest answer, never a pass of the
+    checks it did not run."""
+    return status_record(kernel, case, v.REFUSED,
+                         f"refused {feature} while tracing: {message.splitlines()[0][:500]}")
+
+
+def dsinks_record(kernel, case, err: float, nonfinite: bool, reference, mode: str) -> Record:
+    """The sinks' gradient: one record per kernel x case (a sink's gradient sums over every
+    token of the batch, so it has no segment), against the peer's error over the heads."""
+    chk = v.DSINKS
+    tol = tolerance(chk, case.dtype, reference.peer_dsinks_err, reference.dsinks_scale)
+    r = ratio(err, tol, int(nonfinite))
+    verdict = tolerance_verdict(r)
+    expected, reason = kernel.expected_kernel_check(case, chk.name)
+    message = "dsinks non-finite" if nonfinite else reason
+    return status_record(kernel, case, verdict, message, check=chk.name, expected=expected,
+                         max_abs_err=None if nonfinite else err,
+                         peer_err=reference.peer_dsinks_err, tolerance=tol, ratio=r, mode=mode)
+
+
+def drop_diagnosis(dropped: dict[str, bool]) -> str | None:
+    """The diagnosis of a failing feature case from whether its results match the case without
+    each feature within tolerance (feature -> matches): the first that matches was dropped."""
+    from harness.model.features import WITHOUT
+    for name, matches in dropped.items():
+        if matches:
+            return f"matches the mask without {WITHOUT[name]}: {WITHOUT[name]} was dropped"
+    return None
+
+
 def nonfinite_positions(bad_tokens: np.ndarray, start: int) -> str:
     """'tokens 5, 7 (+3 more)' for a segment's per-token non-finite counts."""
     where = np.flatnonzero(bad_tokens) + start
@@ -238,17 +288,23 @@ def tensor_records(kernel, case, chk: Check, errors, reference, mode: str
 
 # ----- rules across the records of one kernel x case ------------------------------------------
 
-def cover_unjudged(records: list[Record]) -> list[Record]:
+def cover_unjudged(records: list[Record], probed: bool = True) -> list[Record]:
     """Every check an expectation leaves `either` must be judged by the leak probe on the same
     segment. Where it is, the record says so (outcome unjudged); where it is not, nothing judged
-    that segment, and the record is `missed`: the harness would otherwise count it silently."""
+    that segment, and the record is `missed`: the harness would otherwise count it silently.
+    Where the probe was switched off (`probed` False), such a check did not run: `not run`,
+    shown as such in every view, never a pass."""
     leak = {(r.row, r.segment): r for r in records
             if r.check == LEAK.name and r.measured and r.expected in (v.PASS, v.FAIL)}
     out = []
     for r in records:
         if r.check != LEAK.name and r.expected == v.EITHER:
             probe = leak.get((r.row, r.segment))
-            if probe is None:
+            if probe is None and not probed:
+                r = r.replace(outcome=v.NOT_RUN,
+                              message="left to the leak probe, which did not run "
+                                      "(--no-leak-probe): not judged")
+            elif probe is None:
                 r = r.replace(outcome=v.MISSED,
                               message="left unjudged by the expectation, and the leak probe did "
                                       "not judge this segment")

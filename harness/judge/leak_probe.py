@@ -119,12 +119,13 @@ def colours(segment_ids: np.ndarray) -> int:
     return 6 if max(len(np.unique(row[row > 0])) for row in seg) >= 3 else 2
 
 
-def groups(case: Case) -> list[tuple[str, np.ndarray]]:
+def groups(case: Case, convention: str = "segment") -> list[tuple[str, np.ndarray]]:
     """(name, [B, T] bool tokens to redraw) for each perturbation: the segments of one colour and
     of the other (2 colours), or the four groups of six colours (SIX_COLOURS); then the
-    padding. Neighbours in a row fall in different colours, and so do the single segments of
-    consecutive unpacked rows, so that a segment alone in its row is still compared while the
-    other rows are redrawn (a leak across the batch)."""
+    padding; then, where the case has a window or chunks, blocks inside the segments
+    (feature_groups). Neighbours in a row fall in different colours, and so do the single
+    segments of consecutive unpacked rows, so that a segment alone in its row is still compared
+    while the other rows are redrawn (a leak across the batch)."""
     seg = case.segment_ids
     n = colours(seg)
     colour = (seg + np.arange(seg.shape[0])[:, None]) % n
@@ -140,17 +141,96 @@ def groups(case: Case) -> list[tuple[str, np.ndarray]]:
                         valid & np.isin(colour, members)))
     if (seg == 0).any():
         out.append(("padding", seg == 0))
+    out += feature_groups(case, convention)
     return [(name, mask) for name, mask in out if mask.any()]
 
 
+def positions(segment_ids: np.ndarray) -> np.ndarray:
+    """[B, T]: each token's position within its segment (its index in padding runs)."""
+    seg = np.asarray(segment_ids)
+    idx = np.broadcast_to(np.arange(seg.shape[1]), seg.shape)
+    new = np.concatenate([np.ones((seg.shape[0], 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    return idx - np.maximum.accumulate(np.where(new, idx, 0), axis=1)
+
+
+def feature_groups(case: Case, convention: str = "segment") -> list[tuple[str, np.ndarray]]:
+    """Blocks of tokens inside each segment, for a case with a window or chunks: keys of a
+    query's own segment outside its window or chunk must not move it either.
+
+    - window (left, right): blocks of r + 1 tokens redrawn every 3r + 3 positions (r = left +
+      right), at two phases; between two blocks, the queries whose window reaches no redrawn
+      key are compared, the first of them reading exactly from the block's end (a window off by
+      one reads the redrawn token before it), and the keys no query of theirs reads beyond;
+    - chunks: every other chunk redrawn (by the kernel's convention), then the others."""
+    f = case.features
+    valid = case.segment_ids > 0
+    pos = positions(case.segment_ids)
+    out = []
+    if f.window is not None:
+        r = f.window[0] + f.window[1]
+        block, period = r + 1, 3 * r + 3
+        for phase in (0, period // 2):
+            out.append((f"blocks of {block} inside each segment, every {period} from "
+                        f"position {phase} (window)", valid & ((pos - phase) % period < block)))
+    if f.chunk is not None:
+        at = pos if convention == "segment" else np.broadcast_to(
+            np.arange(case.seq_len), pos.shape)
+        for parity, name in ((1, "odd"), (0, "even")):
+            out.append((f"the {name} chunks of each segment ({convention} convention)",
+                        valid & ((at // f.chunk) % 2 == parity)))
+    return out
+
+
+def dependencies(case: Case, convention: str = "segment") -> dict[str, tuple]:
+    """Per tensor class ("query": out and dq; "key": dk and dv), [B, T] inclusive bounds of the
+    tokens each token's value depends on, from the mask: a query on the keys it reads (and
+    itself); a key on the queries that read it and on the keys those read. Masks are
+    intervals (a segment, a causal prefix, a window, a chunk: their intersection), so the
+    dependencies are intervals too."""
+    seg = np.asarray(case.segment_ids)
+    b, t = seg.shape
+    f = case.features
+    q_lo, q_hi = np.tile(np.arange(t), (b, 1)), np.tile(np.arange(t), (b, 1))
+    k_lo, k_hi = q_lo.copy(), q_hi.copy()
+    for s in case.segments:
+        i = np.arange(s.start, s.stop)
+        lo, hi = np.full(s.length, s.start), np.full(s.length, s.stop - 1)
+        if case.causal:
+            hi = np.minimum(hi, i)
+        if f.window is not None:
+            lo, hi = np.maximum(lo, i - f.window[0]), np.minimum(hi, i + f.window[1])
+        if f.chunk is not None:
+            base = s.start if convention == "segment" else 0
+            start = base + ((i - base) // f.chunk) * f.chunk
+            lo, hi = np.maximum(lo, start), np.minimum(hi, start + f.chunk - 1)
+        q_lo[s.row, i], q_hi[s.row, i] = np.minimum(lo, i), np.maximum(hi, i)
+        # The queries that read key j: from the first whose reach ends at j or later to the
+        # last whose reach starts at j or earlier (both bounds rise with the query).
+        first = s.start + np.searchsorted(hi, i, side="left")
+        last = s.start + np.searchsorted(lo, i, side="right") - 1
+        k_lo[s.row, i] = np.minimum(np.minimum(lo[first - s.start], first), i)
+        k_hi[s.row, i] = np.maximum(np.maximum(hi[last - s.start], last), i)
+    return {"query": (q_lo, q_hi), "key": (k_lo, k_hi)}
+
+
+def untouched(deps: dict[str, tuple], redraw: np.ndarray) -> dict[str, np.ndarray]:
+    """Per tensor class, [B, T] bool: tokens none of whose dependencies was redrawn (their
+    values must not move)."""
+    count = np.concatenate([np.zeros((redraw.shape[0], 1), np.int64),
+                            np.cumsum(redraw, axis=1)], axis=1)
+    rows = np.arange(redraw.shape[0])[:, None]
+    return {cls: (count[rows, hi + 1] - count[rows, lo]) == 0 for cls, (lo, hi) in deps.items()}
+
+
 @functools.lru_cache(maxsize=24)
-def perturbed_host(case: Case, index: int, amplitude: float = 1.0) -> tuple:
+def perturbed_host(case: Case, index: int, amplitude: float = 1.0,
+                   convention: str = "segment") -> tuple:
     """(q, k, v, cotangent) in numpy with group `index`'s tokens drawn afresh (only those are
     drawn: the groups together cost one draw of the inputs), their values and cotangent
     `amplitude` times larger. Cached for the runs ahead, which draw them in background
     threads."""
     inputs = make_inputs(case)
-    redraw = groups(case)[index][1]
+    redraw = groups(case, convention)[index][1]
     rng = np.random.default_rng([case.seed, PERTURB_SALT, index])
     valid = (case.segment_ids > 0)[redraw][:, None, None]
     arrays = []
@@ -167,11 +247,15 @@ def perturbed_host(case: Case, index: int, amplitude: float = 1.0) -> tuple:
 
 
 @functools.lru_cache(maxsize=4)
-def perturbed(case: Case, index: int, amplitude: float = 1.0) -> tuple:
+def perturbed(case: Case, index: int, amplitude: float = 1.0,
+              convention: str = "segment") -> tuple:
     """Program arguments (on the device) with group `index`'s q, k, v and cotangent drawn
-    afresh; the same for every kernel run on the case."""
-    q, k, v, ct = (jax.device_put(a) for a in perturbed_host(case, index, amplitude))
-    return q, k, v, make_inputs(case).device_args[3], ct
+    afresh (the sinks, shared by every token, stay); the same for every kernel run on the
+    case."""
+    q, k, v, ct = (jax.device_put(a) for a in perturbed_host(case, index, amplitude,
+                                                             convention))
+    fixed = make_inputs(case).device_args
+    return (q, k, v, *fixed[3:-1], ct)
 
 
 def draw_ahead(case: Case) -> None:
@@ -256,20 +340,22 @@ def _thresholds(noise: dict, gated: list[str], scale: dict, case: Case, tokens: 
                                   runs * max(len(gated), 1)) for n in gated}
 
 
-def _perturbation(program, base, case, index, bitwise, thresholds, names, confirm) -> dict:
+def _perturbation(program, base, case, index, bitwise, thresholds, names, confirm,
+                  convention="segment") -> dict:
     """tensor index -> ([B, T] bool changed, [B, T] largest change) for one redrawn group:
     bitwise tensors on the plain perturbation (confirmed by a second run where asked), gated
     ones on two runs of the amplified perturbation, above their threshold in both."""
     found = {}
     if bitwise:
-        first = _changes(base, program(*perturbed(case, index)))
+        first = _changes(base, program(*perturbed(case, index, 1.0, convention)))
         found = {i: first[i] for i in bitwise}
         if confirm:
-            again = _changes(base, program(*perturbed(case, index)))
+            again = _changes(base, program(*perturbed(case, index, 1.0, convention)))
             found = {i: (c & again[i][0], np.maximum(m, again[i][1]))
                      for i, (c, m) in found.items()}
     if thresholds:
-        amplified = [_changes(base, program(*perturbed(case, index, amplitude(case.dtype))))
+        amplified = [_changes(base, program(*perturbed(case, index, amplitude(case.dtype),
+                                                       convention)))
                      for _ in range(2)]
         for name, limit in thresholds.items():
             i = names.index(name)
@@ -278,24 +364,34 @@ def _perturbation(program, base, case, index, bitwise, thresholds, names, confir
     return found
 
 
-def _segment_leaks(case: Case, runs: list, names: list[str], nonfinite: np.ndarray
-                   ) -> list[SegmentLeak]:
+# Which tensors' values depend on which tokens (dependencies): out and dq are a query's, dk
+# and dv a key's.
+TENSOR_CLASS = {"out": "query", "dq": "query", "dk": "key", "dv": "key"}
+
+
+def _segment_leaks(case: Case, runs: list, names: list[str], nonfinite: np.ndarray,
+                   convention: str = "segment") -> list[SegmentLeak]:
+    """Per segment: in each run, the tokens none of whose dependencies was redrawn must not
+    have moved (for a case without window or chunks: every token of a segment not redrawn)."""
+    deps = dependencies(case, convention)
+    still = [untouched(deps, redraw) for _, redraw, _ in runs]
     leaks = []
     for seg in case.segments:
         sl = (seg.row, slice(seg.start, seg.stop))
         leaked, firsts, biggest, by, compared = set(), [], 0.0, [], False
-        for group, redraw, changes in runs:
-            if redraw[sl].any():
-                continue  # this segment was redrawn in that run
+        for (group, _, changes), must in zip(runs, still):
+            if not any(m[sl].any() for m in must.values()):
+                continue  # no token of this segment was left untouched in that run
             compared = True
             moved = False
             for i, (flags, change) in changes.items():
-                tokens = np.flatnonzero(flags[sl])
+                kept = must[TENSOR_CLASS[names[i]]][sl]
+                tokens = np.flatnonzero(flags[sl] & kept)
                 if tokens.size:
                     moved = True
                     leaked.add(names[i])
                     firsts.append(seg.start + int(tokens[0]))
-                    biggest = max(biggest, float(change[sl].max()))
+                    biggest = max(biggest, float(np.where(kept, change[sl], 0).max()))
             if moved:
                 by.append(group)
         bad = [n for i, n in enumerate(names) if nonfinite[i][sl].any()]
@@ -305,7 +401,8 @@ def _segment_leaks(case: Case, runs: list, names: list[str], nonfinite: np.ndarr
 
 
 def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
-          confirm: bool = False, reproducible: bool | None = None) -> ProbeResult:
+          confirm: bool = False, reproducible: bool | None = None,
+          convention: str = "segment") -> ProbeResult:
     """Runs `program` (the kernel's build for the probe) on the case and its perturbations.
     `first`: this program's results on the unchanged inputs, if already computed.
 
@@ -317,9 +414,14 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     standing in for a deterministic one that cannot run) decides the gradients statistically
     (above their noise, amplified, confirmed) even where the reruns happened to agree; those
     whose reruns agreed are listed in `quiet`: their threshold is the floor, and their
-    false-alarm probability cannot be measured."""
+    false-alarm probability cannot be measured. `convention`: where the kernel's chunks start
+    (harness.model.features)."""
+    full = program
+
+    def program(*args):   # out, dq, dk, dv: a sink's gradient depends on every token
+        return full(*args)[:len(TENSORS)]
     args = inputs.device_args
-    base = first if first is not None else program(*args)
+    base = (first if first is not None else program(*args))[:len(TENSORS)]
     names = [c.name for c in TENSORS[:len(base)]]
     valid = np.asarray(case.segment_ids > 0)
     noisy = reproducible is False
@@ -331,17 +433,17 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     scale = dict(zip(names, np.asarray(jax.device_get(scales(base, args[3]))).tolist()))
     candidates = [n for n in names if noise[n].largest > 0 or (noisy and n != TENSORS[0].name)]
     unprobed = [n for n in candidates if noise[n].largest >= POWERLESS * scale[n]]
-    groups_ = groups(case)
+    groups_ = groups(case, convention)
     thresholds = _thresholds(noise, [n for n in candidates if n not in unprobed], scale, case,
                              int(valid.sum()), len(groups_))
     bitwise = [i for i, n in enumerate(names) if n not in candidates]
     runs = [(group, redraw, _perturbation(program, base, case, index, bitwise, thresholds, names,
-                                          confirm))
+                                          confirm, convention))
             for index, (group, redraw) in enumerate(groups_)]
     nonfinite = np.asarray(jax.device_get(_nonfinite(base)))
     tokens = int(valid.sum()) * len(groups_)
     return ProbeResult(
-        _segment_leaks(case, runs, names, nonfinite),
+        _segment_leaks(case, runs, names, nonfinite, convention),
         [n for n in names if n not in unprobed], unprobed, thresholds,
         detectable={n: float(f"{t / (amplitude(case.dtype) * scale[n]):.3g}")
                     if scale[n] > 0 else math.inf for n, t in thresholds.items()},

@@ -1,8 +1,13 @@
 """Reference attention: the float32 truth, its same-dtype peer, and an independent float64 oracle.
 
 Three computations of one definition: token i of segment s attends to token j iff j is in the
-same segment s (s > 0) and, when causal, j <= i. Padding tokens attend to nothing; their outputs
-are defined as zero here and are never compared.
+same segment s (s > 0), when causal j <= i, and within the case's features
+(harness.model.features): inside the window (pos_i - left <= pos_j <= pos_i + right, positions
+within the segment), in the same chunk (pos_i // chunk == pos_j // chunk; chunks from the row's
+start where a kernel documents that convention). Scores are scale * q.k, soft-capped to
+cap * tanh(score / cap) where the case asks; a sink adds exp(sink_h) to each softmax's
+denominator and no value. Padding tokens attend to nothing; their outputs are defined as zero
+here and are never compared.
 
 - `dense_attention(..., truth=True)`: float32 inputs, HIGHEST matmul precision, dense [B,T,T] mask
   (in blocks of queries for long rows). The truth every kernel is compared with.
@@ -30,6 +35,33 @@ from harness.model.layouts import check_segment_ids
 _MASKED = -1e30
 
 
+def segment_positions(segment_ids):
+    """[B, T] int32: each token's position within its segment (index - the segment's start); a
+    token's index for padding runs (never read)."""
+    b, t = segment_ids.shape
+    idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    new = jnp.concatenate([jnp.ones((b, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]],
+                          axis=1)
+    start = jax.lax.cummax(jnp.where(new, idx, 0), axis=1)
+    return idx - start
+
+
+def feature_mask(idx_q, idx_k, pos_q, pos_k, features, chunk_convention: str = "segment"):
+    """[..., Tq, Tk] bool: the window and chunk terms of the mask (True where the case asks for
+    neither). `idx_*`: indices in the row; `pos_*`: positions within the segment."""
+    mask = jnp.ones(jnp.broadcast_shapes(pos_q[..., :, None].shape, pos_k[..., None, :].shape),
+                    bool)
+    if features.window is not None:
+        left, right = features.window
+        mask &= (pos_k[..., None, :] >= pos_q[..., :, None] - left)
+        mask &= (pos_k[..., None, :] <= pos_q[..., :, None] + right)
+    if features.chunk is not None:
+        c = features.chunk
+        q, k = (pos_q, pos_k) if chunk_convention == "segment" else (idx_q, idx_k)
+        mask &= (q[..., :, None] // c) == (k[..., None, :] // c)
+    return mask
+
+
 def repeat_kv(x, heads: int):
     """[B, T, KV, D] -> [B, T, heads, D]: query head h reads kv head h // (heads // KV)."""
     return jnp.repeat(x, heads // x.shape[2], axis=2)
@@ -39,8 +71,10 @@ def repeat_kv(x, heads: int):
 _BLOCK_BYTES = 1 << 29
 
 
-def _attend(query, key, value, seg_q, seg_k, pos_q, *, scale, causal, truth):
-    """Attention of a block of queries (at positions pos_q) over the whole row."""
+def _attend(query, key, value, seg_q, seg_k, pos_q, *, scale, causal, truth, features=None,
+            chunk_convention="segment", sinks=None, spos_q=None, spos_k=None):
+    """Attention of a block of queries (at row indices pos_q; within-segment positions spos_q)
+    over the whole row."""
     heads = query.shape[2]
     if truth:
         dtype, precision = jnp.float32, jax.lax.Precision.HIGHEST
@@ -57,7 +91,21 @@ def _attend(query, key, value, seg_q, seg_k, pos_q, *, scale, causal, truth):
     mask = (seg_q[:, :, None] == seg_k[:, None, :]) & (seg_q[:, :, None] > 0)
     if causal:
         mask = mask & (jnp.arange(seg_k.shape[1])[None, None, :] <= pos_q[None, :, None])
-    probs = jax.nn.softmax(jnp.where(mask[:, None], scores.astype(jnp.float32), _MASKED), axis=-1)
+    if features is not None and (features.window is not None or features.chunk is not None):
+        mask = mask & feature_mask(pos_q[None], jnp.arange(seg_k.shape[1])[None], spos_q,
+                                   spos_k, features, chunk_convention)
+    if features is not None and features.softcap is not None:
+        cap = jnp.asarray(features.softcap, scores.dtype)
+        scores = cap * jnp.tanh(scores / cap)
+    logits = jnp.where(mask[:, None], scores.astype(jnp.float32), _MASKED)
+    if sinks is None:
+        probs = jax.nn.softmax(logits, axis=-1)
+    else:
+        # The sink: one more logit per head in every softmax, with no value behind it.
+        sink = sinks.astype(jnp.float32)[None, :, None, None]
+        top = jnp.maximum(jnp.max(logits, axis=-1, keepdims=True), sink)
+        e = jnp.exp(logits - top)
+        probs = e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top))
     out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(dtype), v, precision=precision,
                      preferred_element_type=dtype)
     return jnp.where((seg_q > 0)[:, :, None, None], out, 0).astype(dtype)
@@ -69,17 +117,22 @@ def query_block(batch: int, heads: int, seq_len: int) -> int:
     return seq_len if rows >= seq_len else max(16, 1 << (max(rows, 1).bit_length() - 1))
 
 
-def dense_attention(query, key, value, segment_ids, *, scale: float, causal: bool = True,
-                    truth: bool = True, block: int | None = None):
-    """Attention with the dense same-segment (and causal) mask. Long rows are computed in
-    blocks of `block` queries, each rematerialized in the backward pass (jax.checkpoint), so
-    memory stays bounded by one block's [batch, heads, block, seq] scores: a 32768-token row fits
-    on one GPU. Every query sees the whole row either way: the same math."""
+def dense_attention(query, key, value, segment_ids, sinks=None, *, scale: float,
+                    causal: bool = True, truth: bool = True, block: int | None = None,
+                    features=None, chunk_convention: str = "segment"):
+    """Attention with the dense same-segment (and causal) mask and the case's features. Long
+    rows are computed in blocks of `block` queries, each rematerialized in the backward pass
+    (jax.checkpoint), so memory stays bounded by one block's [batch, heads, block, seq] scores:
+    a 32768-token row fits on one GPU. Every query sees the whole row either way: the same
+    math."""
     b, t, heads, _ = query.shape
     block = block or query_block(b, heads, t)
-    attend = functools.partial(_attend, scale=scale, causal=causal, truth=truth)
+    spos = segment_positions(segment_ids) if features else None
+    attend = functools.partial(_attend, scale=scale, causal=causal, truth=truth,
+                               features=features, chunk_convention=chunk_convention,
+                               sinks=sinks, spos_k=spos)
     if block >= t:
-        return attend(query, key, value, segment_ids, segment_ids, jnp.arange(t))
+        return attend(query, key, value, segment_ids, segment_ids, jnp.arange(t), spos_q=spos)
     n = -(-t // block)
     pad = n * block - t
     q = jnp.pad(query, ((0, 0), (0, pad), (0, 0), (0, 0)))
@@ -87,90 +140,148 @@ def dense_attention(query, key, value, segment_ids, *, scale: float, causal: boo
     blocks = (q.reshape(b, n, block, *q.shape[2:]).swapaxes(0, 1),
               seg_q.reshape(b, n, block).swapaxes(0, 1),
               jnp.arange(n * block).reshape(n, block))
-    step = jax.checkpoint(lambda x: attend(x[0], key, value, x[1], segment_ids, x[2]))
+    if spos is not None:
+        blocks += (jnp.pad(spos, ((0, 0), (0, pad))).reshape(b, n, block).swapaxes(0, 1),)
+    step = jax.checkpoint(lambda x: attend(x[0], key, value, x[1], segment_ids, x[2],
+                                           spos_q=x[3] if len(x) > 3 else None))
     out = jax.lax.map(step, blocks)                        # [n, b, block, heads, d]
     return out.swapaxes(0, 1).reshape(b, n * block, *out.shape[3:])[:, :t]
 
 
 def segment_loop_attention(query, key, value, segment_ids, cotangent, *, scale: float,
-                           causal: bool = True):
-    """Float64 forward output and (dq, dk, dv) for the given output cotangent, per segment."""
+                           causal: bool = True, features=None, sinks=None,
+                           chunk_convention: str = "segment"):
+    """Float64 forward output and (dq, dk, dv[, dsinks]) for the given output cotangent, one
+    segment at a time, the backward pass written out by hand (soft cap and sinks included)."""
     q, k, v, do = (np.asarray(x, np.float64) for x in (query, key, value, cotangent))
     heads, kv_heads = q.shape[2], k.shape[2]
     group = heads // kv_heads
-    out, dq = np.zeros_like(q), np.zeros_like(q)
+    out, dq = np.zeros(q.shape[:3] + v.shape[3:]), np.zeros_like(q)
     dk, dv = np.zeros_like(k), np.zeros_like(v)
+    sink = None if sinks is None else np.asarray(sinks, np.float64)
+    dsink = np.zeros(heads) if sink is not None else None
+    cap = getattr(features, "softcap", None)
     for seg in check_segment_ids(np.asarray(segment_ids), padding="anywhere"):
         rows = (seg.row, slice(seg.start, seg.stop))
         qs, dos = q[rows], do[rows]                      # [L, H, D]
         ks = np.repeat(k[rows], group, axis=1)           # [L, H, D]
         vs = np.repeat(v[rows], group, axis=1)
-        s = np.einsum("qhd,khd->hqk", qs, ks) * scale
+        raw = np.einsum("qhd,khd->hqk", qs, ks) * scale
+        s = cap * np.tanh(raw / cap) if cap else raw
+        pos = np.arange(seg.length)
+        allowed = np.ones((seg.length, seg.length), bool)
         if causal:
-            s = np.where(np.tril(np.ones((seg.length, seg.length), bool)), s, -np.inf)
-        p = np.exp(s - s.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        out[rows] = np.einsum("hqk,khd->qhd", p, vs)
+            allowed &= pos[None, :] <= pos[:, None]
+        if features is not None and features.window is not None:
+            left, right = features.window
+            allowed &= (pos[None, :] >= pos[:, None] - left) & (pos[None, :] <= pos[:, None] + right)
+        if features is not None and features.chunk is not None:
+            c, at = features.chunk, pos if chunk_convention == "segment" else pos + seg.start
+            allowed &= (at[None, :] // c) == (at[:, None] // c)
+        s = np.where(allowed, s, -np.inf)
+        top = s.max(-1, keepdims=True)
+        if sink is not None:
+            top = np.maximum(top, sink[:, None, None])
+        e = np.exp(s - top)
+        z = e.sum(-1, keepdims=True)
+        if sink is not None:
+            z = z + np.exp(sink[:, None, None] - top)
+        p = e / z
+        o = np.einsum("hqk,khd->qhd", p, vs)
+        out[rows] = o
         dp = np.einsum("qhd,khd->hqk", dos, vs)
-        ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+        # D = do . o: the sink takes mass but gives no value, so the same as without it.
+        big_d = np.einsum("qhd,qhd->hq", dos, o)[..., None]
+        ds = p * (dp - big_d)
+        if cap:
+            ds = ds * (1.0 - np.tanh(raw / cap) ** 2)
         dq[rows] = np.einsum("hqk,khd->qhd", ds, ks) * scale
         dk_h = np.einsum("hqk,qhd->khd", ds, qs) * scale
         dv_h = np.einsum("hqk,qhd->khd", p, dos)
         # A kv head's gradient is the sum over the query heads that read it.
         dk[rows] = dk_h.reshape(seg.length, kv_heads, group, -1).sum(2)
         dv[rows] = dv_h.reshape(seg.length, kv_heads, group, -1).sum(2)
-    return out, (dq, dk, dv)
+        if sink is not None:
+            p_sink = (np.exp(sink[:, None, None] - top) / z)[..., 0]     # [H, L]
+            dsink -= (p_sink * big_d[..., 0]).sum(-1)
+    grads = (dq, dk, dv) + ((dsink,) if sink is not None else ())
+    return out, grads
 
 
 # ----- the reference of one case --------------------------------------------------------------
 
-def with_gradients(fn, backward: bool = True):
-    """fn(q, k, v, *aux) -> program(q, k, v, *aux, cotangent) = (out, dq, dk, dv) via jax.vjp
-    (aux: segment ids, or precomputed lengths and offsets); (out,) without a backward pass."""
-    def run(q, k, v, *rest):
-        *aux, ct = rest
+def with_gradients(fn, backward: bool = True, diff: tuple[int, ...] = (0, 1, 2)):
+    """fn(*inputs) -> program(*inputs, cotangent) = (out, d of each input in `diff`) via jax.vjp
+    (by default q, k, v; the inputs after them: segment ids, sinks, or precomputed lengths and
+    offsets); (out,) without a backward pass."""
+    def run(*args):
+        *inputs, ct = args
         if not backward:
-            return (fn(q, k, v, *aux),)
-        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, *aux), q, k, v)
+            return (fn(*inputs),)
+
+        def f(*d):
+            full = list(inputs)
+            for i, x in zip(diff, d):
+                full[i] = x
+            return fn(*full)
+        out, vjp = jax.vjp(f, *(inputs[i] for i in diff))
         return (out, *vjp(ct.astype(out.dtype)))
     return run
 
 
-def reference_fn(case: Case, truth: bool):
-    """(q, k, v, seg, cotangent) -> (out, dq, dk, dv) of the truth (float32) or of the
-    same-dtype peer."""
-    program = with_gradients(functools.partial(
-        dense_attention, scale=case.scale, causal=case.causal, truth=truth))
+def gradient_inputs(case: Case) -> tuple[int, ...]:
+    """Which program inputs are differentiated: q, k, v, and the sinks where the case has
+    them (the program's inputs: q, k, v, segment ids[, sinks])."""
+    return (0, 1, 2, 4) if case.features.sinks else (0, 1, 2)
+
+
+def reference_fn(case: Case, truth: bool, chunk_convention: str = "segment"):
+    """(q, k, v, seg[, sinks], cotangent) -> (out, dq, dk, dv[, dsinks]) of the truth (float32)
+    or of the same-dtype peer."""
+    attend = functools.partial(dense_attention, scale=case.scale, causal=case.causal,
+                               truth=truth, features=case.features or None,
+                               chunk_convention=chunk_convention)
+    program = with_gradients(attend, diff=gradient_inputs(case))
     if not truth:
         return program
 
-    def in_float32(q, k, v, seg, ct):
+    def in_float32(q, k, v, seg, *rest):
         # Gradients with respect to float32 copies: a bf16 query would round its dq to bf16.
         f32 = jnp.float32
-        return program(q.astype(f32), k.astype(f32), v.astype(f32), seg, ct.astype(f32))
+        return program(q.astype(f32), k.astype(f32), v.astype(f32), seg,
+                       *(x.astype(f32) for x in rest))
     return in_float32
 
 
 @dataclass
 class Reference:
     """The truth for one case, and how far the same-dtype peer lands from it, per token."""
-    truth: tuple                              # out, dq, dk, dv in float32 (device arrays)
+    truth: tuple                              # out, dq, dk, dv[, dsinks] in float32 (device)
     peer_token_err: dict[str, np.ndarray]     # check name -> [B, T] max abs error of the peer
     scale: dict[str, float]                   # check name -> max |truth| over valid tokens
+    # dsinks (a case with sinks): the peer's max abs error over heads, and max |truth|.
+    peer_dsinks_err: float | None = None
+    dsinks_scale: float | None = None
 
 
 @functools.lru_cache(maxsize=2)
-def reference_for(case: Case, programs=None) -> Reference:
-    """The case's reference, from `programs` (harness.engine.programs.Programs: compiled ahead, timed)
-    or from plain jit."""
+def reference_for(case: Case, programs=None, chunk_convention: str = "segment") -> Reference:
+    """The case's reference, from `programs` (harness.engine.programs.Programs: compiled ahead,
+    timed) or from plain jit; chunks by the kernel's convention (harness.model.features)."""
     args = make_inputs(case).device_args
     if programs is not None:
-        truth = programs.oracle(case, True)(*args)
-        peer = programs.oracle(case, False)(*args)
+        truth = programs.oracle(case, True, chunk_convention)(*args)
+        peer = programs.oracle(case, False, chunk_convention)(*args)
     else:
-        truth = jax.jit(reference_fn(case, True))(*args)
-        peer = jax.jit(reference_fn(case, False))(*args)
-    errors, biggest = jax.device_get((token_errors(peer, truth), scales(truth, args[3])))
-    return Reference(truth=truth,
-                     peer_token_err={c.name: e[0] for c, e in zip(TENSORS, errors)},
-                     scale={c.name: float(b) for c, b in zip(TENSORS, biggest)})
+        truth = jax.jit(reference_fn(case, True, chunk_convention))(*args)
+        peer = jax.jit(reference_fn(case, False, chunk_convention))(*args)
+    errors, biggest = jax.device_get((token_errors(peer[:4], truth[:4]),
+                                      scales(truth[:4], args[3])))
+    out = Reference(truth=truth,
+                    peer_token_err={c.name: e[0] for c, e in zip(TENSORS, errors)},
+                    scale={c.name: float(b) for c, b in zip(TENSORS, biggest)})
+    if case.features.sinks:
+        t, p = np.asarray(truth[4], np.float64), np.asarray(peer[4], np.float64)
+        out.peer_dsinks_err = float(np.abs(p - t).max())
+        out.dsinks_scale = float(np.abs(t).max())
+    return out

@@ -30,6 +30,8 @@ class Record:
     head_dim: int | None = None
     causal: bool = True
     seed: int | None = None
+    features: str | None = None           # the case's features ("window+sinks"), if any
+    convention: str | None = None         # a convention the kernel documents (chunks: "row")
     # Where: a segment (row, 1-based segment number, its tokens), a row (padding), or nothing
     # (a record about the whole kernel x case).
     row: int | None = None
@@ -59,6 +61,9 @@ class Record:
     # Padding hygiene: tensor -> {"kind", "count", "first", "max"} for each violation.
     violations: dict | None = None
     traceback: str | None = None
+    # A failing check of a case with features whose results match the case without one of them:
+    # that feature was dropped ("matches the mask without the window").
+    diagnosis: str | None = None
     extra: dict = field(default_factory=dict)   # fields of other harness versions, kept as read
 
     # ----- reading -------------------------------------------------------------------------
@@ -123,7 +128,7 @@ class Record:
 _FIELDS = tuple(f.name for f in fields(Record) if f.name != "extra")
 # Written only where set (leak, padding, error and merged records).
 _OPTIONAL = frozenset({"probed", "unprobed", "gated", "detectable", "false_alarm", "quiet",
-                       "fallback",
+                       "fallback", "features", "convention", "diagnosis",
                        "judged_by", "violations", "traceback", "mode"})
 
 

@@ -68,6 +68,13 @@ def unjudged(records: Iterable[Record]) -> Counter:
                    for r in records if r.outcome == v.UNJUDGED and r.check != v.LEAK.name)
 
 
+def known_passed(records: Iterable[Record]) -> Counter:
+    """(kernel, check, reason) -> checks a known-bug declaration names that passed: where the
+    declaration is wider than what fails, every view says so ("declared known, passed")."""
+    return Counter((r.kernel, r.check, (r.message or "").splitlines()[0][:200])
+                   for r in records if r.expected == v.KNOWN and r.outcome == v.OK)
+
+
 def known(records: Iterable[Record]) -> Counter:
     """(kernel, check, reason) -> records showing a known upstream bug: segments failing a
     check as an expectation predicts, and cases raising a declared upstream error (check

@@ -5,6 +5,8 @@ uses these names; none spells its own.
 Checks (typed descriptors, not string literals):
 
     out, dq, dk, dv   tolerance checks of the forward output and the three gradients (valid tokens)
+    dsinks            the sinks' gradient (cases with sinks): one per kernel x case, a tolerance
+                      check over the heads (a sink's gradient sums over every token of the batch)
     leak              the leak probe: bitwise (or above run-to-run noise), no tolerance
     padding           what the kernel wrote at padding positions: gradients exactly zero, the
                       output finite (or zero, where the kernel declares that convention)
@@ -14,12 +16,14 @@ Checks (typed descriptors, not string literals):
 A record's verdict is what was measured, its expectation what a correct harness must conclude,
 its outcome the two together:
 
-    verdict   pass | fail | unprobed (leak probe: nothing reproducible to compare) | skip | error
+    verdict   pass | fail | unprobed (leak probe: nothing reproducible to compare) | refused (a
+              feature handed over was refused while tracing, before computing) | skip | error
     expected  pass | fail | either (not judged by this check; the leak probe must judge the
               segment) | known (a known upstream numerical bug that shows on some data only) |
               error (a known upstream crash)
-    outcome   ok, caught, known            good
-              unjudged, skip               neither good nor bad; every view counts them apart
+    outcome   ok, caught, known, refused   good
+              unjudged, not run, skip      neither good nor bad; every view counts them apart
+                                           (not run: left to the leak probe, which was off)
               fail, missed, error          bad: the run is red
 """
 from __future__ import annotations
@@ -45,12 +49,14 @@ OUT = Check("out", "query", traced=True, bitwise=False, peer_factor=2.0, floor_e
 DQ = Check("dq", "query", traced=True, bitwise=False, peer_factor=3.0, floor_eps=4.0)
 DK = Check("dk", "kv", traced=False, bitwise=False, peer_factor=3.0, floor_eps=4.0)
 DV = Check("dv", "kv", traced=False, bitwise=False, peer_factor=3.0, floor_eps=4.0)
+DSINKS = Check("dsinks", "", traced=False, bitwise=False, peer_factor=3.0, floor_eps=4.0,
+               per_segment=False)
 LEAK = Check("leak", "", traced=False, bitwise=True)
 PADDING = Check("padding", "", traced=False, bitwise=True, per_segment=False)
 CONTRACT = Check("contract", "", traced=False, bitwise=True, per_segment=False)
 
 TENSORS = (OUT, DQ, DK, DV)      # a kernel program's results, in this order
-CHECKS = {c.name: c for c in (*TENSORS, LEAK, PADDING, CONTRACT)}
+CHECKS = {c.name: c for c in (*TENSORS, DSINKS, LEAK, PADDING, CONTRACT)}
 KERNEL_LEVEL = "*"               # the check of a record about a whole kernel x case
 
 
@@ -70,25 +76,27 @@ def has_ratio(check_name: str) -> bool:
 # ----- verdicts, expectations, outcomes ---------------------------------------------------------
 
 PASS, FAIL, UNPROBED, SKIP, ERROR = "pass", "fail", "unprobed", "skip", "error"
+REFUSED = "refused"
 MEASURED = frozenset({PASS, FAIL})
 
 EITHER, KNOWN = "either", "known"
 EXPECTATIONS = (PASS, FAIL, EITHER, KNOWN, ERROR)   # ERROR: set by the judge, never returned
 
-OK, CAUGHT, UNJUDGED, MISSED = "ok", "caught", "unjudged", "missed"
-GOOD = frozenset({OK, CAUGHT, KNOWN})
+OK, CAUGHT, UNJUDGED, MISSED, NOT_RUN = "ok", "caught", "unjudged", "missed", "not run"
+GOOD = frozenset({OK, CAUGHT, KNOWN, REFUSED})
 BAD = frozenset({FAIL, MISSED, ERROR})
-OUTCOMES = (OK, CAUGHT, KNOWN, UNJUDGED, SKIP, FAIL, MISSED, ERROR)
+OUTCOMES = (OK, CAUGHT, KNOWN, REFUSED, UNJUDGED, NOT_RUN, SKIP, FAIL, MISSED, ERROR)
 # The worst first: what a row, a cell or a test shows when its records disagree.
-SEVERITY = (ERROR, FAIL, MISSED, CAUGHT, KNOWN, UNJUDGED, OK, SKIP)
+SEVERITY = (ERROR, FAIL, MISSED, CAUGHT, KNOWN, REFUSED, UNJUDGED, NOT_RUN, OK, SKIP)
 
 # ----- grid cells (kernel x layout) ------------------------------------------------------------
 
 CELL_OK, CELL_NEAR, CELL_CAUGHT, CELL_KNOWN = "ok", "near", "caught", "known"
 CELL_FAIL, CELL_MISSED, CELL_ERROR, CELL_SKIP = "FAIL", "MISSED", "ERROR", "skip"
+CELL_REFUSED = "refused"
 # Which outcome, if any record of a cell has it, names the cell (first match wins).
 CELL_BY_OUTCOME = ((ERROR, CELL_ERROR), (FAIL, CELL_FAIL), (MISSED, CELL_MISSED),
-                   (CAUGHT, CELL_CAUGHT), (KNOWN, CELL_KNOWN))
+                   (CAUGHT, CELL_CAUGHT), (KNOWN, CELL_KNOWN), (REFUSED, CELL_REFUSED))
 BAD_CELLS = frozenset({CELL_FAIL, CELL_MISSED, CELL_ERROR})
 
 # ----- the selftest (the bug zoo) --------------------------------------------------------------

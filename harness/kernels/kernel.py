@@ -98,8 +98,23 @@ class Kernel:
     # changes that (atomics): the leak probe never trusts a bitwise rerun of it and decides
     # statistically (harness.judge.leak_probe). None: find out by rerunning.
     reproducible: bool | None = None
+    # The attention features its API takes (harness.model.features): each is handed over as a
+    # keyword argument (window=(left, right), softcap=, chunk=, sinks=array[heads]; head_dim_v
+    # by the value's shape). A case with a feature it does not take is skipped; one it takes it
+    # must honour (judged) or refuse while tracing, naming it.
+    features: tuple[str, ...] = ()
+    # Where its library documents another convention than the harness's (chunks from the row's
+    # start: {"chunk": "row"}); it is judged against what it documents, and records say so.
+    conventions: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        from harness.model.features import CHUNK, CHUNK_CONVENTIONS, FEATURE_NAMES
+        unknown = [f for f in self.features if f not in FEATURE_NAMES]
+        if unknown:
+            raise ValueError(f"features {unknown}: unknown; known: {', '.join(FEATURE_NAMES)}")
+        if self.conventions.get(CHUNK, "segment") not in CHUNK_CONVENTIONS:
+            raise ValueError(f"conventions[{CHUNK!r}] must be one of "
+                             f"{', '.join(CHUNK_CONVENTIONS)}")
         if self.isolation == "main":
             raise ValueError("isolation 'main' is the group of the kernels without one: "
                              "name the group otherwise")
@@ -107,8 +122,17 @@ class Kernel:
             raise ValueError(f"padding_output must be one of {', '.join(v.PADDING_OUTPUTS)}, "
                              f"not {self.padding_output!r}")
 
+    @property
+    def chunk_convention(self) -> str:
+        """Where its chunks start (harness.model.features: the segment's start by default)."""
+        return self.conventions.get("chunk", "segment")
+
     def unsupported_reasons(self, case: Case, platform: Platform) -> list[str]:
         reasons = []
+        missing = [f for f in case.features.names if f not in self.features]
+        if missing:
+            reasons.append(f"does not take {', '.join(missing)} (its API has no argument for "
+                           f"{'them' if len(missing) > 1 else 'it'})")
         if platform.name not in self.devices:
             reasons.append(f"runs on {'/'.join(self.devices)}, not {platform.name}")
         if (self.min_compute_capability is not None and platform.name == "gpu"
@@ -148,6 +172,12 @@ class Kernel:
         """(expected, reason): what this kernel must show on that check of that segment."""
         value = self.expect(case, check, segment) if self.expect else v.PASS
         return self._expectation(value, check, f"expect(case, {check!r}, {segment.label})")
+
+    def expected_kernel_check(self, case: Case, check: str) -> tuple[str, str]:
+        """(expected, reason) of a check with no segment (dsinks): `expect(case, check, None)`;
+        a kernel that takes sinks and has an expectation answers for segment None."""
+        value = self.expect(case, check, None) if self.expect else v.PASS
+        return self._expectation(value, check, f"expect(case, {check!r}, None)")
 
     def expected_padding(self, case: Case, row: int) -> tuple[str, str]:
         """(expected, reason): what the padding check must show on that row."""

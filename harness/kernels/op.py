@@ -19,10 +19,15 @@ def _hardware() -> str:
     return "gpu" if jax.devices()[0].platform == "gpu" else "cpu"
 
 
-def op_kernel(query, key, value, segment_ids, *, causal, scale, max_segments, **config):
+def op_kernel(query, key, value, segment_ids, *, causal, scale, max_segments, window=None,
+              softcap=None, chunk=None, sinks=None, **config):
+    """The op configured as a model configures it: its features in the config (the op
+    refuses, at configuration, what its path cannot honour), the sinks at the call."""
     config.setdefault("hardware", _hardware())
-    op = AttentionOp(AttentionConfig(packing=True, max_segments_per_seq=max_segments, **config))
-    return op(query, key, value, segment_ids, scale=scale, causal=causal)
+    op = AttentionOp(AttentionConfig(packing=True, max_segments_per_seq=max_segments,
+                                     window=window, logits_soft_cap=softcap, chunk_size=chunk,
+                                     sinks=sinks is not None, **config))
+    return op(query, key, value, segment_ids, scale=scale, causal=causal, sinks=sinks)
 
 
 def original_cudnn_flash_jax(query, key, value, segment_ids, *, causal, scale, backend="cudnn"):
@@ -48,23 +53,28 @@ def _op(**config):
     return functools.partial(op_kernel, **config)
 
 
+# The op takes every feature in its config: each path honours it or refuses it by name.
+OP_FEATURES = ("window", "softcap", "chunk", "sinks", "head_dim_v")
+
+
 # The op follows MaxText's convention: padding only after the last segment.
 KERNELS = [
     Kernel("sut:dot_product", _op(attention="dot_product"), takes_max_segments=True,
-           materializes_scores=True, description="the attention op, attention=dot_product"),
-    Kernel("sut:cudnn_flash_jax", _op(attention="cudnn_flash_jax"), takes_max_segments=True,
+           materializes_scores=True, features=OP_FEATURES,
+           description="the attention op, attention=dot_product"),
+    Kernel("sut:cudnn_flash_jax", _op(attention="cudnn_flash_jax"), takes_max_segments=True, features=OP_FEATURES,
            dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=9.0,
            hlo_markers=CUDNN_MARKER,
            description="the fixed op: packed seqlens/offsets, PADDING_CAUSAL, real cuDNN (Hopper+)"),
     # Picks TE THD or cuDNN's packed layout per shape (config.AUTO_TE_*): either fused call.
-    Kernel("sut:cudnn_flash_auto", _op(attention="cudnn_flash_auto"), takes_max_segments=True,
+    Kernel("sut:cudnn_flash_auto", _op(attention="cudnn_flash_auto"), takes_max_segments=True, features=OP_FEATURES,
            dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=9.0,
            hlo_markers=(CUDNN_MARKER[0] + "|te_fused_attn_forward_ffi",),
            deterministic_env={"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"},
            description="the op's auto mode: TE THD on long rows and short segments (when TE is "
                        "installed), packed cuDNN elsewhere"),
     Kernel("sut:cudnn_flash_jax:fallback", _op(attention="cudnn_flash_jax", force_fallback=True),
-           takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",),
+           takes_max_segments=True, features=OP_FEATURES, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",),
            min_compute_capability=8.0, hlo_markers=CUDNN_MARKER, materializes_scores=True,
            constraints=lambda c, p: even_seq(c, p) + pre_hopper_head_dims(c, p),
            description="the fixed op's pre-Hopper fallback (same-segment mask as cuDNN bias), "
@@ -72,12 +82,12 @@ KERNELS = [
     # A CPU stand-in for the packed path: on GPUs the real cuDNN runs (sut:cudnn_flash_jax).
     Kernel("sut:cudnn_flash_jax:emulated", _op(attention="cudnn_flash_jax",
                                                cudnn_backend="emulator"),
-           takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("cpu",),
+           takes_max_segments=True, features=OP_FEATURES, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("cpu",),
            materializes_scores=True,
            description="the fixed op's packed lowering through the cuDNN API emulator"),
     Kernel("sut:cudnn_flash_jax:emulated-sm80",
            _op(attention="cudnn_flash_jax", cudnn_backend="emulator", compute_capability=8.0),
-           takes_max_segments=True, dtypes=CUDNN, head_dims=tuple(range(8, 129, 8)),
+           takes_max_segments=True, features=OP_FEATURES, dtypes=CUDNN, head_dims=tuple(range(8, 129, 8)),
            constraints=even_seq, devices=("cpu",),  # a CPU stand-in: on GPUs the real fallback
            materializes_scores=True,
            description="the fixed op as on an sm80 GPU (mask fallback), through the emulator"),

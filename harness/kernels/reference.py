@@ -10,11 +10,14 @@ from harness.kernels.kernel import Kernel
 from harness.sut.dot_product import dot_product, segment_mask
 
 
-def xla_dot_product_attention(query, key, value, segment_ids, *, causal, scale):
-    """jax.nn.dot_product_attention, XLA implementation, with the same-segment mask."""
+def xla_dot_product_attention(query, key, value, segment_ids, *, causal, scale, window=None):
+    """jax.nn.dot_product_attention, XLA implementation, with the same-segment mask and its
+    own sliding window (`local_window_size=(left, right)`: keys i - left .. i + right of the
+    row, which within a contiguous segment is the segment's window)."""
+    extra = {} if window is None else {"local_window_size": tuple(window)}
     return jax.nn.dot_product_attention(
         query, key, value, mask=segment_mask(segment_ids, causal=False), scale=scale,
-        is_causal=causal, implementation="xla")
+        is_causal=causal, implementation="xla", **extra)
 
 
 def no_f16_on_cpu(case, platform):
@@ -128,9 +131,11 @@ def kernel(query, key, value, segment_ids, *, causal, scale, max_segments=None):
 
 KERNELS = [
     Kernel("dot_product", dot_product, padding_anywhere=True, materializes_scores=True,
+           features=("window", "softcap", "chunk", "sinks", "head_dim_v"),
            description="MaxText-style dot_product attention in the input dtype (dense mask)"),
+    # jax.nn's API takes a window, and a value whose head dim differs (which it refuses).
     Kernel("xla", xla_dot_product_attention, constraints=no_f16_on_cpu, padding_anywhere=True,
-           materializes_scores=True,
+           materializes_scores=True, features=("window", "head_dim_v"),
            description="jax.nn.dot_product_attention(implementation='xla') with the segment mask"),
     Kernel("canary_ignores_segments", ignores_segments, constraints=no_f16_on_cpu,
            padding_anywhere=True, materializes_scores=True,

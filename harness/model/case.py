@@ -27,6 +27,9 @@ _SHORT = {v: k for k, v in DTYPES.items()}
 PADDING_POISON_SCALE = 8.0
 # Mixed into a case's seed for its inputs (standalone repro scripts draw the same).
 INPUT_SALT = 0xA77E
+# The sinks' mean: a sink logit near the largest scores of a row, so that it takes a visible
+# share of the softmax's mass (scores are about standard normal).
+SINK_MEAN = 1.0
 
 _ID = re.compile(
     r"^(?P<layout>[a-z]+/[a-z-]+)-b(?P<batch>\d+)-t(?P<seq_len>\d+)-h(?P<heads>\d+)"
@@ -115,6 +118,11 @@ class Case:
         return 1.0 / math.sqrt(self.head_dim)
 
     @property
+    def value_dim(self) -> int:
+        """The value's (and output's) head dim: head_dim unless the case asks for its own."""
+        return self.features.head_dim_v or self.head_dim
+
+    @property
     def shape_key(self) -> tuple:
         """What a compiled program depends on: cases that share it share programs."""
         key = (self.batch, self.seq_len, self.heads, self.kv_heads, self.head_dim, self.dtype,
@@ -164,11 +172,13 @@ class Inputs:
     value: np.ndarray
     cotangent: np.ndarray  # for the output; zero at padding
     segment_ids: np.ndarray
+    sinks: np.ndarray | None = None   # float32 [heads], where the case has sinks
 
     @property
     def args(self) -> tuple:
-        """A kernel program's arguments, in order."""
-        return self.query, self.key, self.value, self.segment_ids, self.cotangent
+        """A kernel program's arguments, in order: q, k, v, segment ids[, sinks], cotangent."""
+        sinks = () if self.sinks is None else (self.sinks,)
+        return self.query, self.key, self.value, self.segment_ids, *sinks, self.cotangent
 
     @functools.cached_property
     def device_args(self) -> tuple:
@@ -192,13 +202,18 @@ def make_inputs(case: Case) -> Inputs:
 
     pad = ~valid[:, :, 0, 0]
 
-    def draw(heads):
-        x = rng.standard_normal((b, t, heads, case.head_dim), dtype=np.float32)
+    def draw(heads, dim=case.head_dim):
+        x = rng.standard_normal((b, t, heads, dim), dtype=np.float32)
         poison = rng.standard_normal(x.shape, dtype=np.float32)
         x[pad] = PADDING_POISON_SCALE * poison[pad]   # in place: padding is a small part
         return x.astype(dtype)
 
-    q, k, v = draw(case.heads), draw(case.kv_heads), draw(case.kv_heads)
-    ct = rng.standard_normal(q.shape, dtype=np.float32)
+    q, k, v = draw(case.heads), draw(case.kv_heads), draw(case.kv_heads, case.value_dim)
+    ct = rng.standard_normal((b, t, case.heads, case.value_dim), dtype=np.float32)
     ct[pad] = 0.0
-    return Inputs(q, k, v, ct.astype(dtype), case.segment_ids)
+    # A learnable logit per query head, drawn after everything else (cases without sinks draw
+    # what they always drew): around the scores' own scale, so that a sink takes a share of the
+    # mass worth seeing, never all of it.
+    sinks = (rng.standard_normal(case.heads, dtype=np.float32) + SINK_MEAN
+             if case.features.sinks else None)
+    return Inputs(q, k, v, ct.astype(dtype), case.segment_ids, sinks)

@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 
 from harness.sut import lowering
-from harness.sut.config import AttentionConfig
-from harness.sut.dot_product import dot_product, segment_mask
+from harness.sut.config import AttentionConfig, ConfigError
+from harness.sut.dot_product import dot_product, local_mask, segment_mask
 
 CUDNN_DTYPES = ("bfloat16", "float16")
 
@@ -87,8 +87,15 @@ class AttentionOp:
             raise ValueError("query, key and value must be [batch, seq, heads, head_dim]; got "
                              f"{query.shape}, {key.shape}, {value.shape}")
         b, t, heads, d = query.shape
-        if key.shape != value.shape:
-            raise ValueError(f"key {key.shape} and value {value.shape} differ")
+        path = self.path(t)
+        fused = path.startswith("cudnn") or path == "te_thd"
+        if key.shape[:3] != value.shape[:3] or (fused and key.shape != value.shape):
+            raise ValueError(
+                f"key {key.shape} and value {value.shape} differ" + (
+                    f" (value head dim {value.shape[3]} against {key.shape[3]}: attention="
+                    f"{self.config.attention} takes equal head dims; jax's packed cuDNN layout "
+                    "would lay the value out by the query's head dim)"
+                    if fused and key.shape[:3] == value.shape[:3] else ""))
         if not query.dtype == key.dtype == value.dtype:
             raise ValueError(f"query, key and value must share a dtype; got {query.dtype}, "
                              f"{key.dtype}, {value.dtype}")
@@ -101,8 +108,7 @@ class AttentionOp:
             raise ValueError(f"segment_ids {segment_ids.shape} must be [batch, seq] = {(b, t)}")
         if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
             raise ValueError(f"segment_ids must be integers, got {segment_ids.dtype}")
-        path = self.path(t)
-        if path.startswith("cudnn") or path == "te_thd":
+        if fused:
             if str(query.dtype) not in CUDNN_DTYPES:
                 raise ValueError(f"attention={self.config.attention} takes {'/'.join(CUDNN_DTYPES)}, "
                                  f"not {query.dtype}")
@@ -115,15 +121,28 @@ class AttentionOp:
                 raise ValueError(f"seq_len {t} must be even for cuDNN attention with a mask bias "
                                  "in training")
 
-    def __call__(self, query, key, value, segment_ids, *, scale: float, causal: bool = True):
+    def __call__(self, query, key, value, segment_ids, *, scale: float, causal: bool = True,
+                 sinks=None):
+        """`sinks` [heads] float32: the learnable sink logits, where the config has sinks."""
         segment_ids = jnp.asarray(segment_ids) if lowering.is_concrete(segment_ids) else segment_ids
         self._check_inputs(query, key, value, segment_ids)
+        if (sinks is not None) != self.config.sinks:
+            raise ConfigError(f"sinks={'given' if sinks is not None else 'missing'} but the "
+                              f"config has sinks={self.config.sinks}")
+        if sinks is not None and sinks.shape != (query.shape[2],):
+            raise ValueError(f"sinks {sinks.shape} must be [heads] = ({query.shape[2]},)")
         limit = self.max_segments if self.config.attention != "dot_product" else None
         if lowering.is_concrete(segment_ids):
             lowering.check_concrete(segment_ids, limit)
         path = self.path(query.shape[1])
+        problem = self.config.feature_problem(path, causal)
+        if problem:
+            raise ConfigError(problem)
+        c = self.config
         if path in ("dot_product", "xla_fallback"):
-            return dot_product(query, key, value, segment_ids, causal=causal, scale=scale)
+            return dot_product(query, key, value, segment_ids, causal=causal, scale=scale,
+                               window=c.window, softcap=c.logits_soft_cap, chunk=c.chunk_size,
+                               sinks=sinks)
         rows = path == "cudnn_packed" and not self.config.packing   # one sequence per row
         traced = not lowering.is_concrete(segment_ids)
         if path in ("cudnn_packed", "te_thd") or traced:
@@ -140,7 +159,7 @@ class AttentionOp:
         elif path == "cudnn_packed":
             out = self._cudnn_packed(query, key, value, seqlen, offsets, scale, causal)
         else:
-            out = self._te_thd(query, key, value, seqlen, offsets, scale, causal)
+            out = self._te_thd(query, key, value, seqlen, offsets, scale, causal, sinks)
         if rows:
             # Per-row lengths leave padding outputs undefined; zero them so that no NaN there
             # can reach a masked loss (0 * NaN is NaN). The packed paths compute padding as a
@@ -189,21 +208,24 @@ class AttentionOp:
                   and lowering.upstream_gqa_offsets_wrong())
         return cudnn_packed(sdpa, mask_type, query, key, value, seqlen, offsets, scale=scale,
                             causal=causal, dropout_rate=self.config.dropout_rate,
-                            repeat_kv=repeat)
+                            repeat_kv=repeat, window=self.config.window)
 
     def _cudnn_mask(self, query, key, value, segment_ids, scale, causal):
         sdpa, mask_type = self._sdpa()
         same = segment_mask(segment_ids, causal=False)          # [B, 1, T, T]
+        if self.config.window is not None or self.config.chunk_size is not None:
+            same = same & local_mask(segment_ids, self.config.window, self.config.chunk_size)
         return sdpa(query, key, value, mask=same, scale=scale,
                     dropout_rate=self.config.dropout_rate,
                     mask_type=mask_type.CAUSAL if causal else mask_type.NO_MASK,
                     qkv_layout="BTNH")
 
-    def _te_thd(self, query, key, value, seqlen, offsets, scale, causal):
+    def _te_thd(self, query, key, value, seqlen, offsets, scale, causal, sinks=None):
         # The same lowering as the cuDNN path, handed to TE as lengths and offsets: TE would
         # otherwise derive them again from segment ids and positions, in more passes.
         return te_fused_packed(query, key, value, seqlen, offsets, scale=scale, causal=causal,
-                               dropout_rate=self.config.dropout_rate)
+                               dropout_rate=self.config.dropout_rate,
+                               window=self.config.window, sinks=sinks)
 
 
 def poisoned(value, poison):
@@ -218,17 +240,20 @@ def _padding(causal: bool) -> str:
 
 
 def cudnn_packed(sdpa, mask_type, query, key, value, seqlen, offsets, *, scale, causal,
-                 dropout_rate=0.0, repeat_kv=False):
+                 dropout_rate=0.0, repeat_kv=False, window=None):
     """cuDNN's packed layout (jax's SDPA or the emulator): segment lengths [B, M] and offsets
     [B, M+1]. `repeat_kv`: this jax scales kv offsets by the query head count (jax <= 0.11.0),
-    so cuDNN gets as many kv heads as query heads; autodiff sums the repeated heads' grads."""
+    so cuDNN gets as many kv heads as query heads; autodiff sums the repeated heads' grads.
+    `window` (left, 0), causal only: cuDNN's sliding window of left + 1 keys, self included,
+    per packed sequence."""
     if repeat_kv:
         group = query.shape[2] // key.shape[2]
         key, value = jnp.repeat(key, group, axis=2), jnp.repeat(value, group, axis=2)
+    extra = {} if window is None else {"sliding_window_length": window[0] + 1}
     return sdpa(query, key, value, q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets,
                 kv_offsets=offsets, scale=scale, dropout_rate=dropout_rate,
                 mask_type=mask_type.PADDING_CAUSAL if causal else mask_type.PADDING,
-                qkv_layout="BTNH")
+                qkv_layout="BTNH", **extra)
 
 
 def te_fused_thd(query, key, value, segment_ids, *, scale, causal, max_segments,
@@ -244,7 +269,8 @@ def te_fused_thd(query, key, value, segment_ids, *, scale, causal, max_segments,
                               max_segments=max_segments, dropout_rate=dropout_rate)
 
 
-def te_fused_packed(query, key, value, seqlen, offsets, *, scale, causal, dropout_rate=0.0):
+def te_fused_packed(query, key, value, seqlen, offsets, *, scale, causal, dropout_rate=0.0,
+                    window=None, sinks=None):
     """Transformer Engine's THD fused attention on cuDNN's packed form: seqlen [B, M] and
     offsets [B, M+1], -1 where unused."""
     from transformer_engine.jax import attention as te
@@ -252,16 +278,27 @@ def te_fused_packed(query, key, value, seqlen, offsets, *, scale, causal, dropou
     descriptor = te.SequenceDescriptor.from_seqlens_and_offsets((seqlen, seqlen),
                                                                 (offsets, offsets))
     return te_fused_attention(query, key, value, descriptor, scale=scale, causal=causal,
-                              max_segments=seqlen.shape[1], dropout_rate=dropout_rate)
+                              max_segments=seqlen.shape[1], dropout_rate=dropout_rate,
+                              window=window, sinks=sinks)
 
 
 def te_fused_attention(query, key, value, descriptor, *, scale, causal, max_segments,
-                       dropout_rate=0.0):
-    """Transformer Engine's THD fused attention for a SequenceDescriptor."""
+                       dropout_rate=0.0, window=None, sinks=None):
+    """Transformer Engine's THD fused attention for a SequenceDescriptor. `window` (left,
+    right): TE's window_size, keys i - left .. i + right within each sequence (right 0 under
+    the causal mask: TE would let a right bound override causality); `sinks` [heads]: TE's
+    learnable softmax (its softmax_offset, [1, heads, 1, 1], float32; its gradient is dsinks)."""
     from transformer_engine.jax import attention as te
 
     mask = te.AttnMaskType.PADDING_CAUSAL_MASK if causal else te.AttnMaskType.PADDING_MASK
+    extra = {}
+    if window is not None:
+        extra["window_size"] = (int(window[0]), 0 if causal else int(window[1]))
+    softmax = te.AttnSoftmaxType.VANILLA_SOFTMAX
+    if sinks is not None:
+        softmax = te.AttnSoftmaxType.LEARNABLE_SOFTMAX
+        extra["softmax_offset"] = sinks.astype(jnp.float32).reshape(1, -1, 1, 1)
     return te.fused_attn(
         (query, key, value), None, descriptor, None, te.AttnBiasType.NO_BIAS, mask,
-        te.QKVLayout.THD_THD_THD, te.AttnSoftmaxType.VANILLA_SOFTMAX, scale,
-        dropout_rate, True, max_segments_per_seq=max_segments)
+        te.QKVLayout.THD_THD_THD, softmax, scale,
+        dropout_rate, True, max_segments_per_seq=max_segments, **extra)

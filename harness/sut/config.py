@@ -46,17 +46,28 @@ class AttentionConfig:
     # ("nan"), or raise through jax.experimental.checkify ("checkify"; wrap the step in
     # checkify.checkify).
     segment_check: str = "nan"
+    # Attention features, in positions within each segment (a packed model's positions):
+    # window (left, right): query i reads keys pos_i - left .. pos_i + right (right 0 under
+    # the causal mask); logits_soft_cap: each logit becomes cap * tanh(logit / cap);
+    # chunk_size: query i reads only its chunk (pos // chunk_size); sinks: the model has a
+    # learnable logit per query head in each softmax (passed to the call). A path that cannot
+    # honour one is refused here, naming it: never dropped.
+    window: tuple[int, int] | None = None
+    logits_soft_cap: float | None = None
+    chunk_size: int | None = None
+    sinks: bool = False
 
     def path(self, seq_len: int | None = None, te_available: bool = False) -> str:
         """Which lowering the op takes: dot_product, cudnn_packed (seqlens/offsets, Hopper+),
         cudnn_mask (same-segment mask as a cuDNN bias: below Hopper, or forced),
         xla_fallback (no cuDNN fused attention below CUDNN_MIN_CC), te_thd. `seq_len` and
-        `te_available` decide cudnn_flash_auto (prefers_te)."""
+        `te_available` decide cudnn_flash_auto (prefers_te; and TE where only it honours the
+        features asked for)."""
         if self.attention == "dot_product":
             return "dot_product"
         if self.attention == "cudnn_flash_te" or (
                 self.attention == "cudnn_flash_auto" and te_available
-                and self.prefers_te(seq_len)):
+                and (self.prefers_te(seq_len) or self.needs_te)):
             return "te_thd"
         cc = self.compute_capability
         if self.cudnn_backend == "cudnn" and cc is not None and cc < CUDNN_MIN_CC:
@@ -64,6 +75,39 @@ class AttentionConfig:
         if self.force_fallback or (cc is not None and cc < PACKED_MIN_CC):
             return "cudnn_mask"
         return "cudnn_packed"
+
+    @property
+    def needs_te(self) -> bool:
+        """Features only TE's fused path honours among the fused ones: sinks (its learnable
+        softmax), a window that reads ahead."""
+        return self.sinks or (self.window is not None and self.window[1] > 0)
+
+    def feature_problem(self, path: str, causal: bool = True) -> str | None:
+        """Why the lowering `path` cannot honour a feature of this configuration, or None.
+        dot_product and the XLA fallback honour every one; cuDNN's packed layout a causal
+        window (its sliding window has a left bound only); the mask fallback windows and chunks
+        (folded into its mask); TE's THD windows and sinks. Soft caps and chunks have no
+        fused path here."""
+        if path in ("dot_product", "xla_fallback"):
+            return None
+        asked = []
+        if self.logits_soft_cap is not None:
+            asked.append(f"logits_soft_cap={self.logits_soft_cap}")
+        if self.chunk_size is not None and path != "cudnn_mask":
+            asked.append(f"chunk_size={self.chunk_size}")
+        if self.sinks and path != "te_thd":
+            asked.append("sinks")
+        if self.window is not None and path == "cudnn_packed" and (
+                self.window[1] > 0 or not causal):
+            asked.append(f"window={self.window} without the causal mask (cuDNN's sliding window "
+                         "has a left bound only)")
+        if not asked:
+            return None
+        names = {"cudnn_packed": "cuDNN's packed layout", "cudnn_mask": "cuDNN with a mask",
+                 "te_thd": "Transformer Engine's THD fused attention"}
+        return (f"attention={self.attention} ({names.get(path, path)}) cannot honour "
+                f"{', '.join(asked)}; use attention=dot_product (every feature), or "
+                "cudnn_flash_te for sinks and windows that read ahead")
 
     def prefers_te(self, seq_len: int | None) -> bool:
         """cudnn_flash_auto's rule (see AUTO_TE_*): TE THD on long rows or many short segments,
@@ -91,6 +135,21 @@ class AttentionConfig:
         need(0.0 <= self.dropout_rate < 1.0, f"dropout_rate={self.dropout_rate} is not in [0, 1)")
         need(self.max_segments_per_seq is None or self.max_segments_per_seq >= 1,
              f"max_segments_per_seq={self.max_segments_per_seq} must be >= 1")
+        need(self.window is None or (len(self.window) == 2 and min(self.window) >= 0),
+             f"window={self.window} must be (left, right), both >= 0")
+        need(self.logits_soft_cap is None or self.logits_soft_cap > 0,
+             f"logits_soft_cap={self.logits_soft_cap} must be above 0")
+        need(self.chunk_size is None or self.chunk_size >= 1,
+             f"chunk_size={self.chunk_size} must be at least 1")
+        if self.attention == "cudnn_flash_auto" and self.needs_te and (
+                self.compute_capability or 0) < PACKED_MIN_CC:
+            need(False, f"attention=cudnn_flash_auto with sinks or a window that reads ahead "
+                 f"needs Transformer Engine's THD path (compute capability >= {PACKED_MIN_CC})")
+        if self.attention != "cudnn_flash_auto":
+            # The path is known now (auto's depends on the row length: checked per call).
+            problem = self.feature_problem(self.path(), causal=self.window is None
+                                           or self.window[1] == 0)
+            need(problem is None, problem or "")
         cudnn = self.attention.startswith("cudnn")
         emulated = self.cudnn_backend == "emulator"
         if cudnn and not emulated:

@@ -14,6 +14,9 @@ Semantics (BTNH layout only; no dropout, no fp8):
   of row b is tokens offsets[b, m] .. offsets[b, m] + seqlen[b, m] - 1; a query sees only keys
   of its own segment, and with a causal mask type those at or before its position within the
   segment. Only allowed with a PADDING mask type, as cuDNN requires.
+- sliding_window_length W: key j is visible to query i only where j > i - W (positions within
+  the segment when packed): a left bound only, as cuDNN's; with a causal mask type the right
+  bound is i, without one there is none (the whole rest of the segment).
 - Queries outside every segment (padding) are undefined in cuDNN; the emulator returns zeros.
 """
 from __future__ import annotations
@@ -59,8 +62,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, q_seqlen=None
     del seed
     if qkv_layout not in ("BTNH", "BSNH"):
         raise NotImplementedError(f"emulator supports the BTNH layout only, not {qkv_layout}")
-    if dropout_rate or use_fp8 or fp8_params is not None or sliding_window_length or return_residual:
-        raise NotImplementedError("emulator has no dropout, fp8, sliding window or residuals")
+    if dropout_rate or use_fp8 or fp8_params is not None or return_residual:
+        raise NotImplementedError("emulator has no dropout, fp8 or residuals")
+    if sliding_window_length is not None and sliding_window_length <= 0:
+        raise ValueError("Require sliding_window_length > 0")
     packed = q_offsets is not None
     if packed and compute_capability is not None and compute_capability < 9.0:
         raise NotImplementedError("Packed layout requires a GPU with at least Hopper architecture.")
@@ -97,6 +102,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, q_seqlen=None
         allowed &= (q_valid[:, :, None] & k_valid[:, None, :])[:, None]
     if causal:
         allowed &= (k_pos[:, None, :] <= q_pos[:, :, None])[:, None]
+    if sliding_window_length is not None:
+        allowed &= (k_pos[:, None, :] > q_pos[:, :, None] - sliding_window_length)[:, None]
     if mask is not None:
         allowed &= jnp.asarray(mask, bool).reshape((1,) * (4 - mask.ndim) + mask.shape)
     logits = jnp.where(allowed, logits, -1e30)

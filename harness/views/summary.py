@@ -43,7 +43,9 @@ def known_lines(records: list[Record]) -> list[str]:
     return [f"{kernel}: {n} cases raise the known upstream error ({reason})"
             if check == v.KERNEL_LEVEL else
             f"{kernel} {check}: {n} segments fail as known ({reason})"
-            for (kernel, check, reason), n in sorted(tallies.known(records).items())]
+            for (kernel, check, reason), n in sorted(tallies.known(records).items())] + [
+        f"{kernel} {check}: {n} segments declared known, passed ({reason})"
+        for (kernel, check, reason), n in sorted(tallies.known_passed(records).items())]
 
 
 def not_judged_lines(records: list[Record]) -> list[str]:

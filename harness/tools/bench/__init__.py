@@ -36,7 +36,7 @@ every argument on the device before the clock starts, two warm-up calls, then --
 in which every entry takes one sample, in an order shuffled anew each round (interleaved, so
 clock or thermal drift hits all alike; shuffled, so that no entry always follows the same one:
 in a fixed order the op, always right after XLA's 16 ms dense call, measured 3.0% and 5.4% over
-the raw call on the H200 where scripts/op_overhead.py, timing each program on its own, measured
+the raw call on the H200 where a script timing each program on its own (since removed) measured
 2.5% and 1.7%). A sample is one call on CPUs; on GPUs it is one untimed call, then K
 back-to-back calls (K sized from the warm-up so a sample lasts about 50 ms, at most 20 calls)
 divided by K, so that the per-call sync and launch cost, the same for every entry, does not
@@ -68,7 +68,7 @@ table), `goals` and `command` (main).
 """
 from harness.tools.bench.command import main
 from harness.tools.bench.shapes import (
-    SHAPE_SETS,  # scripts/op_overhead.py times these shapes
+    SHAPE_SETS,
 )
 
 __all__ = ["SHAPE_SETS", "main"]

@@ -1,0 +1,63 @@
+"""scripts/gpu.sh: the one entry point for GPU runs. Its plan names each step's command; an
+unknown step is refused before anything runs; a step run on a CPU (HARNESS_ARGS narrowing it to
+the smoke suite) writes its report, its line in steps.txt and one archive into OUT, and the
+run's failure shows in its exit status line."""
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gpu.sh"
+LEAKY = '''
+import jax
+import harness
+
+def leaky(query, key, value, segment_ids, *, causal, scale):
+    del segment_ids  # attends across segments: the leak probe must fail it
+    return jax.nn.dot_product_attention(query, key, value, scale=scale, is_causal=causal)
+
+harness.register_kernel("leaky", leaky, dtypes=("float32",))
+'''
+
+
+def _gpu_sh(*args, env=None, timeout=600):
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_the_plan_names_every_steps_command():
+    out = _gpu_sh("--plan", "env", "nightly:n1", "census:te", "census:fa", "bench",
+                  "features:f", "patch-test", "repro:reports/repro/x.py", "flake:4")
+    assert out.returncode == 0, out.stderr
+    said = out.stdout
+    assert "nightly:n1: python3 -m harness run --suite nightly --report-dir" in said
+    assert "census:te: python3 -m harness census --part te --without flash_attn*" in said
+    assert "--features window,softcap,chunk,sinks,head_dim_v" in said
+    assert "flake:4: python3 -m harness run --suite nightly --seeds 4" in said
+    assert "patch-test: python3 scripts/maxtext_patch_test.py" in said
+
+
+def test_an_unknown_step_is_refused_before_anything_runs(tmp_path):
+    out = _gpu_sh("nightly:a", "nighty:b", env={"OUT": str(tmp_path)})
+    assert out.returncode == 2 and "unknown step 'nighty:b'" in out.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_step_on_a_cpu_writes_its_report_its_status_and_one_archive(tmp_path):
+    module = tmp_path / "leaky.py"
+    module.write_text(LEAKY)
+    env = {"OUT": str(tmp_path / "out"), "GPU_SCRATCH": str(tmp_path / "scratch"),
+           "HARNESS_GIT_COMMIT": "test", "HARNESS_GIT_DIRTY": "0",
+           "HARNESS_ARGS": f"--suite smoke --cases packed/random-*-f32-s0 --kernel-module "
+                           f"{module} --kernels leaky,dot_product"}
+    out = _gpu_sh("nightly:n1", env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps = (tmp_path / "scratch" / "steps.txt").read_text()
+    assert "tree: commit test, dirty 0" in steps
+    assert "nightly:n1 rc=1 " in steps, steps   # the leak fails the run: its status says so
+    archives = list((tmp_path / "out").glob("gpu-*.tar.xz"))
+    assert len(archives) == 1
+    with tarfile.open(archives[0]) as tar:
+        names = tar.getnames()
+    assert {"steps.txt", "n1/report.jsonl.gz", "n1/summary.md", "n1.log.txt"} <= set(names)

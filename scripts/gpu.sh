@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# The one entry point for GPU runs (docs/gpu-runner.md). On the GPU runner, from the project
+# root, with the bundles the steps need (../shared/gpu/make_*_bundle.sh; carried as .gpu/...)
+# and the stamp (`bash scripts/gpu_stamp.sh` here, before the calls; .gpu/commit carried):
+#
+#   OUT=DIR bash scripts/gpu.sh STEP...        run the steps in order; one .tar.xz into OUT
+#   bash scripts/gpu.sh --plan STEP...         print what each step would run, run nothing
+#
+# Steps:
+#   env                 the GPU, the driver, and which bundled libraries import
+#   nightly:NAME        the full nightly suite with the CLI, into NAME/
+#   pytest:NAME         the nightly with pytest as the workflow runs it (-n <GPUs>
+#                       --gpu-per-worker), into NAME/
+#   census:PART         a census part (te: TE, MaxText, tokamax and the rest; fa: the
+#                       FlashAttention ports; new: the libraries of harness/kernels/new_libs)
+#                       into census/, its table, reproducers and bench
+#   features:NAME       every kernel on the suite's feature cases (--features), into NAME/
+#   sharded:NAME        the sharded kernels (two GPUs) on their cases, into NAME/
+#   bench               python -m harness bench --shapes hopper
+#   patch-test          MaxText's own test of the patch (scripts/maxtext_patch_test.py)
+#   repro:PATH          a committed reproducer script, its output beside it in repro/
+#   flake:SEEDS         every kernel on the main nightly shapes under SEEDS seeds, into flake/
+#
+# HARNESS_ARGS (optional) is appended to every harness command (e.g. `--suite smoke` to try a
+# step on a CPU, as cases/test_gpu_script.py does). Each step runs under what is left of the
+# call (CALL_S seconds, default 570, so that a call of the device tool ends inside its ten
+# minutes with its files written); a run that cannot start with MIN_LEFT seconds left
+# (default 240) is not started and says so in steps.txt. Every step's exit status, wall time
+# and (for runs) the device's peak memory go to steps.txt, which the script writes; nothing in
+# it is typed by hand.
+set -uo pipefail
+plan=0
+if [ "${1:-}" = --plan ]; then plan=1; shift; fi
+[ $# -gt 0 ] || { echo "usage: [OUT=DIR] bash scripts/gpu.sh [--plan] STEP... (see the header)" >&2; exit 2; }
+for s in "$@"; do
+  case "$s" in
+    env|bench|patch-test|nightly:?*|pytest:?*|census:te|census:fa|census:new|features:?*|sharded:?*|repro:?*|flake:[0-9]*) ;;
+    *) echo "gpu.sh: unknown step '$s' (env, nightly:NAME, pytest:NAME, census:te|fa|new, features:NAME, sharded:NAME, bench, patch-test, repro:PATH, flake:SEEDS)" >&2; exit 2 ;;
+  esac
+done
+t_start=$(date +%s)
+read -r -a extra <<< "${HARNESS_ARGS:-}"
+FA=flash_attn:varlen,flash_attn:varlen_vmap,flash_attn3:varlen
+SHARDED=sharded:sut:dot_product:data,sharded:sut:dot_product:heads
+SHARDED=$SHARDED,sharded:sut:cudnn_flash_jax:data,sharded:sut:cudnn_flash_jax:heads
+SHARDED=$SHARDED,sharded:cp:dot_product,sharded:reorder_canary,sharded:te:ring
+SHARDED=$SHARDED,sharded:maxtext:cudnn_flash_te
+FLAKE_CASES='*-b4-t2048-h8kv2-d128-bf16-s0,*-b4-t1024-h8kv8-d64-bf16-s1,*-b4-t2048-h8kv8-d128-f16-s2'
+
+command_of() {   # the command a step runs, one word per line (run and --plan print the same)
+  local s=$1 name=${1#*:}
+  case "$s" in
+    nightly:*)  printf '%s\n' python3 -m harness run --suite nightly --report-dir "$r/$name" "${extra[@]}" ;;
+    pytest:*)   printf '%s\n' python3 -m pytest -q -p no:cacheprovider cases/test_matrix.py --suite nightly \
+                  -n "$(gpus)" --gpu-per-worker --report-dir "$r/$name" "${extra[@]}" ;;
+    census:te)  printf '%s\n' python3 -m harness census --part te --without 'flash_attn*' --report-dir "$r/census" "${extra[@]}" ;;
+    census:fa)  printf '%s\n' python3 -m harness census --part fa --kernels "$FA" --report-dir "$r/census" "${extra[@]}" ;;
+    census:new) printf '%s\n' python3 -m harness census --part new --kernels "$(new_libs)" --report-dir "$r/census" "${extra[@]}" ;;
+    features:*) printf '%s\n' python3 -m harness run --suite nightly --features window,softcap,chunk,sinks,head_dim_v \
+                  --report-dir "$r/$name" "${extra[@]}" ;;
+    sharded:*)  printf '%s\n' python3 -m harness run --suite nightly --kernels "$SHARDED" --report-dir "$r/$name" "${extra[@]}" ;;
+    flake:*)    printf '%s\n' python3 -m harness run --suite nightly --seeds "$name" --cases "$FLAKE_CASES" \
+                  --report-dir "$r/flake" "${extra[@]}" ;;
+    bench)      printf '%s\n' python3 -m harness bench --shapes hopper --repeats 10 --output "$r/bench.json" ;;
+    patch-test) printf '%s\n' python3 scripts/maxtext_patch_test.py -q ;;
+    repro:*)    printf '%s\n' python3 "$name" ;;
+  esac
+}
+gpus() { local n; n=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU '); [ "${n:-0}" -gt 0 ] && echo "$n" || echo 1; }
+new_libs() { python3 -c "from harness.engine.registry import all_kernels; print(','.join(n for n in all_kernels() if n.startswith(('dew_flash_attn:', 'fa4:', 'tokamax17:'))))"; }
+
+r=${GPU_SCRATCH:-/tmp/gpu-run}
+if [ "$plan" = 1 ]; then
+  for s in "$@"; do
+    [ "$s" = env ] && { echo "env: nvidia-smi; the bundles' imports"; continue; }
+    echo "$s: $(command_of "$s" | tr '\n' ' ')"
+  done
+  exit 0
+fi
+: "${OUT:?set OUT to the folder that comes back}"
+mkdir -p "$r" "$OUT"
+for b in fa maxtext te new; do
+  [ -f ".gpu/$b/activate.sh" ] && { source ".gpu/$b/activate.sh" || exit 3; }
+done
+[ -n "${HARNESS_GIT_COMMIT:-}" ] || source scripts/gpu_stamp.sh check
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 CUDA_CACHE_PATH=/tmp/nvcache \
+  HARNESS_COMPILATION_CACHE=${HARNESS_COMPILATION_CACHE:-/tmp/jaxcache} HARNESS_GIT_COMMIT HARNESS_GIT_DIRTY
+echo "tree: commit $HARNESS_GIT_COMMIT, dirty $HARNESS_GIT_DIRTY (scripts/gpu_stamp.sh)" >> "$r/steps.txt"
+: > "$r/packed.txt"
+left() { echo $(( ${CALL_S:-570} - ($(date +%s) - t_start) )); }
+step() {   # step NAME: its command under the time left, its log, its line in steps.txt
+  local s=$1 log=$2 t0 rc mon=""; t0=$(date +%s)
+  if [ "$(left)" -lt "${MIN_LEFT:-240}" ]; then
+    echo "$s not started: $(left)s left" | tee -a "$r/steps.txt"; return; fi
+  mapfile -t cmd < <(command_of "$s")
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 500 \
+      > "$r/$log.mem.txt" 2> /dev/null & mon=$!
+  fi
+  timeout "$(left)" "${cmd[@]}" > "$r/$log.log.txt" 2>&1; rc=$?
+  [ -n "$mon" ] && kill "$mon" 2> /dev/null
+  # The allocator's diagnostics (out-of-memory dumps) apart, kept; the log without them.
+  grep 'Allocator\|bfc_allocator\|OUT_OF_MEMORY\|out of memory' "$r/$log.log.txt" > "$r/$log.alloc.txt"
+  sed -i '/Allocator\|bfc_allocator\|^W0000\|^I0000/d' "$r/$log.log.txt"
+  local peak=""
+  [ -s "$r/$log.mem.txt" ] && peak=$(sort -t, -k1 -n "$r/$log.mem.txt" | tail -1 \
+    | awk -F, '{printf " peak memory %d of %d MiB", $1, $2}')
+  echo "$s rc=$rc wall=$(( $(date +%s) - t0 ))s${peak}" | tee -a "$r/steps.txt"
+  echo "$log.log.txt $log.alloc.txt $log.mem.txt" >> "$r/packed.txt"
+}
+for s in "$@"; do
+  name=${s#*:}
+  case "$s" in
+    env)
+      { nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv 2>&1
+        for m in transformer_engine maxtext tokamax flash_attn_jax flash_attn3_jax dew_flash_attn fa4_jax; do
+          python3 -c "import $m" > /dev/null 2>&1 && echo "import $m: ok" || echo "import $m: no"
+        done; } > "$r/env.txt"
+      cat "$r/env.txt"; echo env.txt >> "$r/packed.txt" ;;
+    nightly:*|pytest:*|features:*|sharded:*)
+      step "$s" "$name"
+      for f in report.jsonl; do [ -f "$r/$name/$f" ] && gzip -kf "$r/$name/$f"; done
+      echo "$name/report.jsonl.gz $name/summary.md" >> "$r/packed.txt" ;;
+    flake:*)
+      step "$s" flake; [ -f "$r/flake/report.jsonl" ] && gzip -kf "$r/flake/report.jsonl"
+      echo "flake/report.jsonl.gz flake/summary.md" >> "$r/packed.txt" ;;
+    census:*)
+      step "$s" "census-$name"; echo census >> "$r/packed.txt" ;;
+    bench)
+      step bench bench; echo bench.json >> "$r/packed.txt" ;;
+    patch-test)
+      step patch-test patch-test ;;
+    repro:*)
+      mkdir -p "$r/repro"; step "$s" "repro-$(basename "$name" .py)"
+      mv "$r/repro-$(basename "$name" .py).log.txt" "$r/repro/$(basename "$name" .py).txt" 2> /dev/null
+      echo "repro" >> "$r/packed.txt" ;;
+  esac
+done
+# One file back per call (the device tool returns at most 8): what a step did not write is
+# left out.
+stamp=$(date +%H%M%S)
+(cd "$r" && tar -cf - steps.txt $(for f in $(cat packed.txt); do [ -e "$f" ] && echo "$f"; done | sort -u) \
+  | xz -T0 -6 > "$OUT/gpu-$stamp.tar.xz")
+cat "$r/steps.txt"
