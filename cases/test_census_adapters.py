@@ -9,13 +9,25 @@ jax_nn.py) on a CPU:
   marker (`lowering_platforms=("cuda",)` on the CPU; the device queries the libraries make
   while tracing are answered as the H200 would: cuDNN 9.19, 132 SMs, tokamax's device checks);
 - tokamax's triton and mosaic raise, when traced for CUDA, the upstream errors their kernels
-  declare as known.
+  declare as known;
+- each adapter hands the features it declares to its library's call as the library documents
+  them (the window's convention per library, TE's learnable softmax offset, tokamax's soft
+  cap), checked on the call's arguments (stand-ins recording them: TE, tokamax, the
+  FlashAttention ports), in the program lowered for CUDA where that lowers here (jax's cuDNN
+  calls), and judged by the harness where a stand-in computes what the library documents or
+  the library itself runs here (tokamax's xla paths, the cuDNN emulator).
 """
+import dataclasses
+import enum
 import functools
 import importlib
+import importlib.machinery
 import importlib.util
+import os
+import re
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -27,16 +39,20 @@ from harness.engine.programs import argument_shapes, kernel_fn
 from harness.engine.registry import select_kernels
 from harness.engine.runner import run_kernel_case
 from harness.model.case import Case
+from harness.model.features import Features
 
 MODULES = {"harness.kernels.tokamax_adapter": ["tokamax"],
            "harness.kernels.flash_attn": ["flash_attn_jax", "flash_attn3_jax"],
            "harness.kernels.te_flax": ["transformer_engine", "flax"],
+           "harness.kernels.te": ["transformer_engine", "flax"],
            "harness.kernels.jax_nn": []}
 CENSUS = ["tokamax:xla", "tokamax:xla_chunked", "tokamax:cudnn", "tokamax:triton",
           "tokamax:mosaic", "flash_attn:varlen", "flash_attn:varlen_vmap", "flash_attn3:varlen",
-          "te:flax_segment_ids", "te:flax_seqlens_offsets", "jax_nn:cudnn"]
+          "te:flax_segment_ids", "te:flax_seqlens_offsets", "jax_nn:cudnn",
+          "jax_nn:cudnn_packed"]
 LOWERED = ["tokamax:cudnn", "flash_attn:varlen", "flash_attn:varlen_vmap", "flash_attn3:varlen",
-           "te:flax_segment_ids", "te:flax_seqlens_offsets", "jax_nn:cudnn"]
+           "te:flax_segment_ids", "te:flax_seqlens_offsets", "jax_nn:cudnn",
+           "jax_nn:cudnn_packed"]
 H200_CUDNN = 91900    # cuDNN 9.19, as jax reports it on the H200 runner
 H200_SMS = 132
 
@@ -111,10 +127,12 @@ def test_tokamax_xla_paths_pass_on_cpu(name, case):
 # ----- the adapters' own lowerings, with a reference in place of the library ---------------
 
 def reference_varlen(q, k, v, cu_q, cu_k, *, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     is_causal):
+                     is_causal, window_size=(-1, -1)):
     """flash_mha_varlen's meaning on one token stream: token i belongs to sequence m where
     cu[m] <= i < cu[m+1]; tokens from cu[-1] on form one more sequence (what the vmap rule of
-    flash-attn-jax makes of a row's tail); each attends within its own sequence."""
+    flash-attn-jax makes of a row's tail); each attends within its own sequence. The ports'
+    window (their mask.h): keys [i + (sk - sq) - left, i + (sk - sq) + right] of the sequence,
+    -1 unbounded, `is_causal` forcing right to 0 (sk = sq here)."""
     del cu_k, max_seqlen_k
     n = q.shape[0]
     seq = jnp.searchsorted(cu_q[1:], jnp.arange(n), side="right")
@@ -122,6 +140,13 @@ def reference_varlen(q, k, v, cu_q, cu_k, *, max_seqlen_q, max_seqlen_k, softmax
     mask = seq[:, None] == seq[None, :]
     if is_causal:
         mask &= jnp.tril(jnp.ones((n, n), bool))
+    left, right = window_size
+    right = 0 if is_causal else right
+    i, j = jnp.arange(n)[:, None], jnp.arange(n)[None, :]   # same sequence: same offset
+    if left >= 0:
+        mask &= j >= i - left
+    if right >= 0:
+        mask &= j <= i + right
     group = q.shape[1] // k.shape[1]
     kf = jnp.repeat(k, group, axis=1).astype(jnp.float32)
     vf = jnp.repeat(v, group, axis=1).astype(jnp.float32)
@@ -213,10 +238,16 @@ def _import_library(kernel: Kernel):
 @pytest.fixture
 def as_on_the_h200(monkeypatch):
     """Answers, as the H200 would, what the libraries ask the device while tracing: jax's cuDNN
-    version check (cuDNN is not loaded on a CPU), tokamax's device checks, and flash-attn-jax's
-    SM count (read from the CUDA runtime at lowering). Nothing else changes."""
+    version and compute capability checks (cuDNN is not loaded on a CPU), tokamax's device
+    checks, and flash-attn-jax's SM count (read from the CUDA runtime at lowering). Nothing
+    else changes."""
     from jax._src.cudnn import fused_attention_stablehlo
     monkeypatch.setattr(fused_attention_stablehlo, "check_cudnn_version", lambda: H200_CUDNN)
+    # jax asks the first GPU's compute capability (the packed layout and MLA need 9.0).
+    monkeypatch.setattr(fused_attention_stablehlo, "check_compute_capability",
+                        lambda capability: tuple(map(int, capability.split("."))) <= (9, 0))
+    monkeypatch.setattr(fused_attention_stablehlo, "is_cuda_compute_capability_equal",
+                        lambda capability: capability == "9.0")
 
     def patch(kernel: Kernel):
         if kernel.name.startswith("tokamax:"):
@@ -345,3 +376,534 @@ def test_the_fa2_vmap_padding_bug_is_predicted_row_by_row_from_the_inputs(monkey
     wrong = [(case.id, row) for case, row, verdict in before
              if kernel.expected_padding(case, row)[0] != verdict]
     assert wrong and all(row == Case.from_id(case_id).batch - 1 for case_id, row in wrong)
+
+
+# ----- features: each reaches its library's call as the library documents it -------------
+
+# What each adapter's library API takes (harness.model.features), as the kernels declare it.
+DECLARED = {
+    "jax_nn:cudnn": ("window", "head_dim_v"),
+    "jax_nn:cudnn_packed": ("window", "head_dim_v"),
+    "jax_nn:cudnn_packed:emulated": ("window", "head_dim_v"),
+    "te:thd": ("window", "sinks", "head_dim_v"),
+    "te:unfused_fallback": ("window", "sinks", "head_dim_v"),
+    "te:flax_segment_ids": ("window", "sinks", "head_dim_v"),
+    "te:flax_seqlens_offsets": ("window", "sinks", "head_dim_v"),
+    "sut:cudnn_flash_te": ("window", "softcap", "chunk", "sinks", "head_dim_v"),
+    **{f"tokamax:{impl}": ("window", "softcap", "head_dim_v")
+       for impl in ("xla", "xla_chunked", "cudnn", "triton", "mosaic")},
+    "flash_attn:varlen": ("window",),
+    "flash_attn:varlen_vmap": ("window",),
+    "flash_attn3:varlen": ("window",),
+}
+CAUSAL_WINDOW = Features(window=(16, 0))
+BIDIR_WINDOW = Features(window=(16, 8))
+HAVE_FLAX = importlib.util.find_spec("flax") is not None
+
+
+def feature_case(features: Features, causal: bool = True, layout: str = "packed/random",
+                 seq_len: int = 128, head_dim: int = 32, dtype: str = "bfloat16") -> Case:
+    return Case(layout, 2, seq_len, 4, 2, head_dim, dtype, 0, causal=causal, features=features)
+
+
+def on_cpu(kernel: Kernel, **changes) -> Kernel:
+    """The kernel's own function with CPU capabilities (its library a stand-in here)."""
+    return dataclasses.replace(kernel, name=f"cpu:{kernel.name}", devices=("cpu",),
+                               min_compute_capability=None, hlo_markers=(), **changes)
+
+
+def judged(kernel: Kernel, case: Case, platform=Platform("cpu")):
+    return run_kernel_case(kernel, case, platform).records
+
+
+def not_ok(records) -> list:
+    return [(r.check, r.row, r.segment, r.verdict, r.message[:160]) for r in records
+            if r.outcome != "ok"][:4]
+
+
+def abstract_call(kernel: Kernel, case: Case, **overrides):
+    """The kernel's function traced (nothing computed) on the case's shapes, its features handed
+    over as the harness hands them."""
+    from harness.engine.programs import feature_arguments
+    shapes = argument_shapes(case)[:-1]                         # no cotangent
+    extra = {"max_segments": case.max_segments} if kernel.takes_max_segments else {}
+    extra.update(feature_arguments(case), **overrides)
+
+    def fn(q, k, v, seg, *sinks):
+        return kernel.fn(q, k, v, seg, causal=case.causal, scale=case.scale, **extra,
+                         **({"sinks": sinks[0]} if sinks else {}))
+    return jax.eval_shape(fn, *shapes)
+
+
+def test_adapters_declare_the_features_their_apis_take():
+    kernels = {k.name: k for k in select_kernels(list(DECLARED))}
+    assert {name: k.features for name, k in kernels.items()} == DECLARED
+    # What none of their APIs has an argument for is never declared.
+    assert not {n for n, k in kernels.items() if "chunk" in k.features} - {"sut:cudnn_flash_te"}
+
+
+# jax.nn.dot_product_attention(implementation="cudnn") ---------------------------------------
+
+@pytest.mark.parametrize("causal,features", [(True, CAUSAL_WINDOW), (False, BIDIR_WINDOW),
+                                             (False, Features(window=(16, 0)))],
+                         ids=["causal", "bidir", "bidir-left-only"])
+def test_jax_nn_cudnn_passes_the_window_as_local_window_size(causal, features, monkeypatch):
+    calls = []
+
+    def recorder(query, key, value, **kwargs):
+        calls.append(kwargs)
+        return jnp.zeros(query.shape[:3] + value.shape[3:], query.dtype)
+    monkeypatch.setattr(jax.nn, "dot_product_attention", recorder)
+    kernel = select_kernels("jax_nn:cudnn")[0]
+    abstract_call(kernel, feature_case(features, causal))
+    assert calls[-1]["local_window_size"] == features.window
+    assert calls[-1]["is_causal"] is causal and calls[-1]["implementation"] == "cudnn"
+
+
+def test_jax_nn_cudnn_lowers_the_window_to_cudnns_sliding_window(as_on_the_h200):
+    """Causal (16, 0): cuDNN's W = 17 with the causal mask. Non-causal (16, 0): jax sends the
+    same W without any mask type, which cuDNN reads as a left bound only (keys [i - 16, end of
+    row], measured on the H200): passed on as a user's call passes it, for the GPU run to judge
+    (never refused here)."""
+    kernel = select_kernels("jax_nn:cudnn")[0]
+    for causal, mask in ((True, "CAUSAL"), (False, "NO_MASK")):
+        case = feature_case(Features(window=(16, 0)), causal, seq_len=256, head_dim=128)
+        text = lowered_for_cuda(kernel_fn(kernel, case), case)
+        assert "__cudnn$fmhaScaleBiasSoftmax" in text
+        assert r"\22sliding_window_length\22: 17" in text
+        assert rf"\22mask_type\22: \22{mask}\22" in text
+
+
+@pytest.mark.parametrize("features,causal,word", [(BIDIR_WINDOW, False, "window"),
+                                                  (Features(head_dim_v=16), True, "head_dim_v")],
+                         ids=["right-window", "head_dim_v"])
+def test_jax_nn_cudnn_refusals_are_jaxs_own_while_tracing(features, causal, word):
+    """jax raises while tracing, before cuDNN is asked for anything: a right bound without the
+    causal mask ("cuDNN doesn't support right window"), a value head dim of its own ("value
+    shape should be ..."). The harness records both as refused, naming the feature."""
+    kernel = select_kernels("jax_nn:cudnn")[0]
+    records = judged(kernel, feature_case(features, causal, seq_len=256, head_dim=128),
+                     Platform("gpu", 9.0))
+    assert [r.verdict for r in records] == ["refused"]
+    assert f"refused {word} while tracing" in records[0].message
+
+
+# jax's packed cuDNN call (fused_attention_stablehlo.dot_product_attention) --------------------
+
+@pytest.mark.parametrize("causal,features", [(True, CAUSAL_WINDOW), (False, BIDIR_WINDOW)],
+                         ids=["causal", "bidir"])
+def test_cudnn_packed_passes_w_equal_left_plus_one_whatever_the_mask(causal, features,
+                                                                      monkeypatch):
+    """seqlens [B, M] and offsets [B, M+1] as the op builds them (trailing padding merged under
+    the causal mask, a segment of its own otherwise: one more slot), PADDING(_CAUSAL), and
+    sliding_window_length = left + 1 (W keys, self included) whatever the mask."""
+    from jax._src.cudnn import fused_attention_stablehlo as sdpa
+    calls = []
+
+    def recorder(query, key, value, **kwargs):
+        calls.append(kwargs)
+        return jnp.zeros(query.shape[:3] + value.shape[3:], query.dtype)
+    monkeypatch.setattr(sdpa, "dot_product_attention", recorder)
+    kernel = select_kernels("jax_nn:cudnn_packed")[0]
+    case = feature_case(features, causal, layout="extremes/pad-heavy")
+    abstract_call(kernel, case)
+    call = calls[-1]
+    slots = case.max_segments + (0 if causal else 1)
+    assert call["q_seqlen"].shape == call["kv_seqlen"].shape == (2, slots)
+    assert call["q_offsets"].shape == call["kv_offsets"].shape == (2, slots + 1)
+    assert call["sliding_window_length"] == 17
+    assert call["mask_type"] == (sdpa.MaskType.PADDING_CAUSAL if causal else
+                                 sdpa.MaskType.PADDING)
+    assert call["qkv_layout"] == "BTNH"
+
+
+@pytest.mark.parametrize("causal,features,mask", [
+    (True, CAUSAL_WINDOW, "PADDING_CAUSAL"), (False, BIDIR_WINDOW, "PADDING"),
+    (True, Features(head_dim_v=64), "PADDING_CAUSAL")], ids=["causal", "bidir", "head_dim_v"])
+def test_cudnn_packed_lowers_for_cuda_with_the_feature(causal, features, mask, as_on_the_h200):
+    """The fused call in the program lowered for CUDA, as on the H200: the window as W = 17 (the
+    bidirectional one too: cuDNN's missing right bound is the GPU run's to show), the value with
+    its own head dim reaching the call (jax checks nothing there; its packed offsets then lay V
+    out by the query's head dim: the GPU run's to show)."""
+    kernel = select_kernels("jax_nn:cudnn_packed")[0]
+    case = feature_case(features, causal, seq_len=256, head_dim=128)
+    text = lowered_for_cuda(kernel_fn(kernel, case), case)
+    assert set(re.findall(r"__cudnn\$\w+", text)) == {"__cudnn$fmhaSoftmax",
+                                                     "__cudnn$fmhaSoftmaxBackward"}
+    assert rf"\22mask_type\22: \22{mask}\22" in text
+    window = 17 if features.window else 0
+    assert rf"\22sliding_window_length\22: {window}" in text
+    if features.head_dim_v:
+        assert "tensor<2x256x2x64xbf16>" in text
+
+
+def test_emulated_packed_call_honours_a_causal_window_and_misses_a_bidirectional_one():
+    """jax_nn:cudnn_packed's arithmetic on the CPU, through the cuDNN API emulator: W = left + 1
+    with the causal mask is the window; without it the emulator, like cuDNN, has no right bound,
+    and the harness fails the call (the records say why: a tolerance failure, or the mask
+    without the window)."""
+    kernel = select_kernels("jax_nn:cudnn_packed:emulated")[0]
+    records = judged(kernel, feature_case(CAUSAL_WINDOW, True, layout="extremes/pad-heavy"))
+    assert records and not_ok(records) == []
+    records = judged(kernel, feature_case(BIDIR_WINDOW, False))
+    failing = [r for r in records if r.check in ("out", "dq", "dk", "dv") and r.verdict == "fail"]
+    assert failing and {r.outcome for r in failing} == {"fail"}
+    assert all(r.diagnosis in (None, "matches the mask without the window") for r in failing)
+    assert any(r.check == "leak" and r.verdict == "fail" for r in records)
+
+
+def test_emulated_packed_call_takes_the_value_head_dim():
+    """The emulator lays the value out by its own head dim (cuDNN's documented meaning; jax's
+    real packed call does not, upstream: the GPU run's to show)."""
+    kernel = select_kernels("jax_nn:cudnn_packed:emulated")[0]
+    records = judged(kernel, feature_case(Features(head_dim_v=16), True))
+    assert records and not_ok(records) == []
+
+
+# Transformer Engine: a stand-in with TE 2.20's documented semantics --------------------------
+
+class _Softmax(enum.Enum):
+    VANILLA_SOFTMAX = 0
+    OFF_BY_ONE_SOFTMAX = 1
+    LEARNABLE_SOFTMAX = 2
+
+    @classmethod
+    def from_str(cls, name):
+        table = {"vanilla": cls.VANILLA_SOFTMAX, "off_by_one": cls.OFF_BY_ONE_SOFTMAX,
+                 "learnable": cls.LEARNABLE_SOFTMAX}
+        if name not in table:
+            raise ValueError(f"Unknown softmax_type: {name}")
+        return table[name]
+
+
+_Mask = enum.Enum("AttnMaskType", "NO_MASK PADDING_MASK CAUSAL_MASK PADDING_CAUSAL_MASK")
+_Bias = enum.Enum("AttnBiasType", "NO_BIAS POST_SCALE_BIAS")
+_Layout = enum.Enum("QKVLayout", "BSHD_BSHD_BSHD THD_THD_THD")
+
+
+class _Descriptor:
+    def __init__(self, **parts):
+        self.parts = parts
+
+    @classmethod
+    def from_segment_ids_and_pos(cls, segment_ids, segment_pos):
+        return cls(ids=segment_ids[0], pos=segment_pos[0])
+
+    @classmethod
+    def from_seqlens_and_offsets(cls, seqlens, offsets):
+        return cls(seqlens=seqlens[0], offsets=offsets[0])
+
+    def ids_and_positions(self, t):
+        """[B, T] sequence number (0: in none) and position within it."""
+        if "ids" in self.parts:
+            return self.parts["ids"], self.parts["pos"]
+        seqlens, offsets = self.parts["seqlens"], self.parts["offsets"]
+        m = seqlens.shape[1]
+        start, idx = offsets[:, :m, None], jnp.arange(t)[None, None]
+        inside = (seqlens[:, :, None] > 0) & (start >= 0) & (idx >= start) & (
+            idx < start + seqlens[:, :, None])
+        ids = jnp.where(inside.any(axis=1), jnp.argmax(inside, axis=1) + 1, 0)
+        first = jnp.take_along_axis(offsets[:, :m], jnp.maximum(ids - 1, 0), axis=1)
+        return ids, jnp.where(ids > 0, jnp.arange(t)[None] - first, 0)
+
+
+class StandinTE:
+    """transformer_engine.jax's attention and flax modules as TE 2.20 documents them (THD
+    only): `fused_attn` attends within each sequence of the descriptor, `window_size=(left,
+    right)` keys [i - left, i + right] (-1 unbounded), the padding-causal mask, LEARNABLE_SOFTMAX
+    with `softmax_offset` [1, heads, 1, 1] float32 (asserted, as TE's abstract eval does), zeros
+    outside every sequence. Every call's arguments are kept in `calls`."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def fused_attn(self, qkv, bias, descriptor, seed, attn_bias_type, attn_mask_type,
+                   qkv_layout, softmax_type, scaling_factor, dropout_probability, is_training,
+                   max_segments_per_seq=1, window_size=None, softmax_offset=None):
+        q, k, v = qkv
+        heads = q.shape[2]
+        self.calls.append(dict(
+            mask=attn_mask_type.name, layout=qkv_layout.name, softmax_type=softmax_type.name,
+            window_size=window_size, max_segments_per_seq=max_segments_per_seq,
+            softmax_offset=None if softmax_offset is None else (softmax_offset.shape,
+                                                                str(softmax_offset.dtype)),
+            head_dims=(q.shape[-1], v.shape[-1]), descriptor=sorted(descriptor.parts)))
+        assert bias is None and attn_bias_type.name == "NO_BIAS" and not dropout_probability
+        assert qkv_layout.name == "THD_THD_THD"
+        assert attn_mask_type.name in ("PADDING_MASK", "PADDING_CAUSAL_MASK")
+        if softmax_type.name == "LEARNABLE_SOFTMAX":
+            assert softmax_offset is not None and softmax_offset.shape == (1, heads, 1, 1) \
+                and softmax_offset.dtype == jnp.float32, "Expected softmax_offset (1, h, 1, 1)"
+        else:
+            assert softmax_offset is None
+        ids, pos = descriptor.ids_and_positions(q.shape[1])
+        allowed = (ids[:, :, None] == ids[:, None, :]) & (ids[:, :, None] > 0)
+        pq, pk = pos[:, :, None], pos[:, None, :]
+        if attn_mask_type.name == "PADDING_CAUSAL_MASK":
+            allowed &= pk <= pq
+        left, right = window_size if window_size is not None else (-1, -1)
+        if left >= 0:
+            allowed &= pk >= pq - left
+        if right >= 0:
+            allowed &= pk <= pq + right
+        group = heads // k.shape[2]
+        kf = jnp.repeat(k, group, axis=2).astype(jnp.float32)
+        vf = jnp.repeat(v, group, axis=2).astype(jnp.float32)
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), kf) * scaling_factor
+        logits = jnp.where(allowed[:, None], logits, -1e30)
+        if softmax_offset is not None:
+            sink = jnp.broadcast_to(softmax_offset.reshape(1, heads, 1, 1),
+                                    logits.shape[:3] + (1,))
+            probs = jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
+        else:
+            probs = jax.nn.softmax(logits, axis=-1)
+        out = jnp.einsum("bhqk,bkhd->bqhd", probs, vf)
+        return jnp.where((ids > 0)[:, :, None, None], out, 0).astype(q.dtype)
+
+    def flax_module(self):
+        """flax DotProductAttention: its fused submodule holds the one parameter,
+        softmax_offset (1, heads, 1, 1), boxed with logical axes as TE's is; on the unfused
+        path (NVTE_FUSED_ATTN=0) it asserts on a SequenceDescriptor, as TE does."""
+        import flax.linen as nn
+        te = self
+
+        class _FusedDotProductAttention(nn.Module):
+            attn_mask_type: object
+            scale_factor: float
+            window_size: tuple | None
+            max_segments_per_seq: int
+            softmax_type: object
+
+            @nn.compact
+            def __call__(self, query, key, value, descriptor):
+                offset = None
+                if self.softmax_type.name == "LEARNABLE_SOFTMAX":
+                    offset = self.param("softmax_offset", nn.with_logical_partitioning(
+                        nn.initializers.zeros, (None, "heads", None, None)),
+                        (1, query.shape[-2], 1, 1), jnp.float32)
+                return te.fused_attn((query, key, value), None, descriptor, None,
+                                     _Bias.NO_BIAS, self.attn_mask_type, _Layout.THD_THD_THD,
+                                     self.softmax_type, self.scale_factor, 0.0, True,
+                                     max_segments_per_seq=self.max_segments_per_seq,
+                                     window_size=self.window_size, softmax_offset=offset)
+
+        class DotProductAttention(nn.Module):
+            head_dim: int
+            num_attention_heads: int
+            num_gqa_groups: int | None = None
+            attention_dropout: float = 0.0
+            attn_mask_type: str = "causal"
+            qkv_layout: str = "bshd_bshd_bshd"
+            scale_factor: float | None = None
+            transpose_batch_sequence: bool | None = None
+            window_size: tuple | None = None
+            max_segments_per_seq: int = 1
+            softmax_type: str = "vanilla"
+
+            @nn.compact
+            def __call__(self, query, key, value, sequence_descriptor=None, bias=None, *,
+                         deterministic=False):
+                softmax = _Softmax.from_str(self.softmax_type)
+                if os.environ.get("NVTE_FUSED_ATTN", "1") == "0":
+                    assert sequence_descriptor is None or isinstance(
+                        sequence_descriptor, (jnp.ndarray, np.ndarray)), \
+                        f"sequence_descriptor must be None or ndarray, but got " \
+                        f"{type(sequence_descriptor)}"
+                mask = {"padding": _Mask.PADDING_MASK,
+                        "padding_causal": _Mask.PADDING_CAUSAL_MASK}[self.attn_mask_type]
+                assert self.qkv_layout == "thd_thd_thd" and not self.transpose_batch_sequence
+                return _FusedDotProductAttention(
+                    mask, self.scale_factor, self.window_size, self.max_segments_per_seq,
+                    softmax)(query, key, value, sequence_descriptor)
+
+        return DotProductAttention
+
+    def install(self, monkeypatch) -> None:
+        modules = {}
+        for name in ("transformer_engine", "transformer_engine.jax",
+                     "transformer_engine.jax.attention", "transformer_engine.jax.flax"):
+            module = types.ModuleType(name)
+            module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            module.__path__ = []
+            modules[name] = module
+        attention = modules["transformer_engine.jax.attention"]
+        attention.fused_attn = self.fused_attn
+        attention.SequenceDescriptor = _Descriptor
+        attention.AttnSoftmaxType, attention.AttnMaskType = _Softmax, _Mask
+        attention.AttnBiasType, attention.QKVLayout = _Bias, _Layout
+        if HAVE_FLAX:
+            modules["transformer_engine.jax.flax"].DotProductAttention = self.flax_module()
+        modules["transformer_engine.jax"].attention = attention
+        modules["transformer_engine.jax"].flax = modules["transformer_engine.jax.flax"]
+        modules["transformer_engine"].jax = modules["transformer_engine.jax"]
+        for name, module in modules.items():
+            monkeypatch.setitem(sys.modules, name, module)
+
+
+@pytest.fixture
+def standin_te(monkeypatch):
+    te = StandinTE()
+    te.install(monkeypatch)
+    return te
+
+
+TE_THD = ["te:thd", "sut:cudnn_flash_te"]
+
+
+def te_kernel(name: str) -> Kernel:
+    """The kernel, the op's configured as on the H200 (its config refuses cudnn_flash_te on
+    other hardware, and below compute capability 9.0)."""
+    kernel = select_kernels(name)[0]
+    if name.startswith("sut:"):
+        kernel = dataclasses.replace(kernel, fn=functools.partial(
+            kernel.fn, hardware="gpu", compute_capability=9.0))
+    return kernel
+
+
+@pytest.mark.parametrize("name", TE_THD)
+@pytest.mark.parametrize("causal,window,want", [(True, (16, 0), (16, 0)),
+                                                (False, (16, 8), (16, 8))],
+                         ids=["causal", "bidir"])
+def test_te_gets_window_size_and_the_learnable_softmax_offset(name, causal, window, want,
+                                                              standin_te):
+    """window_size=(left, right) as the case has it (right 0 under the causal mask); sinks as
+    LEARNABLE_SOFTMAX with softmax_offset float32 [1, heads, 1, 1]."""
+    kernel = te_kernel(name)
+    abstract_call(kernel, feature_case(Features(window=window, sinks=True), causal))
+    call = standin_te.calls[-1]
+    assert call["window_size"] == want
+    assert call["softmax_type"] == "LEARNABLE_SOFTMAX"
+    assert call["softmax_offset"] == ((1, 4, 1, 1), "float32")
+    assert call["mask"] == ("PADDING_CAUSAL_MASK" if causal else "PADDING_MASK")
+    assert call["layout"] == "THD_THD_THD"
+
+
+def test_te_thd_never_lets_a_right_bound_override_the_causal_mask(standin_te):
+    """TE's fused kernel sets cuDNN's right bound after the causal mask's: handed (16, 4) with
+    the causal mask, the adapter passes (16, 0)."""
+    kernel = select_kernels("te:thd")[0]
+    case = feature_case(CAUSAL_WINDOW, True)
+    abstract_call(kernel, case, window=(16, 4))
+    assert standin_te.calls[-1]["window_size"] == (16, 0)
+
+
+@pytest.mark.parametrize("name", TE_THD)
+@pytest.mark.parametrize("causal,features", [
+    (True, Features(window=(16, 0), sinks=True)), (False, Features(window=(16, 8), sinks=True)),
+    (True, Features(head_dim_v=16))], ids=["causal-window-sinks", "bidir-window-sinks", "dv"])
+def test_te_adapters_pass_the_harness_on_a_te_stand_in(name, causal, features, standin_te):
+    """The adapters' calls judged by the harness where TE computes what it documents: the
+    window, the sinks and their gradient (dsinks, through softmax_offset), the value head dim
+    (te:thd; the op refuses it by name on its TE path)."""
+    kernel = on_cpu(te_kernel(name))
+    records = judged(kernel, feature_case(features, causal, layout="extremes/pad-heavy"))
+    if name == "sut:cudnn_flash_te" and features.head_dim_v:
+        assert [r.verdict for r in records] == ["refused"]
+        assert "refused head_dim_v while tracing" in records[0].message
+        return
+    assert records and not_ok(records) == []
+    assert any(r.check == "dsinks" for r in records) == features.sinks
+
+
+@pytest.mark.skipif(not HAVE_FLAX, reason="flax is not installed (Python >= 3.12 here)")
+@pytest.mark.parametrize("name", ["te:flax_segment_ids", "te:flax_seqlens_offsets"])
+@pytest.mark.parametrize("causal,features", [
+    (True, Features(window=(16, 0), sinks=True)), (False, Features(window=(16, 8), sinks=True))],
+    ids=["causal", "bidir"])
+def test_te_flax_modules_take_window_and_sinks_through_their_parameter(name, causal, features,
+                                                                       standin_te):
+    """The module gets window_size and softmax_type="learnable"; its softmax_offset parameter
+    (in its fused submodule, boxed with logical axes) is set to the sinks in the params tree,
+    so the harness's dsinks check sees the module's gradient."""
+    kernel = on_cpu(select_kernels(name)[0])
+    records = judged(kernel, feature_case(features, causal, layout="extremes/pad-heavy"))
+    assert records and not_ok(records) == []
+    assert any(r.check == "dsinks" for r in records)
+    call = standin_te.calls[-1]
+    assert call["window_size"] == features.window
+    assert call["softmax_offset"] == ((1, 4, 1, 1), "float32")
+
+
+@pytest.mark.skipif(not HAVE_FLAX, reason="flax is not installed (Python >= 3.12 here)")
+def test_te_unfused_fallback_still_meets_its_known_crash_with_features(standin_te):
+    kernel = on_cpu(select_kernels("te:unfused_fallback")[0])
+    records = judged(kernel, feature_case(Features(window=(16, 0), sinks=True), True))
+    assert [(r.verdict, r.outcome) for r in records] == [("error", "known")]
+
+
+# tokamax ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("implementation", ["xla", "cudnn", "mosaic"])
+def test_tokamax_gets_local_window_size_and_logits_soft_cap(implementation, monkeypatch):
+    calls = []
+    fake = types.ModuleType("tokamax")
+
+    def recorder(query, key, value, **kwargs):
+        calls.append(kwargs)
+        return jnp.zeros(query.shape[:3] + value.shape[3:], query.dtype)
+    fake.dot_product_attention = recorder
+    monkeypatch.setitem(sys.modules, "tokamax", fake)
+    kernel = select_kernels(f"tokamax:{implementation}")[0]
+    abstract_call(kernel, feature_case(Features(window=(16, 8), softcap=2.5, head_dim_v=16),
+                                       causal=False))
+    assert calls[-1]["local_window_size"] == (16, 8)
+    assert calls[-1]["logits_soft_cap"] == 2.5
+    assert calls[-1]["implementation"] == implementation and calls[-1]["is_causal"] is False
+
+
+TOKAMAX_FEATURE_CASES = [
+    feature_case(Features(window=(16, 0), softcap=2.0), True, dtype="float32"),
+    feature_case(Features(window=(16, 8), head_dim_v=16), False, layout="extremes/pad-heavy"),
+    feature_case(Features(softcap=5.0), False, dtype="float32", layout="extremes/pad-heavy")]
+
+
+@pytest.mark.skipif(not HAVE_TOKAMAX, reason="tokamax is not installed (Python >= 3.12 only)")
+@pytest.mark.parametrize("name", ["tokamax:xla", "tokamax:xla_chunked"])
+@pytest.mark.parametrize("case", TOKAMAX_FEATURE_CASES, ids=lambda c: c.id)
+def test_tokamax_xla_paths_honour_window_soft_cap_and_value_head_dim(name, case):
+    records = judged(select_kernels(name)[0], case)
+    assert records and not_ok(records) == []
+
+
+@pytest.mark.skipif(not HAVE_TOKAMAX, reason="tokamax is not installed (Python >= 3.12 only)")
+def test_tokamax_cudnn_refuses_the_soft_cap_and_folds_the_window_into_its_mask(as_on_the_h200):
+    """tokamax:cudnn raises NotImplementedError("`logits_soft_cap` not supported.") while
+    tracing (a refusal naming it); its window becomes part of the dense mask it hands jax.nn
+    (a cuDNN bias), never cuDNN's sliding window."""
+    kernel = select_kernels("tokamax:cudnn")[0]
+    _import_library(kernel)
+    as_on_the_h200(kernel)
+    records = judged(kernel, feature_case(Features(softcap=2.0), True, seq_len=256,
+                                          head_dim=128), Platform("gpu", 9.0))
+    assert [r.verdict for r in records] == ["refused"]
+    assert "refused softcap while tracing" in records[0].message
+    case = feature_case(BIDIR_WINDOW, False, seq_len=256, head_dim=128)
+    text = lowered_for_cuda(kernel_fn(kernel, case), case)
+    assert "__cudnn$fmhaScaleBiasSoftmax" in text
+    assert r"\22sliding_window_length\22: 0" in text
+
+
+# the FlashAttention ports --------------------------------------------------------------------
+
+@pytest.mark.parametrize("way", ["_flattened", "_vmapped"])
+@pytest.mark.parametrize("case", [
+    feature_case(CAUSAL_WINDOW, True, layout="padded/between", seq_len=256),
+    feature_case(BIDIR_WINDOW, False, layout="padded/between", seq_len=256),
+    feature_case(Features(window=(3, 1)), False, layout="extremes/single-tokens", seq_len=64)],
+    ids=lambda c: c.id if isinstance(c, Case) else c)
+def test_flash_attn_window_reaches_varlen_as_window_size(way, case):
+    """The ports' varlen call gets window_size=(left, right) as the case has it; a reference
+    varlen call with the ports' window semantics (per sequence, is_causal forcing right 0)
+    passes every check of the harness, padding runs included."""
+    from harness.kernels import flash_attn
+    windows = []
+
+    def varlen(*args, window_size=(-1, -1), **kwargs):
+        windows.append(window_size)
+        return reference_varlen(*args, window_size=window_size, **kwargs)
+    fn = functools.partial(getattr(flash_attn, way), varlen)
+    kernel = Kernel(f"reference{way}", fn, takes_max_segments=True, padding_anywhere=True,
+                    features=("window",))
+    records = judged(kernel, case)
+    assert records and not_ok(records) == []
+    assert set(windows) == {case.features.window}

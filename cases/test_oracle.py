@@ -6,21 +6,56 @@ import numpy as np
 import pytest
 
 from harness.model.case import Case, make_inputs
+from harness.model.features import Features
 from harness.model.layouts import LAYOUTS
 from harness.judge.oracle import dense_attention, reference_for, segment_loop_attention
 
 
-def _agree(case, rtol):
+def _agree(case, rtol, convention="segment"):
     x = make_inputs(case)
-    truth = reference_for(case).truth
+    truth = reference_for(case, None, convention).truth
     loop = segment_loop_attention(x.query, x.key, x.value, x.segment_ids, x.cotangent,
-                                  scale=case.scale, causal=case.causal)
+                                  scale=case.scale, causal=case.causal,
+                                  features=case.features, sinks=x.sinks,
+                                  chunk_convention=convention)
     valid = (case.segment_ids > 0)[:, :, None, None]
     for name, dense, f64 in zip(("out", "dq", "dk", "dv"), truth, (loop[0], *loop[1])):
         dense = np.where(valid, np.asarray(dense), 0)
         f64 = np.where(valid, f64, 0)
         scale = np.abs(f64).max()
         assert np.abs(dense - f64).max() <= rtol * scale, (name, case.id)
+    if case.features.sinks:
+        dense, f64 = np.asarray(truth[4]), loop[1][3]
+        assert np.abs(dense - f64).max() <= rtol * np.abs(f64).max(), ("dsinks", case.id)
+
+
+@pytest.mark.parametrize("features", [
+    Features(window=(7, 0)), Features(window=(0, 0)), Features(softcap=1.5),
+    Features(chunk=16), Features(sinks=True), Features(head_dim_v=8),
+    Features(window=(15, 0), sinks=True), Features(window=(9, 0), softcap=2.0, chunk=24)],
+    ids=lambda f: f.suffix)
+@pytest.mark.parametrize("layout", ["packed/random", "padded/between"])
+def test_oracles_agree_on_every_feature(features, layout):
+    """Windows, soft caps, chunks (from each segment's start), sinks (dsinks included) and a
+    value head dim of its own: the dense oracle and the hand-written float64 loop agree."""
+    _agree(Case(layout, 2, 192, 4, 2, 16, "float32", seed=4, features=features), 2e-5)
+
+
+@pytest.mark.parametrize("features", [Features(window=(6, 5)), Features(chunk=20),
+                                      Features(sinks=True, softcap=2.0)], ids=lambda f: f.suffix)
+def test_oracles_agree_on_features_without_the_causal_mask(features):
+    _agree(Case("packed/random", 2, 256, 4, 4, 16, "float32", seed=6, causal=False,
+                features=features), 2e-5)
+
+
+def test_chunks_from_the_rows_start_are_another_mask():
+    """A kernel documenting chunks from the row's start is judged against that convention:
+    the oracles agree on it too, and it differs from chunks from each segment's start."""
+    case = Case("packed/random", 2, 256, 4, 2, 16, "float32", seed=4, features=Features(chunk=16))
+    _agree(case, 2e-5, convention="row")
+    by_row = np.asarray(reference_for(case, None, "row").truth[0])
+    by_segment = np.asarray(reference_for(case, None, "segment").truth[0])
+    assert np.abs(by_row - by_segment).max() > 0.1
 
 
 def _seq_len(layout):

@@ -213,10 +213,10 @@ def refused_feature(case, error: BaseException | None) -> str | None:
     if error is None or not case.features:
         return None
     text = f"{type(error).__name__}: {error}".lower()
-    for name in case.features.names:
-        if any(word in text for word in REFUSAL_WORDS[name]):
-            return name
-    return None
+    # The feature named first: a refusal names what it refuses before any advice it gives.
+    found = [(min(text.find(w) for w in REFUSAL_WORDS[name] if w in text), name)
+             for name in case.features.names if any(w in text for w in REFUSAL_WORDS[name])]
+    return min(found)[1] if found else None
 
 
 def refused_record(kernel, case, feature: str, message: str) -> Record:

@@ -190,7 +190,7 @@ class Cell:
     @property
     def measured(self) -> bool:
         return self.status not in (v.CELL_SKIP, v.CELL_ERROR) and not (
-            self.status == v.CELL_KNOWN and not self.segments)
+            self.status in (v.CELL_KNOWN, v.CELL_REFUSED) and not self.segments)
 
     @property
     def bad(self) -> bool:
@@ -234,13 +234,82 @@ def cell(rows: list[Record]) -> Cell:
     return Cell(status, len(seg_fail), sum(seg_fail.values()), worst, has_ratio)
 
 
+def column(r: Record) -> str:
+    """A record's grid column: its layout, or for a case with features (harness.model.features)
+    those features (`+window+sinks`), whatever the layout: a feature has a column of its own."""
+    if not r.features:
+        return r.layout
+    return f"+{r.features}" + ("" if r.causal else " bidir")
+
+
+def skipped_everything(records: Iterable[Record]) -> dict[str, str]:
+    """kernel -> the reason it skipped, for kernels every record of which is a skip: listed
+    once, with their reason, instead of filling the grid with empty rows."""
+    reasons: dict[str, Counter] = defaultdict(Counter)
+    ran = set()
+    for r in records:
+        if r.outcome == v.SKIP and r.check == v.KERNEL_LEVEL:
+            reasons[r.kernel][r.message] += 1
+        else:
+            ran.add(r.kernel)
+    return {k: c.most_common(1)[0][0] for k, c in reasons.items() if k not in ran}
+
+
 def grid(records: list[Record]) -> tuple[list[str], list[str], dict[tuple[str, str], Cell]]:
+    """(kernels, columns, cells): one row per kernel that ran something (skipped_everything
+    lists the others), one column per layout and per feature set."""
+    idle = skipped_everything(records)
     by_cell: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
-        by_cell[(r.kernel, r.layout)].append(r)
-    kernels = list(dict.fromkeys(r.kernel for r in records))
-    layouts = sorted(dict.fromkeys(r.layout for r in records))
+        if r.kernel not in idle:
+            by_cell[(r.kernel, column(r))].append(r)
+    kernels = list(dict.fromkeys(r.kernel for r in records if r.kernel not in idle))
+    columns = dict.fromkeys(column(r) for r in records if r.kernel not in idle)
+    layouts = sorted(c for c in columns if not c.startswith("+")) + sorted(
+        c for c in columns if c.startswith("+"))
     return kernels, layouts, {key: cell(rows) for key, rows in by_cell.items()}
+
+
+def refusals(records: Iterable[Record]) -> Counter:
+    """(kernel, feature, first line of the refusal) -> cases refused."""
+    out = Counter()
+    for r in records:
+        if r.outcome == v.REFUSED:
+            feature = r.message.removeprefix("refused ").split(" ", 1)[0]
+            out[(r.kernel, feature, r.message.split(": ", 1)[-1][:200])] += 1
+    return out
+
+
+def not_run(records: Iterable[Record]) -> Counter:
+    """(kernel, check) -> checks that did not run (left to a probe that was off)."""
+    return Counter((r.kernel, r.check) for r in records if r.outcome == v.NOT_RUN)
+
+
+@dataclass
+class CheckDigest:
+    """One check of a failing kernel: how many segments failed, the worst ratio, the first."""
+    kernel: str
+    check: str
+    segments: int
+    worst: float | None          # None: non-finite, or a check without a ratio
+    has_ratio: bool
+    first: Record
+
+
+def digests(records: Iterable[Record]) -> list[CheckDigest]:
+    """Per failing kernel and check (bad outcomes only), in kernel then check order: the
+    digest a failing kernel's report opens with, before the list of every segment."""
+    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in records:
+        if r.bad and r.outcome != v.ERROR:
+            groups[(r.kernel, r.check)].append(r)
+    out = []
+    for (kernel, check), rows in groups.items():
+        has_ratio, worst = worst_ratio(rows)
+        first = min(rows, key=lambda r: (r.case_id, r.row if r.row is not None else -1,
+                                         r.segment or 0))
+        out.append(CheckDigest(kernel, check, len(rows), worst, has_ratio, first))
+    return out
 
 
 # ----- margins over seeds, plotted rows, the selftest -------------------------------------------
@@ -284,9 +353,9 @@ def zoo_verdict(correct: bool, flagged: bool, errored: bool, measured: bool) -> 
 
 def first_catch(records: list[Record]) -> Record | None:
     """The first bad measurement of one kernel x case: checks in the order out, dq, dk, dv,
-    leak, padding, contract; within a check, the first row and segment."""
+    dsinks, leak, padding, contract; within a check, the first row and segment."""
     flagged = [r for r in records if r.outcome in (v.FAIL, v.MISSED)]
-    for chk in (*v.TENSORS, v.LEAK, v.PADDING, v.CONTRACT):
+    for chk in (*v.TENSORS, v.DSINKS, v.LEAK, v.PADDING, v.CONTRACT):
         hits = [r for r in flagged if r.check == chk.name]
         if hits:
             return min(hits, key=lambda r: (r.row if r.row is not None else -1, r.segment or 0))

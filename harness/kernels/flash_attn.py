@@ -19,6 +19,17 @@ each row's trailing padding included (rows are cut at their start). Per row (vma
 boundaries of the row's runs up to the end of its last segment; trailing padding is left out,
 as a user lists documents, and the library's vmap rule makes it the gap sequence between rows.
 
+Features: both take `window_size=(left, right)` (default (-1, -1), -1 unbounded): keys
+[i + (sk - sq) - left, i + (sk - sq) + right] of each varlen sequence (their mask.h, bottom-right
+aligned; sk = sq here, self-attention, so [i - left, i + right] within the sequence, which is
+the segment), and `is_causal` forces right to 0 (the harness's causal cases have right 0). The
+case's (left, right) is passed as is; padding runs, sequences of their own, get the window
+too and stay apart. Nothing else: FA2's Python API has no soft cap, sinks, chunk argument and
+asserts equal head dims (`dq == dk == dv`); FA3's FFI has `softcap` and `attention_chunk`, but
+its Python wrapper hard-codes 0 for both (and the published wheel is built without soft
+capping), and its output takes the query's head dim (wheel: head dim 128 only). So they
+declare the window only.
+
 From their source (wheels read 2026-11-30): bf16/f16 only (`assert q_dtype in [bfloat16,
 float16]`); FA2 has kernels for head dims up to 256 (its wrapper pads d to a multiple of 8;
 declared: multiples of 8), sm_80 code and PTX; FA3's published wheels carry sm_90 code for
@@ -103,43 +114,55 @@ def fa2_module():
     return flash_attn_jax
 
 
-def _flattened(varlen, query, key, value, segment_ids, *, causal, scale, max_segments):
+# The features the ports' Python APIs take (harness.model.features).
+FA_FEATURES = ("window",)
+
+
+def window_size(window) -> dict:
+    """The ports' keyword for a window (left, right): `window_size=(left, right)`; nothing
+    without one (their default (-1, -1), unbounded)."""
+    return {} if window is None else {"window_size": (int(window[0]), int(window[1]))}
+
+
+def _flattened(varlen, query, key, value, segment_ids, *, causal, scale, max_segments,
+               window=None):
     b, t, heads, d = query.shape
     cu = flat_cu_seqlens(segment_ids, max_segments)
     out = varlen(query.reshape(b * t, heads, d), key.reshape(b * t, key.shape[2], d),
                  value.reshape(b * t, value.shape[2], d), cu, cu, max_seqlen_q=t,
-                 max_seqlen_k=t, softmax_scale=scale, is_causal=causal)
+                 max_seqlen_k=t, softmax_scale=scale, is_causal=causal, **window_size(window))
     return out.reshape(query.shape)
 
 
-def fa2_flattened(query, key, value, segment_ids, *, causal, scale, max_segments):
+def fa2_flattened(query, key, value, segment_ids, *, causal, scale, max_segments, window=None):
     """flash_attn_jax.flash_mha_varlen on the rows flattened to one token stream."""
     return _flattened(fa2_module().flash_mha_varlen, query, key, value, segment_ids, causal=causal,
-                      scale=scale, max_segments=max_segments)
+                      scale=scale, max_segments=max_segments, window=window)
 
 
-def _vmapped(varlen, query, key, value, segment_ids, *, causal, scale, max_segments):
+def _vmapped(varlen, query, key, value, segment_ids, *, causal, scale, max_segments,
+             window=None):
     t = query.shape[1]
 
     def row(q, k, v, cu):
         return varlen(q, k, v, cu, cu, max_seqlen_q=t, max_seqlen_k=t, softmax_scale=scale,
-                      is_causal=causal)
+                      is_causal=causal, **window_size(window))
 
     return jax.vmap(row)(query, key, value, row_cu_seqlens(segment_ids, max_segments))
 
 
-def fa2_vmapped(query, key, value, segment_ids, *, causal, scale, max_segments):
+def fa2_vmapped(query, key, value, segment_ids, *, causal, scale, max_segments, window=None):
     """jax.vmap of flash_attn_jax.flash_mha_varlen over rows, each with its own cu_seqlens:
     the library's vmap rule flattens the batch itself."""
     return _vmapped(fa2_module().flash_mha_varlen, query, key, value, segment_ids, causal=causal,
-                    scale=scale, max_segments=max_segments)
+                    scale=scale, max_segments=max_segments, window=window)
 
 
-def fa3_flattened(query, key, value, segment_ids, *, causal, scale, max_segments):
+def fa3_flattened(query, key, value, segment_ids, *, causal, scale, max_segments, window=None):
     """flash_attn3_jax.flash_mha_varlen on the rows flattened to one token stream."""
     import flash_attn3_jax
     return _flattened(flash_attn3_jax.flash_mha_varlen, query, key, value, segment_ids,
-                      causal=causal, scale=scale, max_segments=max_segments)
+                      causal=causal, scale=scale, max_segments=max_segments, window=window)
 
 
 # exp overflows float32 above this: ln(FLT_MAX).
@@ -209,6 +232,7 @@ def _sm90_only(case, platform):
 _FA2 = dict(dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), padding_anywhere=True,
             min_compute_capability=8.0, requires=("flash_attn_jax", "einops"),
             takes_max_segments=True, hlo_markers=FA2_MARKERS, isolation="flash_attn2",
+            features=FA_FEATURES,
             # Its backward accumulates dq with atomic adds, and no setting changes that: the
             # leak probe decides its gradients statistically (harness.judge.leak_probe).
             reproducible=False)
@@ -224,6 +248,7 @@ KERNELS = [
            padding_anywhere=True, min_compute_capability=9.0, constraints=_sm90_only,
            requires=("flash_attn3_jax", "einops"), takes_max_segments=True,
            hlo_markers=FA3_MARKERS, isolation="flash_attn3", reproducible=False,
+           features=FA_FEATURES,
            description="flash-attn3-jax 0.2.3 flash_mha_varlen (FlashAttention-3, Hopper, "
                        "head_dim 128), rows flattened with cu_seqlens"),
 ]

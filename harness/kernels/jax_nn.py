@@ -1,22 +1,59 @@
-"""`jax.nn.dot_product_attention(implementation="cudnn")` as a kernel: `jax_nn:cudnn`. (Its
+"""jax's cuDNN attention as kernels: `jax_nn:cudnn` (the public
+`jax.nn.dot_product_attention(implementation="cudnn")`) and `jax_nn:cudnn_packed` (the packed
+call of `jax._src.cudnn.fused_attention_stablehlo.dot_product_attention`, which jax.nn does not
+expose), with `jax_nn:cudnn_packed:emulated`, the same call through the CPU emulator of that API
+(harness.sut.cudnn_emulator), so that CPU CI exercises its arithmetic. (jax.nn's
 `implementation="xla"` with the same mask is the built-in kernel `xla`, harness.kernels.reference.)
 
-Its public API describes each row with one query length and one key length
+jax_nn:cudnn. The public API describes each row with one query length and one key length
 (`query_seq_lengths`/`key_value_seq_lengths`, shape [B]): enough for a row with one segment and
-tail padding, not for packed rows. The packed (THD) form of cuDNN's SDPA (`q_offsets`,
-`kv_offsets`) exists only in `jax._src.cudnn` (the op's own path, sut:cudnn_flash_jax). So
-packing reaches the public function through `mask=` only: the dense same-segment mask
-(harness.sut.dot_product.segment_mask, causality left to `is_causal`), which jax turns into a
-cuDNN bias, as tokamax:cudnn does. Padding attends padding only: no query row is fully masked
-and no valid query sees padding, wherever it sits.
+tail padding, not for packed rows. So packing reaches it through `mask=` only: the dense
+same-segment mask (harness.sut.dot_product.segment_mask, causality left to `is_causal`), which
+jax turns into a cuDNN bias, as tokamax:cudnn does. Padding attends padding only: no query row
+is fully masked and no valid query sees padding, wherever it sits.
+Features, as a user hands them over (jax 0.10.2-0.12, jax/_src/nn/functions.py):
+- window: `local_window_size=(left, right)`, documented as keys [i - left, i + right] of the
+  row (the docstring: (3, 2) on token 6 reads 3..8). On the absolute row index: ANDed with the
+  same-segment mask, that is the per-segment window (it depends on i - j only). On cuDNN jax
+  sends `sliding_window_length=left + 1` (a left bound only) where right == 0 or the mask is
+  CAUSAL (a right bound is then dropped: causal cases have right 0 anyway), and raises
+  `ValueError("cuDNN doesn't support right window: ...")` at trace for a right bound without
+  the causal mask: a refusal naming the window. A non-causal (left, 0) window is NOT refused:
+  cuDNN gets a left bound and no causal mask, i.e. keys [i - left, end of row], not
+  [i - left, i] (research, measured on the H200): passed as is, for the harness to see.
+- head_dim_v: jax checks `value` against the key's shape ("value shape should be ...",
+  ValueError at trace): a refusal naming the value.
+No soft cap, chunk or sink argument.
 
-What this path cannot take, as jax checks it when tracing (jax._src.cudnn.
+jax_nn:cudnn_packed. cuDNN's packed (THD-like) layout: `q_seqlen`/`kv_seqlen` [B, M] and
+`q_offsets`/`kv_offsets` [B, M+1] (-1 where unused), built by harness.sut.lowering.packed with
+the trailing padding as the op lowers it (merged into the last segment under the causal mask,
+a segment of its own otherwise: harness.sut.attention_op._padding), `mask_type`
+PADDING_CAUSAL / PADDING. Each segment is its own cuDNN sequence, so masks are per segment.
+Features:
+- window: `sliding_window_length=left + 1`, documented as "(pos - sliding_window_length, pos]":
+  W keys, self included, a left bound only. Passed whatever the mask: under PADDING_CAUSAL it
+  is the window [i - left, i]; under PADDING cuDNN has no right bound at all (keys
+  [i - left, end of segment]; measured on the H200), so a bidirectional window is silently
+  read too far ahead. Not refused here: this is the raw call, and the harness must see that.
+- head_dim_v: the value passed with its own head dim. jax checks only that Q and K share one;
+  with packed offsets it multiplies every offset by the QUERY's head dim and reuses the K and Q
+  offsets for V and O (research: silently wrong on the H200, max err 2.92 at d 64, d_v 32).
+No soft cap, chunk or sink argument. GPU only (sm90+: jax raises "Packed layout requires a GPU
+with at least Hopper architecture" below), padding only after the last segment (the layout).
+jax <= 0.11.0 scales packed kv offsets by the number of query heads (fixed in 0.11.2, jax PR
+#39521; harness.sut.lowering.upstream_gqa_offsets_wrong asks the code itself): on such a jax
+GQA cases are skipped with that reason, as a user of that jax would have to avoid them.
+
+What the cuDNN paths cannot take, as jax checks it when tracing (jax._src.cudnn.
 fused_attention_stablehlo, jax 0.10-0.12): float32 (bf16/f16 only); a head dim that is not a
 multiple of 8, or above 128 below Hopper (256 on Hopper); with a bias in training, an odd query
 or key length; GPUs before compute capability 8.0. Declared below as capabilities and
 constraints. The mask costs B x T x T bytes, its bias B x T x T elements of the input dtype.
 """
 from __future__ import annotations
+
+import functools
 
 from harness.kernels.kernel import Kernel
 from harness.kernels.op import (
@@ -28,26 +65,81 @@ from harness.kernels.op import (
 )
 from harness.sut.dot_product import segment_mask
 
+# The features each path's API takes (harness.model.features).
+JAX_NN_FEATURES = ("window", "head_dim_v")
+PACKED_FEATURES = ("window", "head_dim_v")
 
-def jax_nn_cudnn(query, key, value, segment_ids, *, causal, scale):
+
+def jax_nn_cudnn(query, key, value, segment_ids, *, causal, scale, window=None):
     """jax.nn.dot_product_attention(..., mask=<same segment>, is_causal, scale,
-    implementation="cudnn"); the mask is built from the traced ids (a constant mask would be
-    constant-folded by XLA at every compile)."""
+    implementation="cudnn"[, local_window_size=(left, right)]); the mask is built from the
+    traced ids (a constant mask would be constant-folded by XLA at every compile)."""
     import jax
 
+    extra = {} if window is None else {"local_window_size": (int(window[0]), int(window[1]))}
     return jax.nn.dot_product_attention(
         query, key, value, mask=segment_mask(segment_ids, causal=False), is_causal=causal,
-        scale=scale, implementation="cudnn")
+        scale=scale, implementation="cudnn", **extra)
+
+
+def sliding_window_length(window) -> int:
+    """cuDNN's W for a window (left, right): left + 1 keys, self included (its left bound; it
+    has no right bound to take `right`)."""
+    return int(window[0]) + 1
+
+
+def jax_cudnn_packed(query, key, value, segment_ids, *, causal, scale, max_segments,
+                     window=None, backend="cudnn"):
+    """fused_attention_stablehlo.dot_product_attention(q, k, v, q_seqlen=, kv_seqlen=,
+    q_offsets=, kv_offsets=, mask_type=PADDING_CAUSAL|PADDING, qkv_layout="BTNH"
+    [, sliding_window_length=left + 1]); `backend` "emulator": the same call through
+    harness.sut.cudnn_emulator."""
+    from harness.sut.attention_op import _padding, cudnn_backend
+    from harness.sut.lowering import packed
+
+    sdpa, mask_type = cudnn_backend(backend)
+    seqlen, offsets, _ = packed(segment_ids, max_segments, padding=_padding(causal))
+    extra = {} if window is None else {"sliding_window_length": sliding_window_length(window)}
+    return sdpa(query, key, value, q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets,
+                kv_offsets=offsets, scale=scale,
+                mask_type=mask_type.PADDING_CAUSAL if causal else mask_type.PADDING,
+                qkv_layout="BTNH", **extra)
 
 
 def _cudnn_limits(case, platform):
     return even_seq(case, platform) + pre_hopper_head_dims(case, platform)
 
 
+def _gqa_offsets(case, platform):
+    """jax <= 0.11.0 lays packed kv out by the query head count (harness.sut.lowering)."""
+    if platform.name != "gpu" or not case.gqa:
+        return []
+    from harness.sut.lowering import upstream_gqa_offsets_wrong
+    if upstream_gqa_offsets_wrong():
+        return ["this jax scales packed kv offsets by the query head count (jax <= 0.11.0, "
+                "fixed by jax PR #39521): GQA reads the wrong kv memory"]
+    return []
+
+
+_PACKED = dict(takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS,
+               features=PACKED_FEATURES)
+
 KERNELS = [
     Kernel("jax_nn:cudnn", jax_nn_cudnn, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS,
            devices=("gpu",), min_compute_capability=8.0, padding_anywhere=True,
-           constraints=_cudnn_limits, hlo_markers=CUDNN_MARKER,
+           constraints=_cudnn_limits, hlo_markers=CUDNN_MARKER, features=JAX_NN_FEATURES,
            description="jax.nn.dot_product_attention(implementation='cudnn'), same-segment "
-                       "mask as a cuDNN bias"),
+                       "mask as a cuDNN bias, local_window_size=(left, right)"),
+    Kernel("jax_nn:cudnn_packed", jax_cudnn_packed, devices=("gpu",),
+           min_compute_capability=9.0, constraints=_gqa_offsets, hlo_markers=CUDNN_MARKER,
+           **_PACKED,
+           description="jax's packed cuDNN call (fused_attention_stablehlo.dot_product_"
+                       "attention, seqlens/offsets, PADDING(_CAUSAL)), sliding_window_length="
+                       "left + 1"),
+    # A CPU stand-in: on GPUs the real cuDNN runs (jax_nn:cudnn_packed).
+    Kernel("jax_nn:cudnn_packed:emulated", functools.partial(jax_cudnn_packed,
+                                                             backend="emulator"),
+           devices=("cpu",), materializes_scores=True, **_PACKED,
+           description="jax's packed cuDNN call through the cuDNN API emulator (left-bound "
+                       "sliding window, as cuDNN's)"),
 ]

@@ -15,6 +15,33 @@ re-implementation. MaxText's conventions stay here:
   `dataset_type` a real dataset's (base.yml's "synthetic" keeps TE off its packed THD layout), as
   a GPU user training on packed data sets them, and refuses any attribute base.yml does not
   define (so a new read is an error, not a guess).
+
+Features (harness.model.features), handed over as a user configures a model (MaxText 0.2.5; the
+research: /tmp/research/maxtext_features.md). AttentionOp reads none of them from the config:
+they are constructor arguments, as MaxText's model layers pass them (gpt-oss, gemma2: per-layer
+`attention_type`; layers/attentions.py forwards the rest), and the sinks are a call argument:
+- window (left, 0): `attention_type="local_sliding"`, `sliding_window_size=left + 1`. MaxText's
+  window is W keys including self, causal (left only): dot_product masks `col > row - W` and
+  `col <= row` (attention_op.py:1174-1182); TE gets `window_size=[W - 1, 0]` (2676-2677). It has
+  no right bound: a window reading ahead is not declared (constraints).
+- softcap: `attn_logits_soft_cap=cap`, on the pre-scaled logits (3018-3020).
+- chunk: `attention_type="chunk"`, `chunk_attn_window_size=C`. MaxText's chunks start at
+  multiples of C from the ROW's start, not each segment's (`_generate_chunk_attention_mask`,
+  437-464, on the row index): the kernels declare `conventions={"chunk": "row"}`. One
+  attention_type per layer: a window with chunks is not declared.
+- sinks: `op(..., sinks=array[heads])`, float32 (MaxText's parameter: `(num_query_heads,)`,
+  weight_dtype), an input of the program, so its gradient flows.
+- head_dim_v: by the value's shape (MLA): AttentionOp checks only that query and key agree.
+The config also carries them, as a user's would (`sliding_window_size`, `chunk_attn_window_size`,
+`attn_logits_soft_cap`, `attention_sink`; `attention_type` stays "global", set per layer), and
+`head_dim`, which the TE path reads for its sinks (2788-2799).
+
+Where MaxText 0.2.5 silently drops a feature on a path (cudnn_flash_jax: window, chunk, soft cap;
+cudnn_flash_te: soft cap, chunk; GPU flash: window, chunk, soft cap), the kernel expects it
+(`drops_expectation`): known on the tolerance checks where dropping it moves the segment past
+its tolerance (predicted from the case's inputs), a leak where the leak probe's blocks see the
+keys it should not read, pass elsewhere. Sinks on cudnn_flash_jax and flash raise while tracing
+(validate_gpu_flash_attention): a refusal.
 """
 from __future__ import annotations
 
@@ -24,8 +51,10 @@ import sys
 import numpy as np
 
 from harness.kernels.kernel import Kernel
-from harness.kernels.op import CUDNN, CUDNN_MARKER
+from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER
 from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
+from harness.kernels.tokamax_adapter import TRITON_ERROR, TRITON_MARKER
+from harness.model.features import CHUNK, FEATURE_NAMES, SOFTCAP, WINDOW
 
 
 @functools.lru_cache(maxsize=1)
@@ -57,11 +86,36 @@ class MaxTextConfig:
 DATASET_TYPE = "tfds"
 
 
+def feature_settings(window=None, softcap=None, chunk=None, sinks=False) -> tuple[dict, dict]:
+    """(AttentionOp constructor arguments, config settings) for the features, as a user
+    configures a model: nothing for a case without them (the op as the plain kernels call it)."""
+    op, config = {}, {}
+    if window is not None:
+        left, right = (int(x) for x in window)
+        if right:
+            raise ValueError(f"window {tuple(window)}: MaxText's local_sliding window is causal "
+                             "(left only); it takes no right bound")
+        op.update(attention_type="local_sliding", sliding_window_size=left + 1)
+        config["sliding_window_size"] = left + 1
+    if chunk is not None:
+        if window is not None:
+            raise ValueError("MaxText's attention_type is local_sliding or chunk, not both")
+        op.update(attention_type="chunk", chunk_attn_window_size=int(chunk))
+        config["chunk_attn_window_size"] = int(chunk)
+    if softcap is not None:
+        op["attn_logits_soft_cap"] = config["attn_logits_soft_cap"] = float(softcap)
+    if sinks:
+        config["attention_sink"] = True
+    return op, config
+
+
 def maxtext_attention(query, key, value, segment_ids, *, causal, scale, max_segments, attention,
-                      attention_op_module=None):
+                      attention_op_module=None, window=None, softcap=None, chunk=None,
+                      sinks=None):
     """MaxText's AttentionOp in train mode. `attention_op_module`: the module whose AttentionOp
     runs (default the installed `maxtext.layers.attention_op`; harness.kernels.maxtext_fixed
-    passes that module with the patch under patches/ applied)."""
+    passes that module with the patch under patches/ applied). Features as the module
+    docstring says: window/softcap/chunk to the constructor, sinks to the call."""
     import importlib
 
     import jax
@@ -73,16 +127,19 @@ def maxtext_attention(query, key, value, segment_ids, *, causal, scale, max_segm
     module = attention_op_module or importlib.import_module("maxtext.layers.attention_op")
 
     del causal  # MaxText's decoder attention is causal; the kernel declares causal_only
-    _, t, heads, _ = query.shape
+    _, t, heads, head_dim = query.shape
+    op_features, config_features = feature_settings(window, softcap, chunk, sinks is not None)
     config = MaxTextConfig(attention=attention, enable_dropout=False, dropout_rate=0.0,
-                           max_segments_per_seq=max_segments, dataset_type=DATASET_TYPE)
+                           max_segments_per_seq=max_segments, dataset_type=DATASET_TYPE,
+                           head_dim=head_dim, **config_features)
     axes = tuple(base_config()["mesh_axes"])
     mesh = Mesh(np.array(jax.local_devices()[:1]).reshape((1,) * len(axes)), axes)
     op = module.AttentionOp(config=config, mesh=mesh, attention_kernel=attention,
                             max_target_length=t, num_query_heads=heads,
-                            num_kv_heads=key.shape[2], dtype=query.dtype)
+                            num_kv_heads=key.shape[2], dtype=query.dtype, **op_features)
+    call = {} if sinks is None else {"sinks": sinks}
     out = op(query * jax.numpy.asarray(scale, query.dtype), key, value, segment_ids,
-             positions(segment_ids), "train")
+             positions(segment_ids), "train", **call)
     return out[0] if isinstance(out, tuple) else out
 
 
@@ -93,9 +150,35 @@ def python_312(case, platform):
     return []
 
 
+def feature_limits(case, platform):
+    """What MaxText's API cannot express: a window reading ahead (its local_sliding window is
+    causal, W keys up to self, and the decoder causal: no right bound to hand over), and a
+    window with chunks (one attention_type per layer)."""
+    f = case.features
+    out = []
+    if f.window is not None and (f.window[1] or not case.causal):
+        out.append(f"a window without the causal mask ({f.window[0]} back, {f.window[1]} ahead): "
+                   "MaxText's local_sliding window is causal (sliding_window_size keys up to "
+                   "self) and has no right bound")
+    if f.window is not None and f.chunk is not None:
+        out.append("a window with chunks: MaxText's attention_type is local_sliding or chunk, "
+                   "not both")
+    return out
+
+
+def maxtext_constraints(case, platform):
+    return python_312(case, platform) + feature_limits(case, platform)
+
+
+# The features AttentionOp takes on every path (its constructor and call; head_dim_v by the
+# value's shape), and where its chunks start.
+MAXTEXT_FEATURES = FEATURE_NAMES
+MAXTEXT_CONVENTIONS = {CHUNK: "row"}
+
 # max_segments_per_seq as a GPU user with TE must set it (base.yml's default is -1).
-_COMMON = dict(requires=("maxtext",), causal_only=True, constraints=python_312,
-               takes_max_segments=True)
+_COMMON = dict(requires=("maxtext",), causal_only=True, constraints=maxtext_constraints,
+               takes_max_segments=True, features=MAXTEXT_FEATURES,
+               conventions=MAXTEXT_CONVENTIONS)
 
 # MaxText releases whose cudnn_flash_jax ignores decoder_segment_ids in training (the seed
 # report; still in 0.2.5 on the H200): there the harness expects the bug and catches it, as it
@@ -117,9 +200,134 @@ def installed_version() -> tuple[int, ...] | None:
 def known_bug_expectation(case, check, segment):
     from harness.kernels.reference import ignores_segments_expectation
     version = installed_version()
-    if version is not None and version <= IGNORES_SEGMENTS_UP_TO:
+    if version is not None and version <= IGNORES_SEGMENTS_UP_TO and segment is not None:
         return ignores_segments_expectation(case, check, segment)
     return "pass"
+
+
+# ----- features a path drops ---------------------------------------------------------------------
+
+# MaxText releases whose GPU paths silently drop configured features (0.2.5, read from the
+# wheel's src/maxtext/layers/attention_op.py; line numbers are that file's). None of its config
+# checks (configs/types.py) refuses these combinations.
+DROPS_UP_TO = (0, 2, 5)
+DROPPED = {
+    "cudnn_flash_jax": {
+        WINDOW: "the sliding window: cudnn_jax_flash_attention (2829-2877) calls jax's cuDNN "
+                "SDPA with mask_type=CAUSAL and no sliding_window_length (2865-2874), and "
+                "reads neither attention_type nor sliding_window_size",
+        CHUNK: "the chunks: cudnn_jax_flash_attention (2829-2877) never reads attention_type "
+               "or chunk_attn_window_size; its call is plain CAUSAL (2865-2874)",
+        SOFTCAP: "the soft cap: cudnn_jax_flash_attention (2829-2877) passes no "
+                 "attn_logits_soft_cap (nor a score_mod) to jax's cuDNN SDPA",
+    },
+    "cudnn_flash_te": {
+        CHUNK: "the chunks: on the packed (THD) layout cudnn_flash_attention hands TE a "
+               "SequenceDescriptor of the segments only (2693-2715); attention_type=chunk "
+               "reaches TE nowhere (2663-2664 raises only under context parallelism)",
+        SOFTCAP: "the soft cap: cudnn_flash_attention builds TE's DotProductAttention "
+                 "(2757-2776) without attn_logits_soft_cap, which TE has no argument for",
+    },
+    "flash": {
+        WINDOW: "the sliding window: on GPU, apply_attention masks causal and same-segment "
+                "only (tokamax Mask, 1733-1737) and reads attention_type only to refuse "
+                "block diffusion (1714-1718)",
+        CHUNK: "the chunks: on GPU, apply_attention masks causal and same-segment only "
+               "(1733-1737)",
+        SOFTCAP: "the soft cap: on GPU, apply_attention calls tokamax's Pallas-Triton flash "
+                 "attention without logits_soft_cap (1739)",
+    },
+}
+# A tolerance check is expected known where dropping the features moves the segment past
+# KNOWN_ABOVE times its tolerance (the kernel's own rounding comes on top of what the drop
+# moves: a fraction of the tolerance), pass below PASS_BELOW, and between the two too close to
+# call: left to the leak probe.
+KNOWN_ABOVE, PASS_BELOW = 1.5, 0.5
+
+
+@functools.lru_cache(maxsize=8)
+def drop_prediction(case, dropped: tuple[str, ...], convention: str) -> dict:
+    """What a kernel that computes `case` without the features `dropped` shows, from the case's
+    inputs: per (check, row, segment number) of out, dq, dk and dv, the distance of the truth
+    without them from the truth over the tolerance the judge applies there (its same-dtype
+    peer's error and the truth's scale); for "dsinks" (key None) the same over the heads; and
+    for "leak" the set of (row, segment number) where the leak probe's perturbations
+    (harness.judge.leak_probe: the same groups) redraw a token the kernel reads and the case's
+    mask does not, so that a token the probe keeps fixed moves."""
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    from harness.judge import judging, leak_probe, oracle
+    from harness.judge import vocabulary as v
+    from harness.judge.metrics import segment_error, token_errors
+    from harness.model.case import make_inputs
+
+    features = case.features
+    for name in dropped:
+        features = features.without(name)
+    without = dataclasses.replace(case, features=features)
+    # Uncached: the runner's own references stay in reference_for's cache.
+    ref = oracle.reference_for.__wrapped__(case, None, convention)
+    got = jax.jit(oracle.reference_fn(without, True, convention))(*make_inputs(case).device_args)
+    out = {}
+    for chk, errors in zip(v.TENSORS, token_errors(got[:4], ref.truth[:4])):
+        for seg in case.segments:
+            m = segment_error(errors, ref.peer_token_err[chk.name], seg, 1)
+            tol = judging.tolerance(chk, case.dtype, m.peer_err, ref.scale[chk.name])
+            out[(chk.name, seg.row, seg.number)] = m.max_abs_err / tol
+    if case.features.sinks:
+        err = float(np.abs(np.asarray(got[4], np.float64)
+                           - np.asarray(ref.truth[4], np.float64)).max())
+        out[v.DSINKS.name] = err / judging.tolerance(v.DSINKS, case.dtype, ref.peer_dsinks_err,
+                                                     ref.dsinks_scale)
+    must = leak_probe.dependencies(case, convention)
+    reads = leak_probe.dependencies(without, convention)
+    leaks = set()
+    for _, redraw in leak_probe.groups(case, convention):
+        kept, still = leak_probe.untouched(must, redraw), leak_probe.untouched(reads, redraw)
+        for seg in case.segments:
+            sl = (seg.row, slice(seg.start, seg.stop))
+            if any((kept[c][sl] & ~still[c][sl]).any() for c in kept):
+                leaks.add((seg.row, seg.number))
+    out[v.LEAK.name] = leaks
+    return out
+
+
+def drops_expectation(attention: str, base=None, convention: str = "row"):
+    """expect(case, check, segment) of MaxText's `attention` path, which drops the features
+    DROPPED[attention] (maxtext <= DROPS_UP_TO): where `base` (the path's other expectations)
+    says pass, the drop's prediction (drop_prediction): known on out/dq/dk/dv/dsinks past
+    KNOWN_ABOVE, too close to call between PASS_BELOW and KNOWN_ABOVE, a leak where the probe
+    sees one; `base`'s word elsewhere (a fail or an either stays)."""
+    from harness.judge import vocabulary as v
+
+    def expect(case, check, segment):
+        value = base(case, check, segment) if base is not None else v.PASS
+        dropped = tuple(n for n in case.features.names if n in DROPPED[attention])
+        version = installed_version()
+        if (not dropped or version is None or version > DROPS_UP_TO
+                or (value[0] if isinstance(value, tuple) else value) != v.PASS):
+            return value
+        what = " and ".join(DROPPED[attention][n].split(":")[0] for n in dropped)
+        where = "; ".join(DROPPED[attention][n] for n in dropped)
+        prediction = drop_prediction(case, dropped, convention)
+        if check == v.LEAK.name:
+            return v.FAIL if (segment.row, segment.number) in prediction[check] else v.PASS
+        key = check if segment is None else (check, segment.row, segment.number)
+        if key not in prediction:
+            return value
+        ratio = prediction[key]
+        reason = (f"known upstream bug: MaxText {'.'.join(map(str, version))}'s {attention} "
+                  f"ignores {what} (attention_op.py {where})")
+        if ratio > KNOWN_ABOVE or (segment is None and ratio > 1.0):
+            return v.KNOWN, reason
+        if ratio < PASS_BELOW or segment is None:
+            return v.PASS
+        return v.EITHER, (f"{reason}; dropping it moves this segment {ratio:.2f}x its "
+                          "tolerance: too close to call, left to the leak probe")
+    return expect
 
 # MaxText's dot_product divides its unnormalized output by the softmax sum in the input dtype
 # (`prefill_unnormalized_output / prefill_exponentials_sum`, float32_logits off as in base.yml).
@@ -151,7 +359,9 @@ FLOAT16_SUM_PREDICTED = 255.94 * (1 - 2 ** -10)
 def softmax_sums(case) -> dict[tuple[int, int], float]:
     """(row, segment number) -> the largest softmax denominator sum_j exp(s_ij - max_j s_ij)
     over the segment's queries and heads, from the case's inputs (query pre-scaled in its
-    dtype, as the adapter and MaxText's attention layer do; same-segment, causal mask)."""
+    dtype, as the adapter and MaxText's attention layer do; same-segment, causal mask; with the
+    case's features as MaxText applies them: the soft cap on the scores, the window and the
+    row-start chunks in the mask, the sink's logit in the max and the sum)."""
     import jax
     import jax.numpy as jnp
 
@@ -159,24 +369,36 @@ def softmax_sums(case) -> dict[tuple[int, int], float]:
 
     x = make_inputs(case)
     group = case.heads // case.kv_heads
+    f = case.features
 
     @jax.jit
-    def row_sums(q, k, seg):
+    def row_sums(q, k, seg, sinks):
         q = (q * jnp.asarray(case.scale, q.dtype)).astype(jnp.float32)
         k = jnp.repeat(k, group, axis=1).astype(jnp.float32)
         s = jnp.einsum("qhd,khd->hqk", q, k)
+        if f.softcap is not None:
+            s = f.softcap * jnp.tanh(s / f.softcap)
         t = seg.shape[0]
+        idx = jnp.arange(t)
         mask = (seg[:, None] == seg[None, :]) & (seg[:, None] > 0)
         if case.causal:
             mask &= jnp.tril(jnp.ones((t, t), bool))
+        if f.window is not None:
+            mask &= idx[None, :] >= idx[:, None] - f.window[0]
+        if f.chunk is not None:
+            mask &= idx[:, None] // f.chunk == idx[None, :] // f.chunk
         s = jnp.where(mask[None], s, -jnp.inf)
         m = jnp.max(s, axis=-1, keepdims=True)
+        if sinks is not None:
+            m = jnp.maximum(m, sinks[:, None, None])
         total = jnp.where(mask[None], jnp.exp(s - m), 0.0).sum(-1)
+        if sinks is not None:
+            total += jnp.exp(sinks[:, None] - m[..., 0])
         return total.max(axis=0)                                           # [T]
 
     out = {}
     for row in range(case.batch):
-        sums = np.asarray(row_sums(x.query[row], x.key[row], x.segment_ids[row]))
+        sums = np.asarray(row_sums(x.query[row], x.key[row], x.segment_ids[row], x.sinks))
         for seg in case.row_segments(row):
             out[(row, seg.number)] = float(sums[seg.start:seg.stop].max())
     return out
@@ -184,9 +406,17 @@ def softmax_sums(case) -> dict[tuple[int, int], float]:
 
 def float16_sum_expectation(case, check, segment):
     """Known exactly where the bug can show: dq and dk in float16 of segments in which some
-    query's softmax sum passes FLOAT16_SUM_PREDICTED (a segment needs over 256 keys for that);
-    everywhere else the kernel must pass."""
+    query's softmax sum passes FLOAT16_SUM_PREDICTED (a segment needs over 256 keys for that),
+    and dsinks (segment None: it sums over every query) where some segment does; everywhere
+    else the kernel must pass."""
     version = installed_version()
+    if segment is None:
+        if (check == "dsinks" and case.dtype == "float16" and version is not None
+                and version <= FLOAT16_SUM_UP_TO
+                and any(s.length > 256 and softmax_sums(case)[(s.row, s.number)]
+                        > FLOAT16_SUM_PREDICTED for s in case.segments)):
+            return "known", FLOAT16_SUM_REASON + "; dsinks, through those queries' sums"
+        return "pass"
     if (case.dtype == "float16" and check in FLOAT16_SUM_CHECKS and segment.length > 256
             and version is not None and version <= FLOAT16_SUM_UP_TO
             and softmax_sums(case)[(segment.row, segment.number)] > FLOAT16_SUM_PREDICTED):
@@ -248,26 +478,75 @@ def _positions(segment_ids):
     return jnp.where(segment_ids > 0, idx - start, 0).astype(jnp.int32)
 
 
-def kernel(query, key, value, segment_ids, *, causal, scale, max_segments=-1):
+def _feature_settings(window=None, softcap=None, chunk=None, sinks=False):
+    """(AttentionOp arguments, config settings) for the features, as a model configures them: a
+    window (left, 0) is local_sliding attention over left + 1 keys (self included, causal);
+    chunks are chunk attention (MaxText counts them from the row's start); the soft cap caps
+    the pre-scaled logits."""
+    op, config = {}, {}
+    if window is not None:
+        left, right = (int(x) for x in window)
+        if right:
+            raise ValueError(f"window {tuple(window)}: MaxText's local_sliding window is causal "
+                             "(left only); it takes no right bound")
+        op.update(attention_type="local_sliding", sliding_window_size=left + 1)
+        config["sliding_window_size"] = left + 1
+    if chunk is not None:
+        if window is not None:
+            raise ValueError("MaxText's attention_type is local_sliding or chunk, not both")
+        op.update(attention_type="chunk", chunk_attn_window_size=int(chunk))
+        config["chunk_attn_window_size"] = int(chunk)
+    if softcap is not None:
+        op["attn_logits_soft_cap"] = config["attn_logits_soft_cap"] = float(softcap)
+    if sinks:
+        config["attention_sink"] = True
+    return op, config
+
+
+def kernel(query, key, value, segment_ids, *, causal, scale, max_segments=-1, window=None,
+           softcap=None, chunk=None, sinks=None):
     """MaxText's AttentionOp in train mode with attention=ATTENTION, dropout off,
     max_segments_per_seq=max_segments (as MaxText's base.yml asks on GPUs with TE) and a real
     dataset's dataset_type (base.yml's "synthetic" keeps TE off its packed layout), on a
     one-device mesh with every axis of base.yml's mesh_axes (size 1). The op applies no softmax
     scale: the query is pre-scaled, as MaxText's attention layer does. Segment positions are
-    each token's position inside its segment. MaxText's decoder attention is causal."""
+    each token's position inside its segment. MaxText's decoder attention is causal.
+    Features: window=(left, 0), softcap=, chunk= go to the op's constructor, sinks (float32
+    [heads]) to its call."""
     del causal
-    _, t, heads, _ = query.shape
+    _, t, heads, head_dim = query.shape
+    op_features, config_features = _feature_settings(window, softcap, chunk, sinks is not None)
     config = MaxTextConfig(attention=ATTENTION, enable_dropout=False, dropout_rate=0.0,
-                           max_segments_per_seq=max_segments, dataset_type="tfds")
+                           max_segments_per_seq=max_segments, dataset_type="tfds",
+                           head_dim=head_dim, **config_features)
     axes = tuple(_base_config()["mesh_axes"])
     mesh = Mesh(np.array(jax.local_devices()[:1]).reshape((1,) * len(axes)), axes)
     op = AttentionOp(config=config, mesh=mesh, attention_kernel=ATTENTION, max_target_length=t,
-                     num_query_heads=heads, num_kv_heads=key.shape[2], dtype=query.dtype)
+                     num_query_heads=heads, num_kv_heads=key.shape[2], dtype=query.dtype,
+                     **op_features)
+    call = {} if sinks is None else {"sinks": sinks}
     out = op(query * jnp.asarray(scale, query.dtype), key, value, segment_ids,
-             _positions(segment_ids), "train")
+             _positions(segment_ids), "train", **call)
     return out[0] if isinstance(out, tuple) else out
 '''
 
+
+def mla_needs_hopper(case, platform):
+    """jax's cuDNN attention takes a value head dim of its own (MLA) on Hopper and newer only:
+    below, it raises "mla requires cudnn version >= 9.10 and at least hopper arch." when
+    traced (fused_attention_stablehlo.py:398-400), naming no feature."""
+    if (case.features.head_dim_v is not None and platform.name == "gpu"
+            and (platform.compute_capability or 0) < 9.0):
+        return [f"value head dim {case.features.head_dim_v} != head dim {case.head_dim}: jax's "
+                "cuDNN attention takes it (MLA) on compute capability >= 9.0 only"]
+    return []
+
+
+# The known expectations of each path in maxtext <= 0.2.5: segment ids ignored by
+# cudnn_flash_jax (its train call is plain CAUSAL), and the features each drops (DROPPED).
+CUDNN_FLASH_JAX_EXPECT = drops_expectation("cudnn_flash_jax", base=known_bug_expectation)
+CUDNN_FLASH_TE_EXPECT = drops_expectation("cudnn_flash_te")
+FLASH_EXPECT = drops_expectation("flash")
 
 KERNELS = [
     # MaxText's dot_product masks by comparing segment ids: padding may sit anywhere.
@@ -279,15 +558,32 @@ KERNELS = [
     Kernel("maxtext:cudnn_flash_jax",
            functools.partial(maxtext_attention, attention="cudnn_flash_jax"),
            dtypes=CUDNN, devices=("gpu",), min_compute_capability=8.0,
-           hlo_markers=CUDNN_MARKER, expect=known_bug_expectation, **_COMMON,
+           hlo_markers=CUDNN_MARKER, expect=CUDNN_FLASH_JAX_EXPECT,
+           **{**_COMMON, "constraints": lambda c, p: maxtext_constraints(c, p)
+              + mla_needs_hopper(c, p)},
            standalone=MAXTEXT_STANDALONE.replace("@ATTENTION@", "cudnn_flash_jax"),
            description="MaxText's AttentionOp, attention=cudnn_flash_jax (installed maxtext; "
-                       "maxtext <= 0.2.5 ignores segment ids: expected to be caught)"),
+                       "maxtext <= 0.2.5 ignores segment ids, the window, chunks and soft "
+                       "cap: expected to be caught / known)"),
     Kernel("maxtext:cudnn_flash_te",
            functools.partial(maxtext_attention, attention="cudnn_flash_te"),
            dtypes=CUDNN, devices=("gpu",), min_compute_capability=9.0,
            hlo_markers=TE_MARKERS, deterministic_env=TE_DETERMINISTIC, padding_output="zero",
+           expect=CUDNN_FLASH_TE_EXPECT,
            **{**_COMMON, "requires": ("maxtext", "transformer_engine")},
            standalone=MAXTEXT_STANDALONE.replace("@ATTENTION@", "cudnn_flash_te"),
-           description="MaxText's AttentionOp, attention=cudnn_flash_te (installed maxtext and TE)"),
+           description="MaxText's AttentionOp, attention=cudnn_flash_te (installed maxtext and "
+                       "TE; maxtext <= 0.2.5 ignores chunks and the soft cap: known)"),
+    # On GPUs MaxText's `flash` is tokamax's Pallas-Triton flash attention (apply_attention,
+    # 1712-1740). tokamax 0.0.12's Triton kernel calls pl.dot, gone from jax 0.12 and
+    # deprecated in 0.11 (harness.kernels.tokamax_adapter: raised when traced on the H200's
+    # jax 0.11.2): a known upstream crash until that changes.
+    Kernel("maxtext:flash", functools.partial(maxtext_attention, attention="flash"),
+           dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",),
+           min_compute_capability=8.0, hlo_markers=TRITON_MARKER, expect_error=TRITON_ERROR,
+           expect=FLASH_EXPECT, **_COMMON,
+           standalone=MAXTEXT_STANDALONE.replace("@ATTENTION@", "flash"),
+           description="MaxText's AttentionOp, attention=flash on GPU: tokamax Pallas-Triton "
+                       "(installed maxtext; tokamax 0.0.12 needs pl.dot, gone from jax >= 0.11: "
+                       "known crash; maxtext <= 0.2.5 ignores the window, chunks and soft cap)"),
 ]

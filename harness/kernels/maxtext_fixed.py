@@ -8,21 +8,36 @@ result is loaded as its own module, `maxtext.layers.attention_op_fixed`, beside 
 original, and its AttentionOp is called exactly as the `maxtext:` kernels call the original
 (harness.kernels.maxtext_adapter.maxtext_attention: same config, mesh and scaling).
 
-Kernels:
+Kernels (each takes the features the maxtext: kernels take, handed over the same way; with
+the patch every path honours a feature or refuses it when the op is configured, so none
+declares a known drop):
 - maxtext_fixed:cudnn_flash_jax: real cuDNN. On Hopper and newer the patched op takes cuDNN's
   packed layout (the hlo marker `__cudnn$fmha` proves the fused kernel ran); below, its segment
-  mask (the bias path, with jax's limits on it: even seq_len, head_dim <= 128).
+  mask (the bias path, with jax's limits on it: even seq_len, head_dim <= 128). The window goes
+  to cuDNN as `sliding_window_length` (packed: per segment; below Hopper, into the mask); soft
+  cap and chunks are refused by AttentionOp.__init__, sinks by validate_gpu_flash_attention.
 - maxtext_fixed:cudnn_flash_jax:emulated / :emulated-sm80 (CPU): the patched op with jax's
   cuDNN SDPA replaced by harness.sut.cudnn_emulator and jax's compute capability check answering
   as a 9.0 (packed path) or 8.0 (mask path) GPU would. The patch picks its path through
   `jax._src.cudnn.fused_attention_stablehlo.check_compute_capability`, the function jax itself
-  uses, so nothing in MaxText's code is bypassed.
+  uses, so nothing in MaxText's code is bypassed. The emulator takes `sliding_window_length` as
+  cuDNN does (a left bound; the right bound is the query under a causal mask type).
 - maxtext:cudnn_flash_jax:emulated (CPU): the installed, unpatched op through the same emulator:
-  maxtext <= 0.2.5 ignores segment ids there, and the harness must catch it, as on the GPU.
+  maxtext <= 0.2.5 ignores segment ids there, and the window, chunks and soft cap, and the
+  harness must catch it (segments) or report it known (features), as on the GPU.
+- maxtext_fixed:cudnn_flash_te (GPU, TE): the patched op's TE path: window and sinks as before,
+  soft cap and chunks refused at configuration.
+- maxtext_fixed:dot_product (CPU, GPU): the patched op's dot_product (it honours everything;
+  the patch adds only the configuration checks on its way).
+- maxtext:flash:emulated, maxtext_fixed:flash:emulated (CPU): MaxText's GPU `flash` path
+  (apply_attention's tokamax branch, which a CPU takes too) with tokamax's Pallas-Triton class
+  replaced by tokamax's own XLA reference of the same op (tokamax._src.ops.attention.base.
+  DotProductAttention: same call, same Mask), so that the mask MaxText builds is checked where
+  no Triton runs: unpatched, the window and chunks are dropped (known); patched, honoured.
 
-The emulator's stand-in is installed by replacing those two attributes of jax's module while the
-kernel traces (the op imports them at call time), under a lock. These kernels run on CPUs only,
-where nothing else calls jax's cuDNN SDPA.
+The stand-ins are installed by replacing attributes of jax's (or tokamax's) module while the
+kernel traces (the op looks them up at call time), under a lock. These kernels run on CPUs only,
+where nothing else calls jax's cuDNN SDPA or tokamax's Triton flash attention.
 """
 from __future__ import annotations
 
@@ -39,9 +54,10 @@ import threading
 from pathlib import Path
 
 from harness.kernels import maxtext_adapter
-from harness.kernels.kernel import Kernel
+from harness.kernels.kernel import ALL_DTYPES, Kernel, Platform
 from harness.kernels.libraries import mark_absl_flags_parsed
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER
+from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"
 PATCH_NAME = "attention_op.patch"
@@ -179,17 +195,34 @@ def emulated_cudnn(compute_capability: float):
 
 # ----- kernels ----------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def emulated_triton():
+    """While inside: tokamax's Pallas-Triton flash attention class, which MaxText's GPU `flash`
+    path instantiates and calls, is tokamax's XLA reference of the same op (same arguments,
+    same Mask; it runs anywhere)."""
+    from unittest import mock
+
+    from tokamax._src.ops.attention import base as tokamax_base
+    from tokamax._src.ops.attention import pallas_triton
+
+    with _EMULATION, mock.patch.object(pallas_triton, "PallasTritonFlashAttention",
+                                       tokamax_base.DotProductAttention):
+        yield
+
+
 def fixed_attention(query, key, value, segment_ids, *, causal, scale, max_segments, attention,
-                    emulate: float | None = None, patched: bool = True):
+                    emulate: float | None = None, patched: bool = True, **features):
     """MaxText's AttentionOp (patched, or the installed original), as the maxtext: kernels call
-    it; `emulate`: through the cuDNN emulator as a GPU of that compute capability."""
+    it, with the case's features; `emulate`: through the cuDNN emulator as a GPU of that compute
+    capability (attention=cudnn_flash_jax), or through tokamax's XLA reference in place of its
+    Triton kernel (attention=flash)."""
     module = patched_module() if patched else None
     call = functools.partial(maxtext_adapter.maxtext_attention, query, key, value, segment_ids,
                              causal=causal, scale=scale, max_segments=max_segments,
-                             attention=attention, attention_op_module=module)
+                             attention=attention, attention_op_module=module, **features)
     if emulate is None:
         return call()
-    with emulated_cudnn(emulate):
+    with (emulated_triton() if attention == "flash" else emulated_cudnn(emulate)):
         return call()
 
 
@@ -220,38 +253,85 @@ def _mask_path_limits(cc: float | None):
     return reasons
 
 
-def _constraints(cc: float | None = None):
-    limits = _mask_path_limits(cc)
-    return lambda case, platform: (maxtext_adapter.python_312(case, platform)
-                                   + _has_patch(case, platform) + limits(case, platform))
+def _mla_limits(cc: float | None):
+    """jax's cuDNN takes a value head dim of its own (MLA) on Hopper and newer only
+    (maxtext_adapter.mla_needs_hopper), on a GPU of compute capability `cc` (None: the
+    platform's)."""
+    def reasons(case, platform):
+        here = platform if cc is None else Platform("gpu", cc)
+        return maxtext_adapter.mla_needs_hopper(case, here)
+    return reasons
 
 
-_COMMON = dict(requires=("maxtext",), causal_only=True, takes_max_segments=True, dtypes=CUDNN)
+def _constraints(*limits):
+    """MaxText's (Python, what its API cannot express), the patch's (one for this version), and
+    the path's `limits` (functions of case and platform)."""
+    return lambda case, platform: (maxtext_adapter.maxtext_constraints(case, platform)
+                                   + _has_patch(case, platform)
+                                   + [r for f in limits for r in f(case, platform)])
 
 
-def _kernel(name, description, *, emulate=None, patched=True, **capabilities):
-    fn = functools.partial(fixed_attention, attention="cudnn_flash_jax", emulate=emulate,
+def _cudnn_flash_jax_constraints(cc: float | None = None):
+    return _constraints(_mask_path_limits(cc), _mla_limits(cc))
+
+
+_COMMON = dict(requires=("maxtext",), causal_only=True, takes_max_segments=True, dtypes=CUDNN,
+               features=maxtext_adapter.MAXTEXT_FEATURES,
+               conventions=maxtext_adapter.MAXTEXT_CONVENTIONS)
+
+
+def _kernel(name, description, *, attention="cudnn_flash_jax", emulate=None, patched=True,
+            **capabilities):
+    fn = functools.partial(fixed_attention, attention=attention, emulate=emulate,
                            patched=patched)
     if emulate is not None:
         capabilities.update(devices=("cpu",), materializes_scores=True)
-    return Kernel(name, fn, **_COMMON, description=description, **capabilities)
+    return Kernel(name, fn, **{**_COMMON, **capabilities}, description=description)
 
+
+# The flash kernels' `emulate`: any value puts tokamax's XLA reference in place of Triton.
+XLA_FOR_TRITON = 0.0
 
 KERNELS = [
     _kernel("maxtext_fixed:cudnn_flash_jax", head_dims=CUDNN_HEAD_DIMS, devices=("gpu",),
-            min_compute_capability=8.0, hlo_markers=CUDNN_MARKER, constraints=_constraints(),
+            min_compute_capability=8.0, hlo_markers=CUDNN_MARKER,
+            constraints=_cudnn_flash_jax_constraints(),
             description="MaxText's AttentionOp, attention=cudnn_flash_jax, with patches/ "
-                        "applied (installed maxtext; packed cuDNN on Hopper+, mask below)"),
+                        "applied (installed maxtext; packed cuDNN on Hopper+, mask below; "
+                        "window honoured, soft cap, chunks and sinks refused)"),
     _kernel("maxtext_fixed:cudnn_flash_jax:emulated", emulate=9.0, head_dims=CUDNN_HEAD_DIMS,
-            constraints=_constraints(9.0),
+            constraints=_cudnn_flash_jax_constraints(9.0),
             description="the patched MaxText op's packed path through the cuDNN emulator"),
     _kernel("maxtext_fixed:cudnn_flash_jax:emulated-sm80", emulate=8.0,
-            head_dims=tuple(range(8, 129, 8)), constraints=_constraints(8.0),
+            head_dims=tuple(range(8, 129, 8)), constraints=_cudnn_flash_jax_constraints(8.0),
             description="the patched MaxText op as on an sm80 GPU (segment mask), through the "
                         "cuDNN emulator"),
     _kernel("maxtext:cudnn_flash_jax:emulated", emulate=9.0, patched=False,
-            head_dims=CUDNN_HEAD_DIMS, expect=maxtext_adapter.known_bug_expectation,
-            constraints=maxtext_adapter.python_312,
+            head_dims=CUDNN_HEAD_DIMS, expect=maxtext_adapter.CUDNN_FLASH_JAX_EXPECT,
+            constraints=maxtext_adapter.maxtext_constraints,
             description="MaxText's AttentionOp as installed (unpatched), attention="
-                        "cudnn_flash_jax, through the cuDNN emulator: maxtext <= 0.2.5 caught"),
+                        "cudnn_flash_jax, through the cuDNN emulator: maxtext <= 0.2.5 caught "
+                        "(segment ids), known (window, chunks, soft cap)"),
+    _kernel("maxtext_fixed:cudnn_flash_te", attention="cudnn_flash_te", devices=("gpu",),
+            min_compute_capability=9.0, hlo_markers=TE_MARKERS,
+            deterministic_env=TE_DETERMINISTIC, padding_output="zero",
+            requires=("maxtext", "transformer_engine"), constraints=_constraints(),
+            description="MaxText's AttentionOp, attention=cudnn_flash_te, with patches/ applied "
+                        "(installed maxtext and TE; window and sinks honoured, soft cap and "
+                        "chunks refused)"),
+    # dot_product computes in the inputs' dtype: every dtype, on any device; padding anywhere.
+    _kernel("maxtext_fixed:dot_product", attention="dot_product", dtypes=ALL_DTYPES,
+            padding_anywhere=True, materializes_scores=True, constraints=_constraints(),
+            expect=maxtext_adapter.float16_sum_expectation,
+            description="MaxText's AttentionOp, attention=dot_product, with patches/ applied "
+                        "(it honours every feature; the patch adds checks on its way)"),
+    _kernel("maxtext:flash:emulated", attention="flash", emulate=XLA_FOR_TRITON, patched=False,
+            expect=maxtext_adapter.FLASH_EXPECT, constraints=maxtext_adapter.maxtext_constraints,
+            description="MaxText's AttentionOp as installed (unpatched), attention=flash on its "
+                        "GPU path, with tokamax's XLA reference in place of Triton: maxtext <= "
+                        "0.2.5 known (window, chunks, soft cap)"),
+    _kernel("maxtext_fixed:flash:emulated", attention="flash", emulate=XLA_FOR_TRITON,
+            constraints=_constraints(),
+            description="the patched MaxText op's GPU flash path with tokamax's XLA reference "
+                        "in place of Triton: window and chunks in its mask, soft cap refused"),
 ]

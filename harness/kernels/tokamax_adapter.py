@@ -11,6 +11,22 @@ dense same-segment mask, as these kernels do (harness.sut.dot_product.segment_ma
 causal=False, causality left to `is_causal`; padding attends padding only, so no query row is
 fully masked and no valid query sees padding, wherever it sits).
 
+Features, as its API takes them (tokamax 0.0.12 `dot_product_attention`; 0.0.17 the same):
+- window: `local_window_size=(before, after)`: "k_start = k - before, k_end = k + after + 1"
+  per query row, i.e. keys [i - before, i + after] on the absolute row index. ANDed with the
+  same-segment mask that is the per-segment window (it depends on i - j only), so the case's
+  (left, right) is passed as is (right 0 under the causal mask).
+- softcap: `logits_soft_cap=cap`: "logits = logits_soft_cap * tanh(logits /
+  logits_soft_cap), where logits are scale * query @ key.T + bias", the harness's convention.
+  xla and xla_chunked cap forward and backward; cudnn raises
+  `NotImplementedError("`logits_soft_cap` not supported.")` when traced (a refusal naming
+  it); triton caps its forward and raises `NotImplementedError("`logits_soft_cap`
+  unsupported.")` when its backward is traced (a refusal too); mosaic caps both.
+- head_dim_v: the value may have its own head dim ("Support for different output head
+  dimension (h)": value [..., S, K, h] -> output [..., T, N, h]); cudnn pads q, k and v to the
+  larger one and slices the output.
+No sink or chunk argument (a chunk would need a mask of its own), so neither is declared.
+
 The implementations (tokamax 0.0.12, read from its source):
 - `xla`: einsum attention, float32 logits; builds the [B, N, T, S] scores (dense).
 - `xla_chunked`: the same in chunks of (512 queries, 1024 keys): no T x S scores, but the
@@ -50,23 +66,34 @@ TRITON_MARKER = ("__gpu$xla.gpu.triton",)   # jax's Pallas Triton custom call
 MOSAIC_MARKER = ("mosaic_gpu",)             # jax's Mosaic GPU custom call ("mosaic_gpu_v2")
 
 
-def tokamax_attention(query, key, value, segment_ids, *, causal, scale, implementation):
+# The features tokamax's public API takes (harness.model.features).
+TOKAMAX_FEATURES = ("window", "softcap", "head_dim_v")
+
+
+def tokamax_attention(query, key, value, segment_ids, *, causal, scale, implementation,
+                      window=None, softcap=None):
     """tokamax.dot_product_attention(..., mask=<same segment>, is_causal, scale,
-    implementation=implementation): the public API, as a user packing rows calls it."""
+    implementation=implementation[, local_window_size=(left, right)][, logits_soft_cap=cap]):
+    the public API, as a user packing rows calls it."""
     import tokamax
 
+    extra = {}
+    if window is not None:
+        extra["local_window_size"] = (int(window[0]), int(window[1]))
+    if softcap is not None:
+        extra["logits_soft_cap"] = float(softcap)
     # The mask is built from the traced ids: a mask closed over as a constant makes XLA
     # constant-fold a T x T array at every compile.
     return tokamax.dot_product_attention(
         query, key, value, mask=segment_mask(segment_ids, causal=False), is_causal=causal,
-        scale=scale, implementation=implementation)
+        scale=scale, implementation=implementation, **extra)
 
 
 def _impl(implementation: str):
     return functools.partial(tokamax_attention, implementation=implementation)
 
 
-_COMMON = dict(requires=("tokamax",), padding_anywhere=True)
+_COMMON = dict(requires=("tokamax",), padding_anywhere=True, features=TOKAMAX_FEATURES)
 
 KERNELS = [
     # float32 included: on CPUs tokamax computes float32 dots exactly; on GPUs its default

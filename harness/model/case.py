@@ -76,6 +76,9 @@ class Case:
             raise ValueError("batch, seq_len, heads, kv_heads and head_dim must be >= 1")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
+        if self.features.head_dim_v == self.head_dim:
+            raise ValueError(f"head_dim_v {self.features.head_dim_v} is the head dim: a value "
+                             "head dim of its own differs from the query's")
         if self.causal and self.features.window is not None and self.features.window[1]:
             raise ValueError(f"window {self.features.window}: a causal mask reads nothing "
                              "ahead (right size 0)")

@@ -7,12 +7,34 @@ import fnmatch
 
 from harness.errors import UsageError
 from harness.model.case import Case
+from harness.model.features import Features
 from harness.model.layouts import LAYOUTS
 
 # Layouts every suite covers at its main shapes; the long-row layouts have shapes of their own.
 _LONG = ("unaligned/long-edges", "packed/dozens")
 _MAIN = [lay for lay in LAYOUTS if lay not in _LONG]
 _BIDIRECTIONAL = ("packed/random", "padded/between", "unpacked/pad-tail", "extremes/single-tokens")
+
+
+# The attention features models train with (harness.model.features), each on packed,
+# unaligned and padded rows: sliding windows (causal, and reading ahead without the causal mask),
+# a soft cap, chunks, sinks, a value head dim of its own, and two combinations models use
+# (gpt-oss: a window with sinks; Gemma 2: a window with a soft cap). Sizes are in tokens of the
+# suite's rows: windows and chunks short enough that every segment of a row holds several, so
+# the leak probe finds tokens beyond their edges inside one segment.
+def feature_set(window: int, ahead: int, chunk: int, head_dim_v: int) -> list[tuple]:
+    """(features, causal) of a suite's feature cases."""
+    return [(Features(window=(window, 0)), True),
+            (Features(window=(window, ahead)), False),
+            (Features(softcap=2.0), True),
+            (Features(chunk=chunk), True),
+            (Features(sinks=True), True),
+            (Features(head_dim_v=head_dim_v), True),
+            (Features(window=(window, 0), sinks=True), True),
+            (Features(window=(window, 0), softcap=2.0), True)]
+
+
+_FEATURE_LAYOUTS = ("packed/random", "unaligned/odd", "padded/between")
 
 
 def smoke() -> list[Case]:
@@ -30,6 +52,14 @@ def smoke() -> list[Case]:
     for layout in _BIDIRECTIONAL:
         cases.append(Case(layout, 4, 256, 4, 2, 64, "bfloat16", seed=2, causal=False))
         cases.append(Case(layout, 4, 256, 4, 4, 32, "float32", seed=2, causal=False))
+    # Features: bfloat16 GQA on each feature layout; float32 MHA on packed rows.
+    for features, causal in feature_set(window=15, ahead=8, chunk=32, head_dim_v=32):
+        for layout in _FEATURE_LAYOUTS:
+            cases.append(Case(layout, 4, 256, 4, 2, 64, "bfloat16", seed=6, causal=causal,
+                              features=features))
+    for features, causal in feature_set(window=15, ahead=8, chunk=32, head_dim_v=16):
+        cases.append(Case("packed/random", 4, 256, 4, 4, 32, "float32", seed=6, causal=causal,
+                          features=features))
     return cases
 
 
@@ -50,6 +80,11 @@ def nightly() -> list[Case]:
         cases.append(Case(layout, 4, 2048, 8, 2, 128, "bfloat16", seed=4, causal=False))
     for layout in ("packed/random", "padded/between"):
         cases.append(Case(layout, 4, 1024, 8, 8, 64, "bfloat16", seed=4, causal=False))
+    # Features at the main GQA shape: windows of 255 back (and 128 ahead), chunks of 512.
+    for features, causal in feature_set(window=255, ahead=128, chunk=512, head_dim_v=64):
+        for layout in _FEATURE_LAYOUTS:
+            cases.append(Case(layout, 4, 2048, 8, 2, 128, "bfloat16", seed=6, causal=causal,
+                              features=features))
     return cases
 
 

@@ -23,6 +23,7 @@ from harness.judge import vocabulary as v
 from harness.judge.record import Record
 from harness.kernels.kernel import Platform
 from harness.model.case import Case
+from harness.model.features import Features
 from harness.tools.zoo import Entry
 from harness.tools.zoo import entries as zoo_entries
 
@@ -37,6 +38,11 @@ SELFTEST_CASES = (
     Case("packed/dozens", 4, 256, 4, 2, 32, "bfloat16", seed=0),
     Case("packed/random", 4, 256, 4, 2, 32, "bfloat16", seed=0, causal=False),
     Case("unaligned/long-edges", 4, 1152, 2, 1, 32, "float32", seed=0),
+    # The features (harness.model.features): a window, chunks, a soft cap, sinks.
+    Case("packed/many", 4, 256, 4, 2, 32, "bfloat16", seed=0, features=Features(window=(15, 0))),
+    Case("packed/many", 4, 256, 4, 2, 32, "bfloat16", seed=0, features=Features(chunk=32)),
+    Case("packed/many", 4, 256, 4, 2, 32, "bfloat16", seed=0, features=Features(softcap=2.0)),
+    Case("packed/many", 4, 256, 4, 2, 32, "bfloat16", seed=0, features=Features(sinks=True)),
 )
 
 CPU = Platform("cpu")

@@ -15,7 +15,10 @@ from harness.views.markdown import env_line, run_line
 from harness.views.summary import (
     coverage_lines,
     fmt,
+    digest_lines,
     known_lines,
+    refusal_lines,
+    skipped_kernel_lines,
     not_judged_lines,
     outcome_text,
     padding_lines,
@@ -52,6 +55,9 @@ img { max-width: 100%; }
 <td>{{ r.tol }}</td><td>{{ r.ratio }}</td><td>{{ r.worst_token }}</td><td><code>{{ r.case_id }}</code>
 {% if r.message %}<br>{{ r.message }}{% endif %}</td></tr>
 {% endfor %}</table>{% endif %}
+{% if digest %}<h2>Failing checks, per kernel</h2><ul>{% for line in digest %}<li class="bad">{{ line }}</li>{% endfor %}</ul>{% endif %}
+{% if refused %}<h2>Features refused before computing</h2><ul>{% for line in refused %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
+{% if idle %}<h2>Kernels that skipped every case</h2><ul>{% for line in idle %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
 {% if known %}<h2>Known upstream bugs</h2><ul>{% for line in known %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
 <h2>Not judged ({{ n_unjudged }} checks; {{ n_unprobed }} unprobed tensors)</h2>
 {% if not_judged %}<ul>{% for line in not_judged %}<li>{{ line }}</li>{% endfor %}</ul>
@@ -196,6 +202,8 @@ def write_html(path: Path, header: dict, records: list, traces: list) -> None:
         counts=outcome_text(records), heatmap=_heatmap(records), bad=_problem_rows(records),
         nothing=tallies.judged_nothing(records), plots=plots, dropped=dropped,
         not_judged=not_judged_lines(records), known=known_lines(records),
+        digest=digest_lines(records), refused=refusal_lines(records),
+        idle=skipped_kernel_lines(records),
         coverage=coverage_lines(records), power=power_rows(records),
         padding=padding_lines(records),
         n_unjudged=tallies.counts(records).get(v.UNJUDGED, 0),

@@ -11,8 +11,11 @@ from harness.judge import vocabulary as v
 from harness.judge.record import Record
 from harness.views.summary import (
     coverage_lines,
+    digest_lines,
     fmt,
     known_lines,
+    refusal_lines,
+    skipped_kernel_lines,
     margin_rows,
     not_judged_lines,
     outcome_text,
@@ -21,7 +24,8 @@ from harness.views.summary import (
 )
 
 MARKS = {v.CELL_OK: "🟢", v.CELL_NEAR: "🟡", v.CELL_CAUGHT: "🔵", v.CELL_KNOWN: "🟠",
-         v.CELL_FAIL: "🔴", v.CELL_MISSED: "🔴", v.CELL_ERROR: "❌", v.CELL_SKIP: "⚪"}
+         v.CELL_REFUSED: "🟣", v.CELL_FAIL: "🔴", v.CELL_MISSED: "🔴", v.CELL_ERROR: "❌",
+         v.CELL_SKIP: "⚪"}
 
 
 ENV_KEYS = ("device_kind", "device_count", "platform", "compute_capability", "jax", "jaxlib",
@@ -139,6 +143,10 @@ def _problems(records: list[Record]) -> list[str]:
     elif not bad:
         out.append("None: every kernel expected to pass passed, every expected failure was caught.")
         return out
+    digest = digest_lines(records)
+    if digest:
+        out += ["Per failing kernel and check: how many failed, the worst ratio, the first "
+                "(every segment follows).", ""] + [f"- {line}" for line in digest] + [""]
     located = [r for r in bad if r.where and r.expected != v.EITHER and r.outcome != v.ERROR]
     if located:
         out += _problem_table(located)
@@ -197,11 +205,20 @@ def render(header: dict, records: list[Record]) -> str:
            f"outcomes: {outcome_text(records)}", "",
            f"🟢 pass (ratio ≤ {judging.NEAR_RATIO}) · 🟡 pass ({judging.NEAR_RATIO} < ratio ≤ 1) · "
            "🔵 expected failure caught · "
-           "🟠 known upstream failure, reproduced · 🔴 unexpected failure or missed catch · "
+           "🟠 known upstream failure, reproduced · 🟣 a feature refused before computing · "
+           "🔴 unexpected failure or missed catch · "
            "❌ error · ⚪ skipped. A cell reads segments passing every check / segments "
            "measured, and the worst error/tolerance ratio.", ""]
     out += _grid(records)
+    idle = skipped_kernel_lines(records)
+    if idle:
+        out += ["", f"Kernels that skipped every case ({len(idle)}):", ""]
+        out += [f"- `{line.split(':', 1)[0]}`:{line.split(':', 1)[1]}" for line in idle]
     out += _problems(records)
+    refused = refusal_lines(records)
+    if refused:
+        out += ["", f"## Features refused before computing ({len(refused)})", ""]
+        out += [f"- {line}" for line in refused]
     known = known_lines(records)
     if known:
         out += ["", f"## Known upstream bugs ({sum(tallies.known(records).values())} checks)", ""]

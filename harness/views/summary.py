@@ -48,9 +48,38 @@ def known_lines(records: list[Record]) -> list[str]:
         for (kernel, check, reason), n in sorted(tallies.known_passed(records).items())]
 
 
+def refusal_lines(records: list[Record]) -> list[str]:
+    """Features a kernel refused before computing, with its words."""
+    return [f"{kernel}: refused {feature} on {n} case{'s' if n > 1 else ''} ({why})"
+            for (kernel, feature, why), n in sorted(tallies.refusals(records).items())]
+
+
+def skipped_kernel_lines(records: list[Record]) -> list[str]:
+    """Kernels that skipped every case, once each with the reason (not rows of the grid)."""
+    return [f"{kernel}: {why}" for kernel, why in sorted(tallies.skipped_everything(records)
+                                                         .items())]
+
+
+def digest_lines(records: list[Record]) -> list[str]:
+    """A failing kernel's digest, per check: how many segments failed, the worst ratio, the
+    first failing segment (what a reader needs before the list of every segment)."""
+    out = []
+    for d in tallies.digests(records):
+        worst = (f", worst ratio {tallies.ratio_text(d.worst)}" if d.has_ratio else "")
+        where = d.first.where or "the case"
+        tokens = f" (tokens {d.first.tokens})" if d.first.tokens else ""
+        diagnosis = f"; {d.first.diagnosis}" if d.first.diagnosis else ""
+        unit = "segments" if d.first.segment else "records"
+        out.append(f"{d.kernel} {d.check}: {d.segments} {unit} {d.first.outcome}{worst}; first "
+                   f"{where}{tokens} of {d.first.case_id}{diagnosis}")
+    return out
+
+
 def not_judged_lines(records: list[Record]) -> list[str]:
     """What was not judged, with the reason: every view shows these apart from ok."""
-    lines = []
+    lines = [f"{kernel} {check}: {n} not run (left to the leak probe, which was off: "
+             "--no-leak-probe)" for (kernel, check), n in sorted(tallies.not_run(records)
+                                                                  .items())]
     for (kernel, check, reason, by), n in sorted(tallies.unjudged(records).items()):
         covered = f"; leak probe on the same segments: {by.split(':', 1)[1]}" if by else ""
         lines.append(f"{kernel} {check}: {n} not judged ({reason}{covered})")
@@ -120,8 +149,8 @@ def outcome_text(records: list[Record]) -> str:
 
 
 STYLES = {v.CELL_OK: "green", v.CELL_NEAR: "yellow", v.CELL_CAUGHT: "cyan",
-          v.CELL_KNOWN: "yellow", v.CELL_FAIL: "bold red", v.CELL_MISSED: "bold red",
-          v.CELL_ERROR: "bold red", v.CELL_SKIP: "dim"}
+          v.CELL_KNOWN: "yellow", v.CELL_REFUSED: "magenta", v.CELL_FAIL: "bold red",
+          v.CELL_MISSED: "bold red", v.CELL_ERROR: "bold red", v.CELL_SKIP: "dim"}
 
 
 INCOMPLETE = ("INCOMPLETE: the run that wrote this report never finished (killed before its "
@@ -148,6 +177,12 @@ def print_console(records: list[Record], header: dict | None = None, console=Non
             row.append("" if cell is None else f"[{STYLES[cell.status]}]{cell.text}[/]")
         table.add_row(*row)
     console.print(table)
+    idle = skipped_kernel_lines(records)
+    if idle:
+        console.print(f"[dim]skipped every case ({len(idle)} kernels): "
+                      + "; ".join(idle) + "[/]", highlight=False)
+    for line in digest_lines(records):
+        console.print(f"[red]{line}[/]", highlight=False)
     problems = tallies.bad(records)
     for r in problems[:50]:
         console.print(f"[red]{describe_problem(r)}[/]", highlight=False)
@@ -158,6 +193,8 @@ def print_console(records: list[Record], header: dict | None = None, console=Non
         kernels_caught = sorted({r.kernel for r in caught})
         console.print(f"caught as expected: {len(caught)} failing checks of "
                       f"{', '.join(kernels_caught)}", highlight=False)
+    for line in refusal_lines(records):
+        console.print(f"[magenta]{line}[/]", highlight=False)
     for line in known_lines(records) + not_judged_lines(records) + coverage_lines(records):
         console.print(f"[yellow]{line}[/]", highlight=False)
     console.print(f"outcomes: {outcome_text(records)}", highlight=False)

@@ -41,6 +41,7 @@ from harness.tools.zoo.bugs import (
     writes_at_padding,
     wrong_gqa,
 )
+from harness.tools.zoo.feature_bugs import bug, features_dense, features_online
 from harness.tools.zoo.reference_math import additive_bias, float64, online_softmax
 
 __all__ = ["BLOCK_TILE", "FOLD", "WINDOW", "Entry", "entries"]
@@ -58,9 +59,41 @@ class Entry:
 
 
 
-def _kernel(name, fn, description):
+def _kernel(name, fn, description, features=()):
     return Kernel(name, fn, padding_anywhere=True, materializes_scores=True,
-                  dtypes=("float32", "bfloat16"), tags=("zoo",), description=description)
+                  dtypes=("float32", "bfloat16"), tags=("zoo",), description=description,
+                  features=features, constraints=_feature_cases_only if features else None)
+
+
+def _feature_cases_only(case, platform):
+    """The feature kernels run on the cases with features (the others cover the rest)."""
+    return [] if case.features else ["a feature kernel of the zoo: feature cases only"]
+
+
+_EVERY_FEATURE = ("window", "softcap", "chunk", "sinks")
+
+_FEATURE_BUGS = [
+    ("window_dropped", bug(drop_window=True),
+     "window dropped: the sliding window is ignored, every earlier key read"),
+    ("window_off_by_one", bug(window_extra=1),
+     "window off by one: one key more than the window reaches"),
+    ("window_from_row_start", bug(window_from_row=True),
+     "window measured from the row's start: key indices in the row against query positions "
+     "in the segment"),
+    ("softcap_dropped", bug(drop_softcap=True), "soft cap dropped: raw logits reach the softmax"),
+    ("chunk_dropped", bug(drop_chunk=True), "chunks dropped: queries read earlier chunks"),
+    ("sinks_ignored", bug(sinks_forward=False),
+     "sinks ignored in the forward: no mass taken by the sink"),
+    ("sinks_gradient_zero", bug(sinks_gradient=False),
+     "sinks' gradient zero: the forward is right, no gradient reaches them"),
+]
+
+_FEATURE_CORRECT = [
+    ("ok_features_dense", features_dense,
+     "window, soft cap, chunks and sinks from segment ranges, dense"),
+    ("ok_features_online", features_online,
+     "window, soft cap, chunks and sinks, online softmax over 64-key blocks, the sink seeding it"),
+]
 
 
 _BUGS = [
@@ -119,6 +152,10 @@ _CORRECT = [
 
 
 def entries() -> list[Entry]:
-    """The zoo: the broken kernels, then the correct ones."""
-    return ([Entry(_kernel(name, fn, bug), bug) for name, fn, bug in _BUGS]
-            + [Entry(_kernel(name, fn, math), math, correct=True) for name, fn, math in _CORRECT])
+    """The zoo: the broken kernels (the feature bugs among them), then the correct ones."""
+    return ([Entry(_kernel(name, fn, desc), desc) for name, fn, desc in _BUGS]
+            + [Entry(_kernel(name, fn, desc, _EVERY_FEATURE), desc)
+               for name, fn, desc in _FEATURE_BUGS]
+            + [Entry(_kernel(name, fn, math), math, correct=True) for name, fn, math in _CORRECT]
+            + [Entry(_kernel(name, fn, math, _EVERY_FEATURE), math, correct=True)
+               for name, fn, math in _FEATURE_CORRECT])
