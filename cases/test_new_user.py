@@ -286,3 +286,186 @@ def test_the_gate_holds_expected_passes_not_catches_or_rounding_level_checks():
     skipped = [Record(kernel="k", case_id=ONE_CASE, check="*", verdict="skip", expected="pass",
                       outcome="skip")]
     assert regression.compare(skipped, skipped).compared_nothing
+
+
+# ----- what a new user still hit (issue 34): each a one-line refusal before any work, or the
+# ----- behaviour the user meant ---------------------------------------------------------------
+
+SLOW_MODULE = '''
+import time
+import harness
+from harness.sut.dot_product import dot_product
+
+def slow(q, k, v, seg, *, causal, scale):
+    time.sleep(float(__import__("os").environ.get("SLOW_S", "30")))   # while tracing
+    return dot_product(q, k, v, seg, causal=causal, scale=scale)
+
+harness.register_kernel("slow", slow, dtypes=("float32", "bfloat16"))
+'''
+
+
+def test_a_typo_in_one_of_several_globs_is_refused(tmp_path):
+    globs = "packed/random-b4-t256-h4kv2*,unalgned/*"
+    out = _run("-m", "harness", "run", "--kernels", "dot_product", "--cases", globs,
+               "--report-dir", str(tmp_path / "r"))
+    _one_line(out, "'unalgned/*' matches no case")
+    assert not (tmp_path / "r").exists()
+    pyt = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", MATRIX, "--kernels",
+               "dot_product", "--cases", globs, f"--report-dir={tmp_path / 'p'}")
+    assert pyt.returncode == 4 and "'unalgned/*' matches no case" in pyt.stderr, pyt.stderr
+
+
+def _start_slow(tmp_path, report, **env):
+    module = tmp_path / "slow.py"
+    module.write_text(SLOW_MODULE)
+    return subprocess.Popen([sys.executable, "-m", "harness", "run", "--kernel-module",
+                             str(module), "--kernels", "slow", "--cases", ONE_CASE,
+                             "--report-dir", str(report)], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **env})
+
+
+def _wait_for(path, proc, timeout=120):
+    import time
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+
+
+def test_two_runs_on_one_report_folder_the_second_stops_at_once(tmp_path):
+    first = _start_slow(tmp_path, tmp_path / "r")
+    try:
+        _wait_for(tmp_path / "r" / "report.jsonl", first)
+        second = _run("-m", "harness", "run", "--kernels", "dot_product", "--cases", ONE_CASE,
+                      "--report-dir", str(tmp_path / "r"))
+        _one_line(second, "another run (pid", "is writing this report folder")
+    finally:
+        first.kill()
+        first.communicate()
+
+
+def test_a_run_killed_hard_says_incomplete_in_every_view(tmp_path):
+    import signal
+    run = _start_slow(tmp_path, tmp_path / "r")
+    _wait_for(tmp_path / "r" / "report.jsonl", run)
+    run.send_signal(signal.SIGKILL)   # what an OOM killer or a CI timeout does
+    run.communicate()
+    out = _run("-m", "harness", "report", str(tmp_path / "r"))
+    assert out.returncode == 1, out.stdout[-2000:]
+    assert "INCOMPLETE" in out.stdout
+    assert "INCOMPLETE" in (tmp_path / "r" / "summary.md").read_text()
+    assert "INCOMPLETE" in (tmp_path / "r" / "report.html").read_text()
+
+
+def test_pytest_report_dir_outside_the_repo_as_two_words(tmp_path):
+    where = tmp_path / "x1"
+    args = ("-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "--report-dir", str(where),
+            "-k", "nothing_zzz")
+    first = _run(*args)
+    text = first.stdout + first.stderr
+    assert "node down" not in text and "Traceback" not in text, text[-3000:]
+    assert first.returncode == 5, text[-2000:]     # no test matched -k: pytest's own status
+    again = _run(*args)
+    assert again.returncode == 4, again.stdout[-2000:] + again.stderr[-2000:]
+    assert f"write --report-dir={where}" in again.stdout + again.stderr
+    assert "unrecognized arguments" not in again.stdout + again.stderr
+
+
+def test_the_census_on_a_cpu_runs_the_smoke_suite_and_writes_no_committed_folder():
+    from harness.tools.census.options import DEFAULT_REPORT_DIR
+    out = _run("-m", "harness", "census", "--help")
+    assert "nightly on a GPU, smoke on a CPU" in " ".join(out.stdout.split())
+    assert DEFAULT_REPORT_DIR == "reports/census-latest"
+    ignore = (ROOT / ".gitignore").read_text()
+    assert "!/reports/census-latest" not in ignore and "/reports/*" in ignore
+
+
+def test_the_nightly_suite_on_a_cpu_is_refused_unless_narrowed(tmp_path):
+    out = _run("-m", "harness", "run", "--suite", "nightly", "--report-dir", str(tmp_path / "r"))
+    _one_line(out, "sized for a GPU", "--suite smoke")
+    listing = _run("-m", "harness", "list", "--suite", "nightly")
+    assert listing.returncode == 0 and "note: the nightly suite is sized for a GPU" in listing.stderr
+
+
+def test_a_backend_that_cannot_start_is_one_line():
+    env = {"JAX_PLATFORMS": "cuda"}
+    for args in (("run", "--kernels", "dot_product"), ("list",)):
+        out = _run("-m", "harness", *args, env=env)
+        _one_line(out, "jax cannot start its backend (JAX_PLATFORMS=cuda)")
+    pyt = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", MATRIX, "--kernels",
+               "dot_product", env=env)
+    assert pyt.returncode == 4 and "jax cannot start its backend" in pyt.stderr, pyt.stderr[-2000:]
+
+
+def test_output_paths_are_checked_before_the_work(tmp_path):
+    out = _run("-m", "harness", "bench", "--output", str(tmp_path))
+    _one_line(out, "a folder; give a file name")
+    (tmp_path / "run").mkdir()
+    out = _run("-m", "harness", "baseline", str(tmp_path / "run"), str(tmp_path / "run"))
+    _one_line(out, "a folder; give the baseline's file name")
+
+
+@pytest.mark.parametrize("args, said", [
+    (("--kernels", ""), "names no kernel"),
+    (("--kernels", "dot_product,dot_product"), "dot_product named twice"),
+    (("--report-dir", ""), "an empty path"),
+    (("--growth", "inf"), "must be a finite factor above 1"),
+    (("--shard", "9/9", "--cases", ONE_CASE), "this shard holds no case"),
+])
+def test_empty_repeated_and_unbounded_values_are_refused(tmp_path, args, said):
+    full = ("--report-dir", str(tmp_path / "r"), *args) if "--report-dir" not in args else args
+    _one_line(_run("-m", "harness", "run", *full), said)
+
+
+def test_compare_and_baseline_refuse_what_cannot_be_compared(tmp_path):
+    a = _report(tmp_path, "a", "--cases", ONE_CASE)
+    b = _report(tmp_path, "b", "--cases", "packed/many-b4-t256-h4kv4-d32-f32-s0")
+    _one_line(_run("-m", "harness", "compare", str(a), str(a)), "the same report twice")
+    made = _run("-m", "harness", "baseline", str(tmp_path / "base.jsonl.gz"), str(a), str(b))
+    _one_line(made, "selected other cases")
+    assert _run("-m", "harness", "baseline", str(tmp_path / "base.jsonl.gz"),
+                str(a)).returncode == 0
+    _one_line(_run("-m", "harness", "compare", str(tmp_path / "base.jsonl.gz"), str(a)),
+              "a baseline file", "given as the new report")
+
+
+def test_without_the_leak_probe_the_canary_checks_it_judges_did_not_run(tmp_path):
+    from harness.store import report_file as rec
+    out = _run("-m", "harness", "run", "--kernels", "canary_ignores_segments", "--cases",
+               ONE_CASE, "--no-leak-probe", "--report-dir", str(tmp_path / "r"))
+    assert out.returncode == 0, out.stdout[-2000:]
+    _, records = rec.read(tmp_path / "r")
+    assert not [r for r in records if r.outcome == "missed"]
+    assert [r for r in records if r.outcome == "not run"]
+    assert "not run (left to the leak probe, which was off" in out.stdout
+
+
+def test_merging_reports_of_two_suites_says_so(tmp_path):
+    a = _report(tmp_path, "a", "--cases", ONE_CASE)
+    b = _report(tmp_path, "b", "--suite", "nightly", "--cases",
+                "packed/random-b4-t1024-h8kv8-d64-bf16-s1")
+    out = _run("-m", "harness", "merge", str(tmp_path / "m"), str(a), str(b))
+    assert "merging reports of different suites" in out.stderr
+
+
+def test_smaller_mistakes_are_named(tmp_path):
+    bad = tmp_path / "upper.py"
+    bad.write_text("import harness\nharness.register_kernel('u', lambda q, k, v, s, *, causal, "
+                   "scale: q, devices=('CPU',))\n")
+    _one_line(_run("-m", "harness", "run", "--kernel-module", str(bad)), "'CPU' is not a jax "
+              "platform name")
+    cache = tmp_path / "cache-file"
+    cache.write_text("")
+    _one_line(_run("-m", "harness", "run", "--kernels", "dot_product", "--cases", ONE_CASE,
+                   "--report-dir", str(tmp_path / "r"),
+                   env={"HARNESS_COMPILATION_CACHE": str(cache)}),
+              f"HARNESS_COMPILATION_CACHE {cache}: a file")
+    (tmp_path / "empty").mkdir()
+    out = _run("-m", "harness", "report", str(tmp_path / "empty"))
+    _one_line(out, "no report.jsonl in it")
+    assert "report.jsonl(.gz) file" not in out.stderr
+    pyt = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", MATRIX,
+               "--kernels", "dot_product", "--cases", ONE_CASE, "--no-leak-probe",
+               f"--report-dir={tmp_path / 'p'}")
+    assert pyt.returncode == 0 and "Unknown pytest.mark" not in pyt.stdout + pyt.stderr

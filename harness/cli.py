@@ -50,10 +50,15 @@ def cmd_report(args) -> int:
     from harness.store import report_file as rec
     from harness.views.report_dir import write_views
     from harness.views.summary import print_console
-    rec.resolve(args.report_dir)
-    if not Path(args.report_dir).is_dir():
-        raise _usage(f"report {args.report_dir}: give the report's folder (the views are "
-                     "written beside report.jsonl)")
+    folder = Path(args.report_dir)
+    if folder.is_file():
+        raise _usage(f"report {args.report_dir}: a file; give the report's folder (the views "
+                     "are written beside report.jsonl)")
+    if not folder.is_dir():
+        raise _usage(f"report {args.report_dir}: no such folder")
+    if not any((folder / n).is_file() for n in (rec.RECORDS_FILE, rec.RECORDS_FILE + ".gz")):
+        raise _usage(f"report {args.report_dir}: no report.jsonl in it: not a report folder (a "
+                     "run writes one where --report-dir says)")
     header, records = write_views(Path(args.report_dir))
     print_console(records, header)
     return tallies.run_status(records, header)

@@ -71,6 +71,8 @@ def pytest_configure(config):
 
     config.addinivalue_line("markers", "matrix: a kernel x case differential check")
     config.addinivalue_line("markers", "gpu: needs a GPU")
+    # The matrix groups its tests by shape for xdist; known without xdist too (-p no:xdist).
+    config.addinivalue_line("markers", "xdist_group(name): tests that share a shape's programs")
     if _is_worker(config):
         config._harness_ahead = config.workerinput.get("harness_ahead", False)
         count = int(config.workerinput.get("workercount", 1))
@@ -102,6 +104,8 @@ def pytest_configure(config):
                 config.getoption("--ahead") or _nvidia_gpu_visible())
         # Every process of the run (workers too, for the harness's own tests as well as the
         # matrix) loads the kernel modules and reads jax's persistent compilation cache.
+        from harness.engine.environment import check_backend
+        check_backend()
         selection = engine.prepare(options) if not _is_worker(config) else engine.select(options)
         if _is_worker(config):
             from harness.engine.programs import enable_compilation_cache

@@ -63,8 +63,13 @@ def select(options: RunOptions) -> Selection:
 def prepare(options: RunOptions) -> Selection:
     """Everything a user can get wrong, before any work: the options, the selection, the
     baseline (readable), the report folder (writable), the compilation cache."""
+    from harness.engine.environment import check_backend
     from harness.engine.programs import enable_compilation_cache
+    check_backend()
     selection = select(options)
+    if not selection.cases:
+        raise UsageError(f"--shard {options.shard}: this shard holds no case (the suite's "
+                         "cases deal out into fewer shards); use fewer shards")
     if options.baseline:
         rec.read(options.baseline, what="baseline")
     rec.check_writable(options.report_dir)
@@ -107,9 +112,11 @@ def run(options: RunOptions) -> int:
     report_dir = Path(options.report_dir)
     lock = FolderLock(report_dir).acquire()
     try:
-        if (report_dir / rec.RECORDS_FILE).exists():
-            print(f"replacing the report in {report_dir}/ (--report-dir DIR writes elsewhere)",
-                  file=sys.stderr)
+        present = [n for n in (rec.RECORDS_FILE, rec.TRACES_FILE, "summary.md", "report.html")
+                   if (report_dir / n).exists()]
+        if present:
+            print(f"replacing the report in {report_dir}/ ({', '.join(present)}; --report-dir "
+                  "DIR writes elsewhere)", file=sys.stderr)
         previous = signal.signal(signal.SIGTERM, _interrupt)  # `timeout`, CI cancellations
         try:
             if workers.needs_workers(selection.kernels):
@@ -260,6 +267,11 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False) -> tuple[int, l
 
         def transform(records):
             return rejudged(records, all_kernels())
+    suites = {rec.read(s)[0].get("suite") for s in sources}
+    if len(suites) > 1:
+        print(f"note: merging reports of different suites ({', '.join(map(str, sorted(suites, key=str)))}): "
+              "the merged report is no one suite's run, and compares pair for pair with neither",
+              file=sys.stderr)
     overlaps = merge_reports(Path(out), [Path(s) for s in sources], transform,
                              rejudged=rejudge)
     header, records = write_views(Path(out))

@@ -16,9 +16,24 @@ import jax
 from harness.kernels.kernel import Platform
 
 
+def check_backend() -> None:
+    """jax's backend starts, or a UsageError of one line saying why (JAX_PLATFORMS=cuda on a
+    machine without a GPU, a CUDA plugin that cannot load): before any work."""
+    from harness.errors import UsageError
+    try:
+        jax.devices()
+    except Exception as exc:   # noqa: BLE001 - jax raises RuntimeError, or AssertionError
+        chosen = os.environ.get("JAX_PLATFORMS")
+        first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise UsageError(f"jax cannot start its backend"
+                         + (f" (JAX_PLATFORMS={chosen})" if chosen else "")
+                         + f": {first[:300]}") from None
+
+
 def current_platform() -> Platform:
     from harness.engine.programs import device_memory_bytes
 
+    check_backend()
     device = jax.devices()[0]
     cc = getattr(device, "compute_capability", None)
     return Platform(name=device.platform, compute_capability=float(cc) if cc else None,

@@ -417,13 +417,17 @@ def enable_compilation_cache(path: str | None) -> str | None:
     if not path:
         return None
     from harness.errors import UsageError
+    given = path
     path = os.path.expanduser(path)
+    # Named as the user gave it: the option, or the environment variable that set its default.
+    name = ("HARNESS_COMPILATION_CACHE" if given == os.environ.get("HARNESS_COMPILATION_CACHE")
+            else "--compilation-cache")
     if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError(f"--compilation-cache {path}: a file, not a folder")
+        raise UsageError(f"{name} {given}: a file, not a folder")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"--compilation-cache {path}: cannot create it ({exc.strerror})") from None
+        raise UsageError(f"{name} {given}: cannot create it ({exc.strerror})") from None
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -115,6 +115,10 @@ class Kernel:
         if self.conventions.get(CHUNK, "segment") not in CHUNK_CONVENTIONS:
             raise ValueError(f"conventions[{CHUNK!r}] must be one of "
                              f"{', '.join(CHUNK_CONVENTIONS)}")
+        wrong = [d for d in self.devices if d not in ("cpu", "gpu", "tpu")]
+        if wrong:
+            raise ValueError(f"devices {tuple(self.devices)}: {', '.join(map(repr, wrong))} is "
+                             "not a jax platform name (cpu, gpu, tpu: lowercase)")
         if self.isolation == "main":
             raise ValueError("isolation 'main' is the group of the kernels without one: "
                              "name the group otherwise")

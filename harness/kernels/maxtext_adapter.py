@@ -578,8 +578,9 @@ KERNELS = [
     # 1712-1740). tokamax 0.0.12's Triton kernel calls pl.dot, gone from jax 0.12 and
     # deprecated in 0.11 (harness.kernels.tokamax_adapter: raised when traced on the H200's
     # jax 0.11.2): a known upstream crash until that changes.
+    # Its mask compares segment ids (1736): padding may sit anywhere.
     Kernel("maxtext:flash", functools.partial(maxtext_attention, attention="flash"),
-           dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",),
+           dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), padding_anywhere=True,
            min_compute_capability=8.0, hlo_markers=TRITON_MARKER, expect_error=TRITON_ERROR,
            expect=FLASH_EXPECT, **_COMMON,
            standalone=MAXTEXT_STANDALONE.replace("@ATTENTION@", "flash"),

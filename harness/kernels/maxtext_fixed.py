@@ -290,6 +290,8 @@ def _kernel(name, description, *, attention="cudnn_flash_jax", emulate=None, pat
 
 
 # The flash kernels' `emulate`: any value puts tokamax's XLA reference in place of Triton.
+# MaxText's GPU flash path masks by comparing segment ids (padding attends padding only), so,
+# like dot_product, it takes padding anywhere.
 XLA_FOR_TRITON = 0.0
 
 KERNELS = [
@@ -327,11 +329,12 @@ KERNELS = [
                         "(it honours every feature; the patch adds checks on its way)"),
     _kernel("maxtext:flash:emulated", attention="flash", emulate=XLA_FOR_TRITON, patched=False,
             expect=maxtext_adapter.FLASH_EXPECT, constraints=maxtext_adapter.maxtext_constraints,
+            padding_anywhere=True,
             description="MaxText's AttentionOp as installed (unpatched), attention=flash on its "
                         "GPU path, with tokamax's XLA reference in place of Triton: maxtext <= "
                         "0.2.5 known (window, chunks, soft cap)"),
     _kernel("maxtext_fixed:flash:emulated", attention="flash", emulate=XLA_FOR_TRITON,
-            constraints=_constraints(),
+            constraints=_constraints(), padding_anywhere=True,
             description="the patched MaxText op's GPU flash path with tokamax's XLA reference "
                         "in place of Triton: window and chunks in its mask, soft cap refused"),
 ]

@@ -163,7 +163,9 @@ def _problems(records: list[Record]) -> list[str]:
                 for r in explained]
     errors = [r for r in bad if r.outcome == v.ERROR or r.check == v.KERNEL_LEVEL]
     if errors:
-        out += ["", "### Errors", ""]
+        out += ["", "### Errors", "", "Each error record's `traceback` field in report.jsonl "
+                "holds the end of its traceback (`python -m harness run --kernels <kernel> "
+                "--cases '<case id>'` shows it again).", ""]
         out += [f"- `{r.kernel}` on `{r.case_id}`: {r.outcome}: {r.message[:300]}"
                 for r in errors]
     return out

@@ -39,7 +39,10 @@ def progress(total: int, label: str = "kernel x case"):
         if now - last >= 5 or done == total:
             last = now
             elapsed = now - start
-            eta = elapsed / done * (total - done)
-            print(f"[{done}/{total}] {what}  elapsed {elapsed:.0f}s  eta {eta:.0f}s",
+            # The first pairs wait for their programs to compile: an estimate from them says
+            # nothing (it read 33,685 s for a 100-s run); shown from a tenth of the run on.
+            eta = (f"eta {elapsed / done * (total - done):.0f}s" if done * 10 >= total
+                   else "eta once a tenth has run")
+            print(f"[{done}/{total}] {what}  elapsed {elapsed:.0f}s  {eta}",
                   file=sys.stderr, flush=True)
     yield step
