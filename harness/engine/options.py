@@ -256,7 +256,8 @@ class RunOptions:
                 values[opt.name] = not value
             elif value is not None and not (opt.repeat and not value):
                 values[opt.name] = tuple(value) if opt.repeat else value
-        return dataclasses.replace(cls(), **values, **fixed).checked()
+        values.update(fixed)
+        return dataclasses.replace(cls(), **values).checked()
 
 
 def _joined(names):
