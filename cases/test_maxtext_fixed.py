@@ -21,6 +21,7 @@ from harness.engine.runner import run_kernel_case
 from harness.judge import tallies
 from harness.kernels import maxtext_fixed
 from harness.model.case import Case
+from harness.model.features import Features
 
 HAVE_MAXTEXT = importlib.util.find_spec("maxtext") is not None and sys.version_info >= (3, 12)
 needs_maxtext = pytest.mark.skipif(not HAVE_MAXTEXT,
@@ -39,9 +40,30 @@ def run(name, case):
     return run_kernel_case(select_kernels(name)[0], case, CPU).records
 
 
+# Feature cases (harness.model.features), small.
+WINDOW = Case("packed/random", 2, 256, 4, 2, 32, "bfloat16", 0, features=Features(window=(15, 0)))
+UNPACKED_WINDOW = Case("unpacked/pad-tail", 2, 256, 4, 2, 32, "bfloat16", 0,
+                       features=Features(window=(15, 0)))
+CHUNKS = Case("packed/random", 2, 256, 4, 2, 32, "bfloat16", 0, features=Features(chunk=32))
+
+
+def feature(case, **features):
+    import dataclasses
+    return dataclasses.replace(case, features=Features(**features))
+
+
+def bad(records):
+    """Records a correct harness must not show: fail, missed, error, or a known declaration
+    that did not reproduce ("declared known, passed")."""
+    return [r for r in records if r.outcome in ("fail", "missed", "error")
+            or (r.expected == "known" and r.verdict == "pass")]
+
+
 @pytest.mark.skipif(HAVE_MAXTEXT, reason="maxtext is installed here")
 def test_fixed_kernels_are_skipped_with_the_reason():
-    for name in ("maxtext_fixed:cudnn_flash_jax", FIXED, f"{FIXED}-sm80", ORIGINAL):
+    for name in ("maxtext_fixed:cudnn_flash_jax", FIXED, f"{FIXED}-sm80", ORIGINAL,
+                 "maxtext_fixed:cudnn_flash_te", "maxtext_fixed:dot_product",
+                 "maxtext:flash:emulated", "maxtext_fixed:flash:emulated"):
         records = run_kernel_case(select_kernels(name)[0], CASES[0], CPU).records
         assert [r.verdict for r in records] == ["skip"]
         message = records[0].message
@@ -64,6 +86,8 @@ def test_patch_applies_cleanly_to_the_installed_source(tool, monkeypatch, tmp_pa
     text = patched.read_text()
     assert "def _segment_ids_to_seqlens_offsets(" in text
     assert "mask_type=MaskType.PADDING_CAUSAL" in text
+    assert "def validate_gpu_attention_features(" in text
+    assert text.count("sliding_window_length=sliding_window_length") == 2   # packed, unpacked
     assert "_segment_ids_to_seqlens_offsets" not in source.read_text(), "the original is untouched"
 
 
@@ -192,6 +216,132 @@ def test_emulation_is_undone_after_the_call():
     assert not sdpa.check_compute_capability("9.0"), "a CPU is no Hopper GPU"
 
 
+# ----- features ---------------------------------------------------------------------------------
+
+@needs_maxtext
+@pytest.mark.parametrize("name", [FIXED, f"{FIXED}-sm80"])
+@pytest.mark.parametrize("case", [WINDOW, feature(CASES[2], window=(5, 0))], ids=lambda c: c.id)
+def test_the_patched_op_honours_a_causal_window(name, case):
+    """cudnn_flash_jax with the patch: sliding_window_length on the packed path (the emulator
+    takes it as cuDNN does: a left bound, the right bound the query under a causal mask type),
+    the window in the mask on the sm80 path; every segment passes, the leak probe included
+    (its blocks inside the segments redraw keys just beyond each window)."""
+    records = run(name, case)
+    assert records and all(r.outcome == "ok" for r in records), \
+        [(r.check, r.where, r.message) for r in records if r.outcome != "ok"][:3]
+    judged = {(r.row, r.segment) for r in records if r.check == "leak"}
+    assert judged == {(s.row, s.number) for s in case.segments}
+
+
+@needs_maxtext
+@pytest.mark.parametrize("features, name, words", [
+    ({"softcap": 2.0}, "softcap", "attn_logits_soft_cap is not supported with "
+                                  "attention=cudnn_flash_jax"),
+    ({"chunk": 32}, "chunk", "Chunk attention (attention_type=chunk) is not supported with "
+                             "attention=cudnn_flash_jax"),
+    ({"sinks": True}, "sinks", "Attention sinks on GPU are only supported with "
+                               "attention=cudnn_flash_te. Got attention_kernel='cudnn_flash_jax'"),
+    ({"window": (15, 0), "softcap": 2.0}, "softcap", "attn_logits_soft_cap"),
+], ids=["softcap", "chunk", "sinks", "window+softcap"])
+def test_the_patched_op_refuses_what_cudnn_flash_jax_cannot_apply(features, name, words):
+    """Refused while tracing, naming the feature: the op raises at configuration (soft cap,
+    chunks) or before calling cuDNN (sinks, a call argument)."""
+    [record] = run(FIXED, feature(CASES[0], **features))
+    assert record.outcome == "refused", record.message
+    assert f"refused {name} while tracing" in record.message and words in record.message
+
+
+@needs_maxtext
+def test_the_original_op_drops_the_window_and_the_harness_says_so():
+    """maxtext 0.2.5 through the same emulator: the window is dropped. On unpacked rows (where
+    its segment-ids bug cannot show) every tolerance check is known with the diagnosis, and the
+    leak probe catches the keys outside the window; on packed rows the segments that read
+    nothing before them are known, the others caught; nothing fails, no declaration is idle."""
+    records = run(ORIGINAL, UNPACKED_WINDOW)
+    assert not bad(records), [(r.check, r.where, r.outcome, r.message) for r in bad(records)][:3]
+    known = [r for r in records if r.outcome == "known"]
+    assert {r.check for r in known} == {"out", "dq", "dk", "dv"}
+    assert all(r.diagnosis == "matches the mask without the window: the window was dropped"
+               and "ignores the sliding window" in r.message for r in known)
+    assert {r.outcome for r in records if r.check == "leak"} == {"caught"}
+    packed = run(ORIGINAL, WINDOW)
+    assert not bad(packed), [(r.check, r.where, r.outcome, r.message) for r in bad(packed)][:3]
+    assert {r.segment for r in packed if r.outcome == "known"} == {1}
+
+
+@needs_maxtext
+def test_the_original_op_drops_the_soft_cap_too():
+    records = run(ORIGINAL, feature(UNPACKED_WINDOW, softcap=2.0))
+    assert not bad(records), [(r.check, r.where, r.outcome, r.message) for r in bad(records)][:3]
+    assert any(r.outcome == "known" and "matches the mask without the soft cap" in r.message
+               for r in records)
+    assert {r.outcome for r in records if r.check == "leak"} == {"ok"}   # values, not reads
+
+
+@needs_maxtext
+def test_the_patched_packed_path_hands_cudnn_one_head_dim():
+    """jax's packed cuDNN layout strides the value and output by the query's head dim (silently
+    wrong on the H200 for MLA): the patched op pads q, k and v to one head dim and slices the
+    output, which equals dot_product's."""
+    from harness.sut import cudnn_emulator
+    q, k, v, seg = _inputs([(30, 20), (64,)])
+    v = v[..., :8]
+    shapes = []
+    real = cudnn_emulator.dot_product_attention
+
+    def recording(query, key, value, *args, **kwargs):
+        shapes.append((query.shape[-1], key.shape[-1], value.shape[-1],
+                       kwargs.get("q_offsets") is not None))
+        return real(query, key, value, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cudnn_emulator, "dot_product_attention", recording)
+        out = _fixed(q, k, v, seg, max_segments=4, attention="cudnn_flash_jax", emulate=9.0)
+    assert shapes == [(16, 16, 16, True)] and out.shape == (2, 64, 4, 8)
+    want = _fixed(q, k, v, seg, max_segments=4, attention="dot_product")
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32),
+                               atol=2e-2)
+
+
+@needs_maxtext
+def test_flash_drops_window_and_chunks_unpatched_and_honours_them_patched():
+    """MaxText's GPU flash path on tokamax's XLA reference (in place of Triton): 0.2.5 masks
+    causal and same-segment only (known), the patch adds the window and the chunks to its mask
+    and refuses the soft cap."""
+    original = run("maxtext:flash:emulated", CHUNKS)
+    assert not bad(original), [(r.check, r.where, r.outcome) for r in bad(original)][:3]
+    known = [r for r in original if r.outcome == "known"]
+    assert known and all(r.diagnosis == "matches the mask without the chunks: the chunks was "
+                                        "dropped" for r in known)
+    assert all(r.convention == "chunks from the row's start" for r in original)
+    for case in (CHUNKS, WINDOW):
+        fixed = run("maxtext_fixed:flash:emulated", case)
+        assert fixed and all(r.outcome == "ok" for r in fixed), \
+            [(r.check, r.where, r.message) for r in fixed if r.outcome != "ok"][:3]
+    [refused] = run("maxtext_fixed:flash:emulated", feature(CASES[0], softcap=2.0))
+    assert refused.outcome == "refused" and "attention=flash" in refused.message
+
+
+@needs_maxtext
+def test_the_patched_dot_product_honours_every_feature():
+    case = Case("padded/between", 2, 256, 4, 2, 32, "bfloat16", 0,
+                features=Features(window=(15, 0), softcap=2.0, sinks=True))
+    records = run("maxtext_fixed:dot_product", case)
+    assert records and all(r.outcome == "ok" for r in records), \
+        [(r.check, r.where, r.message) for r in records if r.outcome != "ok"][:3]
+    assert "dsinks" in {r.check for r in records}
+
+
+@needs_maxtext
+def test_gpu_only_fixed_kernels_declare_the_features_and_skip_on_cpu():
+    for name in ("maxtext_fixed:cudnn_flash_jax", "maxtext_fixed:cudnn_flash_te"):
+        kernel = select_kernels(name)[0]
+        assert set(kernel.features) == {"window", "softcap", "chunk", "sinks", "head_dim_v"}
+        assert kernel.chunk_convention == "row" and kernel.expect is None   # nothing dropped
+        [skip] = run(name, WINDOW)
+        assert skip.verdict == "skip" and "runs on gpu" in skip.message
+
+
 # ----- MaxText's own test of the patch (from the patch) -----------------------------------------
 
 @needs_maxtext
@@ -200,8 +350,8 @@ def test_maxtexts_test_of_the_patch_runs_its_cpu_parts_and_skips_the_gpu_ones():
                           cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=600)
     tail = proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
-    assert "3 passed, 8 skipped" in proc.stdout, tail
-    assert proc.stdout.count("Requires a GPU.") == 2, tail   # two skip lines of 4 tests each
+    assert "14 passed, 16 skipped" in proc.stdout, tail
+    assert proc.stdout.count("Requires a GPU.") == 4, tail   # four skip lines of 4 tests each
 
 
 # ----- the bench before/after (python -m harness bench: MaxText's op before and after) ----

@@ -414,9 +414,12 @@ def record_sink(request):
         writer.add(result)
     yield sink
     if writer is not None:
+        from harness.engine.programs import cache_stats
         programs = getattr(request.config, "_harness_programs", None)
         writer.close(probe_mode=programs.probe_mode if programs else "default",
-                     timing=programs.report() if programs else {})
+                     timing=programs.report() if programs else {},
+                     compilation_cache={"dir": _options(request.config).cache_dir,
+                                        **cache_stats()})
 
 
 def pytest_sessionfinish(session, exitstatus):

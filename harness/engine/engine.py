@@ -164,8 +164,9 @@ def _run_here(options: RunOptions, selection: Selection, report_dir: Path
         interrupted = True
     finally:
         programs.close()
-    return {"wall_s": round(time.monotonic() - writer.start, 1),
-            "timing": programs.report()}, interrupted
+    from harness.engine.programs import cache_stats
+    return {"wall_s": round(time.monotonic() - writer.start, 1), "timing": programs.report(),
+            "compilation_cache": {"dir": options.cache_dir, **cache_stats()}}, interrupted
 
 
 def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path

@@ -151,9 +151,13 @@ class Timing:
     runs: int = 0
 
     def as_dict(self) -> dict:
+        # host: the run's own work on this kernel beside the device and the compiler (per-token
+        # metrics, judging, the probe's comparisons, transfers, Python): wall less execute and
+        # waited.
+        host = max(self.wall_s - self.execute_s - self.wait_s, 0.0) if self.wall_s else 0.0
         return {"lower_s": round(self.lower_s, 3), "compile_s": round(self.compile_s, 3),
                 "execute_s": round(self.execute_s, 3), "wait_s": round(self.wait_s, 3),
-                "wall_s": round(self.wall_s, 3),
+                "wall_s": round(self.wall_s, 3), "host_s": round(host, 3),
                 "programs": self.programs, "runs": self.runs}
 
 
@@ -436,6 +440,26 @@ def enable_compilation_cache(path: str | None) -> str | None:
 
 DEFAULT_CACHE_DIR = os.environ.get("HARNESS_COMPILATION_CACHE",
                                    os.path.join("~", ".cache", "attention-harness", "jax"))
+
+# jax's persistent cache, as jax reports it (its monitoring events): how many programs this
+# process found compiled on disk, and how many it compiled and wrote. A run's header keeps
+# them, so that a reader (and a script) tells a warm run from a cold one.
+_CACHE_EVENTS: dict[str, int] = defaultdict(int)
+_CACHE_PREFIX = "/jax/compilation_cache/"
+
+
+def _count_cache_event(event: str, **_) -> None:
+    if event.startswith(_CACHE_PREFIX):
+        _CACHE_EVENTS[event[len(_CACHE_PREFIX):]] += 1
+
+
+jax.monitoring.register_event_listener(_count_cache_event)
+
+
+def cache_stats() -> dict:
+    """This process's compilation-cache lookups: hits (compiled programs read from disk) and
+    misses (compiled here, then written)."""
+    return {"hits": _CACHE_EVENTS["cache_hits"], "misses": _CACHE_EVENTS["cache_misses"]}
 
 
 @functools.lru_cache(maxsize=1)

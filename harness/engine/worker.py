@@ -58,7 +58,9 @@ def run_pairs(spec: dict) -> int:
         programs.close()
         started.close()
         finished.close()
-    writer.close(timing=programs.report())
+    from harness.engine.programs import cache_stats
+    writer.close(timing=programs.report(),
+                 compilation_cache={"dir": options.cache_dir, **cache_stats()})
     return 0
 
 

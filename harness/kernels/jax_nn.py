@@ -116,8 +116,8 @@ def _gqa_offsets(case, platform):
         return []
     from harness.sut.lowering import upstream_gqa_offsets_wrong
     if upstream_gqa_offsets_wrong():
-        return ["this jax scales packed kv offsets by the query head count (jax <= 0.11.0, "
-                "fixed by jax PR #39521): GQA reads the wrong kv memory"]
+        return [("this jax scales packed kv offsets by the query head count (jax <= 0.11.0, "
+                 "fixed by jax PR #39521): GQA reads the wrong kv memory")]
     return []
 
 

@@ -211,31 +211,31 @@ def known_bug_expectation(case, check, segment):
 # wheel's src/maxtext/layers/attention_op.py; line numbers are that file's). None of its config
 # checks (configs/types.py) refuses these combinations.
 DROPS_UP_TO = (0, 2, 5)
-DROPPED = {
+DROPPED = {   # path -> feature -> (what it ignores, where)
     "cudnn_flash_jax": {
-        WINDOW: "the sliding window: cudnn_jax_flash_attention (2829-2877) calls jax's cuDNN "
-                "SDPA with mask_type=CAUSAL and no sliding_window_length (2865-2874), and "
-                "reads neither attention_type nor sliding_window_size",
-        CHUNK: "the chunks: cudnn_jax_flash_attention (2829-2877) never reads attention_type "
-               "or chunk_attn_window_size; its call is plain CAUSAL (2865-2874)",
-        SOFTCAP: "the soft cap: cudnn_jax_flash_attention (2829-2877) passes no "
-                 "attn_logits_soft_cap (nor a score_mod) to jax's cuDNN SDPA",
+        WINDOW: ("the sliding window", "cudnn_jax_flash_attention (2829-2877) calls jax's cuDNN "
+                 "SDPA with mask_type=CAUSAL and no sliding_window_length (2865-2874), and reads "
+                 "neither attention_type nor sliding_window_size"),
+        CHUNK: ("the chunks", "cudnn_jax_flash_attention (2829-2877) never reads attention_type "
+                "or chunk_attn_window_size; its call is plain CAUSAL (2865-2874)"),
+        SOFTCAP: ("the soft cap", "cudnn_jax_flash_attention (2829-2877) hands jax's cuDNN SDPA "
+                  "no attn_logits_soft_cap (nor a score_mod)"),
     },
     "cudnn_flash_te": {
-        CHUNK: "the chunks: on the packed (THD) layout cudnn_flash_attention hands TE a "
-               "SequenceDescriptor of the segments only (2693-2715); attention_type=chunk "
-               "reaches TE nowhere (2663-2664 raises only under context parallelism)",
-        SOFTCAP: "the soft cap: cudnn_flash_attention builds TE's DotProductAttention "
-                 "(2757-2776) without attn_logits_soft_cap, which TE has no argument for",
+        CHUNK: ("the chunks", "on the packed (THD) layout cudnn_flash_attention hands TE a "
+                "SequenceDescriptor of the segments only (2693-2715); attention_type=chunk "
+                "reaches TE nowhere (2663-2664 raises under context parallelism only)"),
+        SOFTCAP: ("the soft cap", "cudnn_flash_attention builds TE's DotProductAttention "
+                  "(2757-2776) without attn_logits_soft_cap, which TE takes no argument for"),
     },
     "flash": {
-        WINDOW: "the sliding window: on GPU, apply_attention masks causal and same-segment "
-                "only (tokamax Mask, 1733-1737) and reads attention_type only to refuse "
-                "block diffusion (1714-1718)",
-        CHUNK: "the chunks: on GPU, apply_attention masks causal and same-segment only "
-               "(1733-1737)",
-        SOFTCAP: "the soft cap: on GPU, apply_attention calls tokamax's Pallas-Triton flash "
-                 "attention without logits_soft_cap (1739)",
+        WINDOW: ("the sliding window", "on GPU apply_attention masks causal and same-segment only "
+                 "(tokamax Mask, 1733-1737); it reads attention_type only to refuse block "
+                 "diffusion (1714-1718)"),
+        CHUNK: ("the chunks", "on GPU apply_attention masks causal and same-segment only "
+                "(1733-1737)"),
+        SOFTCAP: ("the soft cap", "on GPU apply_attention calls tokamax's Pallas-Triton flash "
+                  "attention without logits_soft_cap (1739)"),
     },
 }
 # A tolerance check is expected known where dropping the features moves the segment past
@@ -310,8 +310,8 @@ def drops_expectation(attention: str, base=None, convention: str = "row"):
         if (not dropped or version is None or version > DROPS_UP_TO
                 or (value[0] if isinstance(value, tuple) else value) != v.PASS):
             return value
-        what = " and ".join(DROPPED[attention][n].split(":")[0] for n in dropped)
-        where = "; ".join(DROPPED[attention][n] for n in dropped)
+        what = " and ".join(DROPPED[attention][n][0] for n in dropped)
+        where = "; ".join(DROPPED[attention][n][1] for n in dropped)
         prediction = drop_prediction(case, dropped, convention)
         if check == v.LEAK.name:
             return v.FAIL if (segment.row, segment.number) in prediction[check] else v.PASS
@@ -320,7 +320,7 @@ def drops_expectation(attention: str, base=None, convention: str = "row"):
             return value
         ratio = prediction[key]
         reason = (f"known upstream bug: MaxText {'.'.join(map(str, version))}'s {attention} "
-                  f"ignores {what} (attention_op.py {where})")
+                  f"ignores {what} (layers/attention_op.py: {where})")
         if ratio > KNOWN_ABOVE or (segment is None and ratio > 1.0):
             return v.KNOWN, reason
         if ratio < PASS_BELOW or segment is None:

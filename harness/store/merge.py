@@ -36,6 +36,37 @@ def merged_environment(environments: list[dict]) -> dict:
     return out
 
 
+def merge_cache(headers: list[dict]) -> dict | None:
+    """The compilation cache's hits and misses summed over the sources' processes."""
+    seen = [h["compilation_cache"] for h in headers if h.get("compilation_cache")]
+    if not seen:
+        return None
+    dirs = sorted({str(c.get("dir")) for c in seen})
+    return {"dir": dirs[0] if len(dirs) == 1 else dirs,
+            "hits": sum(c.get("hits", 0) for c in seen),
+            "misses": sum(c.get("misses", 0) for c in seen)}
+
+
+def merged_selection(headers: list[dict]) -> dict | None:
+    """What the joined report selected: the sources' common selection; where they are the
+    shards I/N of one selection, that selection unsharded (a shard that never reported then
+    leaves pairs missing, which a comparison with a baseline of the whole suite counts as
+    regressions)."""
+    chosen = [h.get("selection") for h in headers]
+    if not chosen or any(c is None for c in chosen):
+        return None
+    rest = [{k: x for k, x in c.items() if k != "shard"} for c in chosen]
+    if any(r != rest[0] for r in rest):
+        return None
+    shards = {c.get("shard") for c in chosen}
+    if len(shards) == 1:
+        return chosen[0]
+    counts = {str(x).split("/")[-1] for x in shards if x}
+    if None not in shards and len(counts) == 1:
+        return {**rest[0], "shard": None}
+    return None
+
+
 def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None = None,
                   **header) -> list[tuple[Path, int]]:
     """One report (records and traces) from several report folders; `transform(records)`
@@ -75,6 +106,8 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                                          "wall_s": h.get("wall_s")}
                                         for s, h in zip(sources, headers)],
                         "timing": merge_timing([h.get("timing") for h in headers]),
+                        "compilation_cache": merge_cache(headers),
+                        "selection": merged_selection(headers),
                         **header})
     rec.append(out_dir / rec.RECORDS_FILE, records)
     (out_dir / rec.TRACES_FILE).write_text("")

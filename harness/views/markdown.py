@@ -47,6 +47,12 @@ def run_line(header: dict) -> str:
         parts.append(f"{header['seeds']} seeds")
     if header.get("wall_s") is not None:
         parts.append(f"wall time {header['wall_s']:.0f} s")
+    cache = header.get("compilation_cache")
+    if cache:
+        warmth = "warm" if cache.get("hits") and not cache.get("misses") else (
+            "cold" if not cache.get("hits") else "partly warm")
+        parts.append(f"compilation cache {warmth} ({cache.get('hits', 0)} hits, "
+                     f"{cache.get('misses', 0)} misses)")
     if header.get("leak_probe") is False:
         parts.append("leak probe off (--no-leak-probe)")
     elif header.get("probe_mode"):
@@ -69,12 +75,20 @@ def timing_lines(header: dict) -> list[str]:
            "compile happen beside the run, in other threads (compile seconds add up over the "
            "threads compiling at once); waited: how long the run stood still for a program not "
            "compiled yet, or for a trace's environment.", "",
-           "| kernel | wall s | programs | lower s | compile s | waited s | runs | execute s |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| kernel | wall s | programs | lower s | compile s | waited s | runs | execute s | host s |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for kernel, t in sorted(timing.items(), key=lambda kv: -kv[1].get("wall_s", 0)):
         out.append(f"| {kernel} | {t.get('wall_s', 0):.1f} | {t.get('programs', 0)} | "
                    f"{t.get('lower_s', 0):.1f} | {t.get('compile_s', 0):.1f} | "
-                   f"{t.get('wait_s', 0):.1f} | {t.get('runs', 0)} | {t.get('execute_s', 0):.1f} |")
+                   f"{t.get('wait_s', 0):.1f} | {t.get('runs', 0)} | {t.get('execute_s', 0):.1f} "
+                   f"| {t.get('host_s', 0):.1f} |")
+    out += ["", "host: the run's own work on the kernel beside the device and the compiler "
+            "(per-token metrics, judging, the leak probe's comparisons, transfers, Python): "
+            "wall less execute and waited."]
+    cache = header.get("compilation_cache")
+    if cache:
+        out += ["", f"compilation cache `{cache.get('dir')}`: {cache.get('hits', 0)} programs "
+                f"read from disk, {cache.get('misses', 0)} compiled and written"]
     return out
 
 
