@@ -57,6 +57,7 @@ from harness.kernels import maxtext_adapter
 from harness.kernels.kernel import ALL_DTYPES, Kernel, Platform
 from harness.kernels.libraries import mark_absl_flags_parsed
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER
+from harness.kernels.reference import no_f16_on_cpu
 from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"
@@ -291,7 +292,8 @@ def _kernel(name, description, *, attention="cudnn_flash_jax", emulate=None, pat
 
 # The flash kernels' `emulate`: any value puts tokamax's XLA reference in place of Triton.
 # MaxText's GPU flash path masks by comparing segment ids (padding attends padding only), so,
-# like dot_product, it takes padding anywhere.
+# like dot_product, it takes padding anywhere. tokamax's XLA reference multiplies float16 with
+# float32 accumulation, which XLA:CPU does not do.
 XLA_FOR_TRITON = 0.0
 
 KERNELS = [
@@ -328,13 +330,14 @@ KERNELS = [
             description="MaxText's AttentionOp, attention=dot_product, with patches/ applied "
                         "(it honours every feature; the patch adds checks on its way)"),
     _kernel("maxtext:flash:emulated", attention="flash", emulate=XLA_FOR_TRITON, patched=False,
-            expect=maxtext_adapter.FLASH_EXPECT, constraints=maxtext_adapter.maxtext_constraints,
-            padding_anywhere=True,
+            expect=maxtext_adapter.FLASH_EXPECT,
+            constraints=lambda c, p: maxtext_adapter.maxtext_constraints(c, p)
+            + no_f16_on_cpu(c, p), padding_anywhere=True,
             description="MaxText's AttentionOp as installed (unpatched), attention=flash on its "
                         "GPU path, with tokamax's XLA reference in place of Triton: maxtext <= "
                         "0.2.5 known (window, chunks, soft cap)"),
     _kernel("maxtext_fixed:flash:emulated", attention="flash", emulate=XLA_FOR_TRITON,
-            constraints=_constraints(), padding_anywhere=True,
+            constraints=_constraints(no_f16_on_cpu), padding_anywhere=True,
             description="the patched MaxText op's GPU flash path with tokamax's XLA reference "
                         "in place of Triton: window and chunks in its mask, soft cap refused"),
 ]

@@ -67,6 +67,24 @@ def _verdicts(census: dict) -> list[str]:
     return lines
 
 
+def _features(census: dict) -> list[str]:
+    """The path x feature table: each kernel on the cases asking for each feature."""
+    from harness.model.features import FEATURE_NAMES
+    rows = [r for r in census["rows"] if any(c["cases"] for c in r.get("features", {}).values())]
+    if not rows:
+        return []
+    lines = ["| kernel | " + " | ".join(FEATURE_NAMES) + " |",
+             "| --- " * (len(FEATURE_NAMES) + 1) + "|"]
+    for row in rows:
+        cells = []
+        for f in FEATURE_NAMES:
+            cell = row["features"].get(f, {"text": "—", "bad": False})
+            text = _cell(cell["text"])
+            cells.append(f"**{text}**" if cell.get("bad") else text)
+        lines.append(f"| `{row['kernel']}` | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _links(row: dict) -> str:
     links = []
     for path in row["repro"]:
@@ -111,7 +129,17 @@ def _skips(census: dict) -> list[str]:
 
 def markdown(census: dict) -> str:
     parts = ["# Packed-attention census", "", INTRO, "", "## Parts", "", *_part_lines(census),
-             "", "## Verdicts by layout family", "", *_verdicts(census), "",
+             "", "## Verdicts by layout family", "", *_verdicts(census), ""]
+    features = _features(census)
+    if features:
+        parts += ["## Features: honoured, refused or dropped", "",
+                  "Each path on the cases that ask for a feature (docs/features.md): `ok` "
+                  "honoured on every case; `refuses` it raised while tracing, naming the "
+                  "feature; **FAIL** it returned numbers that fail, with what the records "
+                  "diagnose it dropped; `known` a declared upstream drop, reproduced; `not "
+                  "taken` its API has no argument for it. Cases counted by outcome.", "",
+                  *features, ""]
+    parts += [
              "## Padding, backward, speed, memory, versions", "",
              "Padding: what the kernel wrote at padding positions (gradients must be exactly "
              "zero; the output finite, or zero where the kernel declares it). Backward "

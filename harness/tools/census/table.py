@@ -17,6 +17,7 @@ from harness.judge import tallies
 from harness.judge import vocabulary as v
 from harness.judge.record import Record
 from harness.tools.census.findings import safe_name
+from harness.model.features import FEATURE_NAMES
 from harness.tools.census.options import census_names
 
 LONG_ROW = 8192
@@ -210,6 +211,47 @@ def repro_files(report_dir: Path, kernel: str) -> list[str]:
             if p.exists()]
 
 
+def feature_cell(records: list[Record], feature: str) -> dict:
+    """One kernel on the cases asking for one feature: ok (honoured), refuses, FAIL (with
+    what was dropped, where the records diagnose it), known (a declared upstream drop), ERROR,
+    or not taken (its API has no argument for it: skipped), with the reason."""
+    def about_another(r: Record) -> bool:
+        # A refusal or a skip that names another feature of a combined case says nothing
+        # about this one.
+        if r.outcome == v.REFUSED:
+            return not r.message.startswith(f"refused {feature} ")
+        if r.outcome == v.SKIP and r.message.startswith("does not take "):
+            return feature not in r.message.split(" (", 1)[0]
+        return False
+    cases = {r.case_id for r in records if r.features and feature in r.features.split("+")
+             and not about_another(r)}
+    mine = [r for r in records if r.case_id in cases]
+    if not mine:
+        return {"word": "—", "worst": None, "bad": False, "text": "—", "cases": 0}
+    worst = tallies.worst_outcome(mine)
+    cases = len({r.case_id for r in mine})
+    refused = [r for r in mine if r.outcome == v.REFUSED]
+    diagnosed = [r.diagnosis for r in mine if r.diagnosis and r.outcome in (v.FAIL, v.KNOWN)]
+    known = [r.message for r in mine if r.outcome == v.KNOWN]
+    if worst == v.SKIP:
+        word, why = "not taken", next((r.message for r in mine if r.outcome == v.SKIP), "")
+    elif worst in (v.FAIL, v.MISSED, v.ERROR):
+        word = SHOWN.get(worst, worst)
+        why = diagnosed[0] if diagnosed else next(r.message for r in mine if r.outcome == worst)
+    elif worst == v.KNOWN:
+        word, why = "known", (diagnosed[0] + "; " if diagnosed else "") + known[0]
+    elif refused and worst == v.REFUSED:
+        word, why = "refuses", refused[0].message
+    else:
+        word, why = "ok", ""
+    per_case = Counter(tallies.worst_outcome([r for r in mine if r.case_id == c])
+                       for c in {r.case_id for r in mine})
+    counts = ", ".join(f"{outcome_word(o)} {n}" for o, n in per_case.items())
+    text = f"{word} ({counts})" + (f": {why[:160]}" if why else "")
+    return {"word": word, "worst": worst, "bad": worst in v.BAD, "text": text, "cases": cases,
+            "reason": why}
+
+
 def kernel_row(kernel: str, part: Part, records: list[Record], parts: list[Part],
                report_dir: Path, known) -> dict:
     head_dims = sorted({r.head_dim for r in records if r.head_dim})
@@ -230,6 +272,7 @@ def kernel_row(kernel: str, part: Part, records: list[Record], parts: list[Part]
             "skip_reasons": dict(Counter(r.message for r in records
                                          if r.verdict == v.SKIP and r.check == v.KERNEL_LEVEL)
                                  .most_common(3)),
+            "features": {f: feature_cell(records, f) for f in FEATURE_NAMES},
             "repro": repro_files(report_dir, kernel)}
 
 
