@@ -48,6 +48,7 @@ def test_a_step_on_a_cpu_writes_its_report_its_status_and_one_archive(tmp_path):
     module = tmp_path / "leaky.py"
     module.write_text(LEAKY)
     env = {"OUT": str(tmp_path / "out"), "GPU_SCRATCH": str(tmp_path / "scratch"),
+           "BUNDLES": str(tmp_path / "no-bundles"),   # this machine's .gpu/ is for the GPU
            "HARNESS_GIT_COMMIT": "test", "HARNESS_GIT_DIRTY": "0",
            "HARNESS_ARGS": f"--suite smoke --cases packed/random-*-f32-s0 --kernel-module "
                            f"{module} --kernels leaky,dot_product"}

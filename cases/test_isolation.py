@@ -134,12 +134,11 @@ def test_a_worker_dying_between_pairs_blames_no_pair(tmp_path, monkeypatch):
                 for case in ran:
                     started.write(json.dumps({"kernel": "k", "case_id": case}) + "\n")
                     rec.write(json.dumps({"type": "record", "kernel": "k", "case_id": case}) + "\n")
-            dies = len(ran) < len(json.loads(Path(command[command.index("--worker-pairs")
-                                                             + 1]).read_text()))
+            dies = len(ran) < len(json.loads(Path(command[-1]).read_text())["pairs"])
             return (-9, "Killed") if dies else (0, "")
         monkeypatch.setattr(isolation, "_stream", fake_stream)
         return isolation.run_group("g", pairs, tmp_path / str(len(list(tmp_path.iterdir()))),
-                                   [], echo=lambda line: None)
+                                   RunOptions(), echo=lambda line: None)
     between = run(script["between"])
     assert between.crashes == [] and len(between.report_dirs) == 2
     at_start = run(script["at start"])
@@ -211,6 +210,8 @@ def test_main_is_not_a_group_name():
     """The kernels without a group run as "main": a group of that name would share its
     workers' folders."""
     import pytest
+
+from harness.engine.options import RunOptions
 
     from harness.kernels.kernel import Kernel
     from harness.kernels.reference import dot_product

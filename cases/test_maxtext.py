@@ -213,7 +213,8 @@ def test_the_real_op_resolves_what_the_adapter_hands_over():
                       attention_op_module=module)
     maxtext_attention(q, k, v, seg, causal=True, scale=0.25, max_segments=4,
                       attention="dot_product", chunk=8, attention_op_module=module)
-    assert seen == [(AttentionType.LOCAL_SLIDING, 5, None, 5.0), (AttentionType.CHUNK, None, 8, None)]
+    assert seen == [(AttentionType.LOCAL_SLIDING, 5, None, 5.0),
+                    (AttentionType.CHUNK, None, 8, None)]
 
 
 def test_maxtext_kernels_declare_the_features_maxtexts_api_takes():

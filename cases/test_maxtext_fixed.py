@@ -299,8 +299,9 @@ def test_the_patched_packed_path_hands_cudnn_one_head_dim():
         out = _fixed(q, k, v, seg, max_segments=4, attention="cudnn_flash_jax", emulate=9.0)
     assert shapes == [(16, 16, 16, True)] and out.shape == (2, 64, 4, 8)
     want = _fixed(q, k, v, seg, max_segments=4, attention="dot_product")
-    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32),
-                               atol=2e-2)
+    valid = np.asarray(seg) > 0          # padding outputs are each path's own
+    np.testing.assert_allclose(np.asarray(out, np.float32)[valid],
+                               np.asarray(want, np.float32)[valid], atol=2e-2)
 
 
 @needs_maxtext

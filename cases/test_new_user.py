@@ -177,7 +177,7 @@ def test_a_compilation_cache_that_is_a_file_and_a_repro_output_under_a_file(tmp_
 
 def test_growth_must_be_a_factor_above_one(tmp_path):
     out = _run("-m", "harness", "compare", str(tmp_path), str(tmp_path), "--growth", "-1")
-    _one_line(out, "--growth", "must be above 1")
+    _one_line(out, "--growth", "must be a finite factor above 1")
 
 
 def test_a_kernel_with_the_wrong_signature_is_refused_when_registered(tmp_path):

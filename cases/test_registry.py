@@ -72,7 +72,8 @@ def _run(*args, cwd=ROOT):
 
 def test_kernel_module_is_picked_up_by_the_cli(tmp_path):
     out = _run("-m", "harness", "run", "--kernel-module", str(EXAMPLE), "--kernels", "my_attention",
-               "--cases", "packed/random-*-bf16-*", "--report-dir", str(tmp_path))
+               "--cases", "packed/random-*-bf16-*", "--features", "none",
+               "--report-dir", str(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
     lines = [json.loads(x) for x in (tmp_path / "report.jsonl").read_text().splitlines()]
     assert lines[0]["type"] == "run" and lines[0]["kernels"] == ["my_attention"]

@@ -32,7 +32,7 @@ BROKEN = "import harness\ndef k(q, k, v, seg, *, causal, scale)\n    return q\n"
 @pytest.mark.parametrize("args, needles", [
     (["--kernel-module", "/no/such/kernels.py"], ["/no/such/kernels.py", "no such file"]),
     (["--kernels", "dot_product,nope"], ["unknown kernel nope", "harness list"]),
-    (["--cases", "packed/nothing-*"], ["matches 'packed/nothing-*'", "list --suite smoke -v"]),
+    (["--cases", "packed/nothing-*"], ["'packed/nothing-*' matches no case", "list --suite smoke -v"]),
     (["--suite", "weekly"], ["unknown suite 'weekly'"]),
     (["--baseline", "/no/such/baseline.jsonl"], ["baseline /no/such/baseline.jsonl"]),
     (["--shard", "3/2"], ["--shard '3/2'"]),
@@ -47,7 +47,7 @@ def test_cli_mistakes_are_one_line_before_any_work(tmp_path, args, needles):
 @pytest.mark.parametrize("args, needles", [
     (["--kernel-module", "/no/such/kernels.py"], ["/no/such/kernels.py", "no such file"]),
     (["--kernels", "dot_product,nope"], ["unknown kernel nope"]),
-    (["--cases", "packed/nothing-*"], ["matches 'packed/nothing-*'"]),
+    (["--cases", "packed/nothing-*"], ["'packed/nothing-*' matches no case"]),
     (["--baseline", "/no/such/baseline.jsonl"], ["baseline /no/such/baseline.jsonl"]),
 ])
 def test_pytest_mistakes_are_one_line_and_not_green(tmp_path, args, needles):
@@ -130,7 +130,10 @@ def test_compare_takes_folders_and_warns_when_not_like_for_like(tmp_path):
     a = _run("-m", "harness", "run", "--kernels", "dot_product", "--cases", ONE_CASE,
              "--report-dir", str(tmp_path / "a"))
     assert a.returncode == 0, a.stderr[-2000:]
-    same = _run("-m", "harness", "compare", str(tmp_path / "a"), str(tmp_path / "a"))
+    again = _run("-m", "harness", "run", "--kernels", "dot_product", "--cases", ONE_CASE,
+                 "--report-dir", str(tmp_path / "a2"))
+    assert again.returncode == 0, again.stderr[-2000:]
+    same = _run("-m", "harness", "compare", str(tmp_path / "a2"), str(tmp_path / "a"))
     assert same.returncode == 0 and "no regression" in same.stdout
     assert "warning" not in same.stdout
     header, records = rec.read(tmp_path / "a")

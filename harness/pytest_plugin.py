@@ -91,6 +91,9 @@ def pytest_configure(config):
         config._harness_run = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         config._harness_gpus = {}  # xdist worker id -> its GPU (--gpu-per-worker)
         config._harness_start = time.monotonic()
+        import datetime
+        config._harness_started_utc = datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds")
     try:
         if config.getoption("--ahead") and config.getoption("--in-test"):
             raise UsageError("--ahead and --in-test: choose one")
@@ -460,11 +463,14 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
         merge_reports(report_dir, sources, **info)
     else:
         rec.write_header(report_dir / rec.RECORDS_FILE, describe(), **info)
+    # When the run started, as the CLI's header says (the parts' were made as they began).
+    environment = dict(rec.read(report_dir)[0]["environment"],
+                       time_utc=config._harness_started_utc)
     status = engine.finish(
         report_dir, options, state=INTERRUPTED if interrupted else FINISHED, console=False,
         wall_s=round(time.monotonic() - config._harness_start, 1),
         timing=merge_timing([r.get("timing") for r in runs]),
-        probe_mode=modes[0] if len(modes) == 1 else modes)
+        probe_mode=modes[0] if len(modes) == 1 else modes, environment=environment)
     header, records = rec.read(report_dir)
     print(f"\nharness report: {report_dir}/ ({len(records)} records, wall time "
           f"{header.get('wall_s', 0):.0f} s)")

@@ -79,8 +79,8 @@ if [ "$plan" = 1 ]; then
 fi
 : "${OUT:?set OUT to the folder that comes back}"
 mkdir -p "$r" "$OUT"
-for b in fa maxtext te new; do
-  [ -f ".gpu/$b/activate.sh" ] && { source ".gpu/$b/activate.sh" || exit 3; }
+for b in fa maxtext te new; do   # the bundles carried (BUNDLES: another folder of them)
+  [ -f "${BUNDLES:-.gpu}/$b/activate.sh" ] && { source "${BUNDLES:-.gpu}/$b/activate.sh" || exit 3; }
 done
 [ -n "${HARNESS_GIT_COMMIT:-}" ] || source scripts/gpu_stamp.sh check
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 CUDA_CACHE_PATH=/tmp/nvcache \

@@ -16,8 +16,9 @@ re-implementation. MaxText's conventions stay here:
   a GPU user training on packed data sets them, and refuses any attribute base.yml does not
   define (so a new read is an error, not a guess).
 
-Features (harness.model.features), handed over as a user configures a model (MaxText 0.2.5; the
-research: /tmp/research/maxtext_features.md). AttentionOp reads none of them from the config:
+Features (harness.model.features), handed over as a user configures a model (MaxText 0.2.5;
+line numbers below are its wheel's maxtext/layers/attention_op.py). AttentionOp reads none of
+them from the config:
 they are constructor arguments, as MaxText's model layers pass them (gpt-oss, gemma2: per-layer
 `attention_type`; layers/attentions.py forwards the rest), and the sinks are a call argument:
 - window (left, 0): `attention_type="local_sliding"`, `sliding_window_size=left + 1`. MaxText's
@@ -404,12 +405,27 @@ def softmax_sums(case) -> dict[tuple[int, int], float]:
     return out
 
 
+# MaxText's dot_product computes its softmax in the inputs' dtype by default (base.yml:
+# float32_logits false): with sinks, each token's share of the sink is rounded to bfloat16 or
+# float16, and dsinks, one sum over every token of the batch, gathers those roundings. Seen on
+# the CPU smoke suite's bfloat16 sinks cases: 1.30x and 1.87x the tolerance (which the float32
+# softmax of the harness's peer sets) on 2 of 8; 0.05x and 0.21x with float32_logits on. The
+# other checks of those cases pass. Declared on every low-precision sinks case, so the cases
+# where it does not show are listed as "declared known, passed".
+LOW_PRECISION_SINKS_REASON = (
+    "MaxText's dot_product computes the softmax in the inputs' dtype by default "
+    "(float32_logits false): the sink's share of each softmax is rounded to it, and dsinks, "
+    "a sum over every token, lands up to about 2x the tolerance of a float32 softmax")
+
+
 def float16_sum_expectation(case, check, segment):
     """Known exactly where the bug can show: dq and dk in float16 of segments in which some
     query's softmax sum passes FLOAT16_SUM_PREDICTED (a segment needs over 256 keys for that),
     and dsinks (segment None: it sums over every query) where some segment does; everywhere
     else the kernel must pass."""
     version = installed_version()
+    if segment is None and check == "dsinks" and case.dtype in ("bfloat16", "float16"):
+        return "known", LOW_PRECISION_SINKS_REASON
     if segment is None:
         if (check == "dsinks" and case.dtype == "float16" and version is not None
                 and version <= FLOAT16_SUM_UP_TO

@@ -15,7 +15,9 @@ declares a known drop):
   packed layout (the hlo marker `__cudnn$fmha` proves the fused kernel ran); below, its segment
   mask (the bias path, with jax's limits on it: even seq_len, head_dim <= 128). The window goes
   to cuDNN as `sliding_window_length` (packed: per segment; below Hopper, into the mask); soft
-  cap and chunks are refused by AttentionOp.__init__, sinks by validate_gpu_flash_attention.
+  cap and chunks are refused by AttentionOp.__init__, sinks by validate_gpu_flash_attention; a
+  value head dim of its own (MLA) reaches the packed call padded to the query's (jax lays the
+  packed value and output out with the query's head dim).
 - maxtext_fixed:cudnn_flash_jax:emulated / :emulated-sm80 (CPU): the patched op with jax's
   cuDNN SDPA replaced by harness.sut.cudnn_emulator and jax's compute capability check answering
   as a 9.0 (packed path) or 8.0 (mask path) GPU would. The patch picks its path through
@@ -33,7 +35,8 @@ declares a known drop):
   (apply_attention's tokamax branch, which a CPU takes too) with tokamax's Pallas-Triton class
   replaced by tokamax's own XLA reference of the same op (tokamax._src.ops.attention.base.
   DotProductAttention: same call, same Mask), so that the mask MaxText builds is checked where
-  no Triton runs: unpatched, the window and chunks are dropped (known); patched, honoured.
+  no Triton runs: unpatched, the window, chunks and soft cap are dropped (known); patched, the
+  window and chunks honoured, the soft cap refused.
 
 The stand-ins are installed by replacing attributes of jax's (or tokamax's) module while the
 kernel traces (the op looks them up at call time), under a lock. These kernels run on CPUs only,

@@ -18,7 +18,7 @@ from harness.errors import UsageError
 CENSUS_KERNELS = (
     "dot_product", "xla", "pallas_mha", "jax_nn:cudnn", "jax_nn:cudnn_packed", "tokamax:*",
     "flash_attn:varlen", "flash_attn:varlen_vmap", "flash_attn3:varlen",
-    "dew_flash_attn:*", "fa4:*",
+    "dew_flash_attn:*", "fa4:*", "tokamax17:*",
     "te:thd", "te:flax_segment_ids", "te:flax_seqlens_offsets",
     "maxtext:dot_product", "maxtext:cudnn_flash_jax", "maxtext:cudnn_flash_te", "maxtext:flash",
     "maxtext_fixed:cudnn_flash_jax", "maxtext_fixed:cudnn_flash_te",
