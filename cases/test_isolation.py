@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.engine.options import RunOptions
+
 ROOT = Path(__file__).resolve().parent.parent
 ONE = "packed/random-b4-t256-h4kv4-d32-f32-s0"
 TWO = "unaligned/odd-b4-t256-h4kv4-d32-f32-s0"
@@ -126,7 +128,7 @@ def test_a_worker_dying_between_pairs_blames_no_pair(tmp_path, monkeypatch):
         attempts = iter(plan)
 
         def fake_stream(command, echo, env=None, stop=None):
-            report = Path(command[command.index("--report-dir") + 1])
+            report = Path(json.loads(Path(command[-1]).read_text())["report_dir"])
             report.mkdir(parents=True)
             ran = next(attempts)
             with (report / "report.jsonl").open("w") as rec, \
@@ -210,8 +212,6 @@ def test_main_is_not_a_group_name():
     """The kernels without a group run as "main": a group of that name would share its
     workers' folders."""
     import pytest
-
-from harness.engine.options import RunOptions
 
     from harness.kernels.kernel import Kernel
     from harness.kernels.reference import dot_product

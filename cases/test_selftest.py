@@ -71,6 +71,17 @@ WHERE = {
     and c.segment_ids[r.row, r.worst_token] == 0 and "dk non-finite" in r.message,
     "float32_output": lambda c, r: r.check == "contract" and "float32" in r.message,
     "reorder_forgets_segments": _reads_wrong_ids,
+    # The feature bugs: on their feature's case, at a query beyond what the feature allows.
+    "window_dropped": lambda c, r: c.features.window is not None
+    and r.worst_token - r.start > c.features.window[0],
+    "window_off_by_one": lambda c, r: c.features.window is not None
+    and r.worst_token - r.start > c.features.window[0],
+    "window_from_row_start": lambda c, r: c.features.window is not None and r.start > 0,
+    "softcap_dropped": lambda c, r: c.features.softcap is not None,
+    "chunk_dropped": lambda c, r: c.features.chunk is not None
+    and r.worst_token - r.start >= c.features.chunk,
+    "sinks_ignored": lambda c, r: c.features.sinks and r.check == "out",
+    "sinks_gradient_zero": lambda c, r: c.features.sinks and r.check == "dsinks",
 }
 
 

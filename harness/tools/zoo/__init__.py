@@ -74,25 +74,24 @@ _EVERY_FEATURE = ("window", "softcap", "chunk", "sinks")
 
 _FEATURE_BUGS = [
     ("window_dropped", bug(drop_window=True),
-     "window dropped: the sliding window is ignored, every earlier key read"),
+     "window dropped: the sliding window ignored, every earlier key read"),
     ("window_off_by_one", bug(window_extra=1),
      "window off by one: one key more than the window reaches"),
     ("window_from_row_start", bug(window_from_row=True),
-     "window measured from the row's start: key indices in the row against query positions "
-     "in the segment"),
+     "window from the row's start: key indices against query positions"),
     ("softcap_dropped", bug(drop_softcap=True), "soft cap dropped: raw logits reach the softmax"),
     ("chunk_dropped", bug(drop_chunk=True), "chunks dropped: queries read earlier chunks"),
     ("sinks_ignored", bug(sinks_forward=False),
      "sinks ignored in the forward: no mass taken by the sink"),
     ("sinks_gradient_zero", bug(sinks_gradient=False),
-     "sinks' gradient zero: the forward is right, no gradient reaches them"),
+     "sinks' gradient zero: the forward right, nothing reaches the sinks"),
 ]
 
 _FEATURE_CORRECT = [
     ("ok_features_dense", features_dense,
      "window, soft cap, chunks and sinks from segment ranges, dense"),
     ("ok_features_online", features_online,
-     "window, soft cap, chunks and sinks, online softmax over 64-key blocks, the sink seeding it"),
+     "every feature, online softmax over 64-key blocks seeded by the sink"),
 ]
 
 
