@@ -108,7 +108,8 @@ def pytest_configure(config):
         # Every process of the run (workers too, for the harness's own tests as well as the
         # matrix) loads the kernel modules and reads jax's persistent compilation cache.
         from harness.engine.environment import check_backend
-        check_backend()
+        if _is_worker(config) or not _nvidia_gpu_visible():
+            check_backend()   # a controller on a GPU machine starts no device: its lanes do
         selection = engine.prepare(options) if not _is_worker(config) else engine.select(options)
         if _is_worker(config):
             from harness.engine.programs import enable_compilation_cache
@@ -324,7 +325,7 @@ def _begin(config, pairs) -> None:
             or config.option.collectonly:
         return
     from harness.engine import engine
-    from harness.engine.environment import describe
+    from harness.engine.environment import describe_host
     from harness.errors import UsageError
     from harness.store import report_file as rec
     from harness.store.writer import RUNNING, FolderLock
@@ -332,7 +333,7 @@ def _begin(config, pairs) -> None:
         config._harness_lock = FolderLock(_report_dir(config)).acquire()
     except UsageError as exc:
         pytest.exit(f"error: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
-    rec.write_header(_report_dir(config) / rec.RECORDS_FILE, describe(), state=RUNNING,
+    rec.write_header(_report_dir(config) / rec.RECORDS_FILE, describe_host(), state=RUNNING,
                      **engine.run_info(_options(config), config._harness_selection))
     (_report_dir(config) / rec.TRACES_FILE).write_text("")
 
@@ -449,7 +450,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 def _finish(config, session, exitstatus, sources, lane_runs) -> None:
     from harness.engine import engine
-    from harness.engine.environment import describe
+    from harness.engine.environment import describe_host
     from harness.store import report_file as rec
     from harness.store.merge import merge_reports, merge_timing
     from harness.store.writer import FINISHED, INTERRUPTED
@@ -462,7 +463,7 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
     if sources:
         merge_reports(report_dir, sources, **info)
     else:
-        rec.write_header(report_dir / rec.RECORDS_FILE, describe(), **info)
+        rec.write_header(report_dir / rec.RECORDS_FILE, describe_host(), **info)
     # When the run started, as the CLI's header says (the parts' were made as they began).
     environment = dict(rec.read(report_dir)[0]["environment"],
                        time_utc=config._harness_started_utc)

@@ -63,9 +63,7 @@ def select(options: RunOptions) -> Selection:
 def prepare(options: RunOptions) -> Selection:
     """Everything a user can get wrong, before any work: the options, the selection, the
     baseline (readable), the report folder (writable), the compilation cache."""
-    from harness.engine.environment import check_backend
     from harness.engine.programs import enable_compilation_cache
-    check_backend()
     selection = select(options)
     if not selection.cases:
         raise UsageError(f"--shard {options.shard}: this shard holds no case (the suite's "
@@ -77,9 +75,12 @@ def prepare(options: RunOptions) -> Selection:
     return selection
 
 
-def gpu_suite_warning(options: RunOptions, platform) -> str | None:
-    """The nightly suite on a CPU: rows up to 32768 tokens, hours of work."""
-    if options.suite == "nightly" and platform.name == "cpu":
+def gpu_suite_warning(options: RunOptions, platform=None) -> str | None:
+    """The nightly suite on a CPU: rows up to 32768 tokens, hours of work. `platform`: the
+    Platform where one was started; else whether nvidia-smi lists a GPU (nothing started)."""
+    from harness.engine.environment import nvidia_gpus
+    on_cpu = platform.name == "cpu" if platform is not None else not nvidia_gpus()
+    if options.suite == "nightly" and on_cpu:
         return ("the nightly suite is sized for a GPU (rows up to 32768 tokens): on this CPU "
                 "one kernel takes most of an hour")
     return None
@@ -88,9 +89,8 @@ def gpu_suite_warning(options: RunOptions, platform) -> str | None:
 def refuse_gpu_suite_on_cpu(options: RunOptions) -> None:
     """`run --suite nightly` on a CPU with nothing narrowing it: a UsageError before any work
     (narrowed with --cases or --kernels, it runs: the user chose what to wait for)."""
-    from harness.engine.environment import current_platform
     options = options.checked()
-    warning = gpu_suite_warning(options, current_platform())
+    warning = gpu_suite_warning(options)
     if warning and not (options.cases or options.kernels or options.shard):
         raise UsageError(f"{warning}; use --suite smoke, or narrow it with --cases or "
                          "--kernels")
@@ -119,7 +119,11 @@ def run(options: RunOptions) -> int:
                   "DIR writes elsewhere)", file=sys.stderr)
         previous = signal.signal(signal.SIGTERM, _interrupt)  # `timeout`, CI cancellations
         try:
-            if workers.needs_workers(selection.kernels):
+            # On GPUs the pairs run in worker processes: this process never starts a device
+            # (that would take a share of its memory from the workers), and a kernel that
+            # leaves a device context unusable costs one worker, not the run.
+            from harness.engine.environment import nvidia_gpus
+            if workers.needs_workers(selection.kernels) or nvidia_gpus():
                 facts, interrupted = _run_in_workers(options, selection, report_dir)
             else:
                 facts, interrupted = _run_here(options, selection, report_dir)
@@ -146,9 +150,10 @@ def _programs(options: RunOptions):
 def _run_here(options: RunOptions, selection: Selection, report_dir: Path
               ) -> tuple[dict, bool]:
     """Every pair in this process, records written as they finish."""
-    from harness.engine.environment import current_platform, describe
+    from harness.engine.environment import check_backend, current_platform, describe
     from harness.engine.runner import run_matrix
     from harness.views.progress import progress
+    check_backend()
     programs = _programs(options)
     writer = ReportWriter(report_dir, describe(),
                           **run_info(options, selection, probe_mode=programs.probe_mode))
@@ -177,10 +182,10 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
     import shutil
     import threading
 
-    from harness.engine.environment import describe
+    from harness.engine.environment import describe_host
     from harness.store.merge import merge_reports
     start = time.monotonic()
-    rec.write_header(report_dir / rec.RECORDS_FILE, describe(), state="running",
+    rec.write_header(report_dir / rec.RECORDS_FILE, describe_host(), state="running",
                      **run_info(options, selection))
     (report_dir / rec.TRACES_FILE).write_text("")
     workdir = report_dir / "workers"

@@ -16,6 +16,22 @@ import jax
 from harness.kernels.kernel import Platform
 
 
+@functools.lru_cache(maxsize=1)
+def nvidia_gpus() -> int:
+    """How many GPUs `nvidia-smi -L` lists here (CUDA_VISIBLE_DEVICES honoured where it hides
+    them all); 0 without the driver. Asks no jax backend: a controller that starts one takes
+    a GPU's memory from its workers."""
+    import shutil
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1") or not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                 timeout=60, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
 def check_backend() -> None:
     """jax's backend starts, or a UsageError of one line saying why (JAX_PLATFORMS=cuda on a
     machine without a GPU, a CUDA plugin that cannot load): before any work."""
@@ -105,6 +121,17 @@ def git_state() -> tuple[str | None, bool | None]:
         status = _git("status", "--porcelain", "--untracked-files=no")
         return commit, bool(status) if status is not None else None
     return None, None
+
+
+def describe_host() -> dict:
+    """What a controller knows without starting a device (its workers' headers say the rest):
+    the versions, the commit, the host, the time."""
+    commit, dirty = git_state()
+    return {"python": _platform.python_version(), "jax": jax.__version__,
+            "jaxlib": package_version("jaxlib"), "git_commit": commit, "git_dirty": dirty,
+            "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"),
+            "host": _platform.node()}
 
 
 def describe() -> dict:

@@ -50,6 +50,11 @@ def run_pairs(spec: dict) -> int:
         writer.add(result)
         # After its records, and how many: a reader takes the pair once it has read them all.
         announce(finished, kernel, case, records=len(result.records))
+        if any(device_lost(r.message) for r in result.records):
+            # The device context is gone for this process (a kernel's illegal instruction or
+            # address is sticky): every later pair would fail here. The pair keeps its error;
+            # the worker ends, and its controller starts a fresh one for the rest.
+            raise DeviceLost(result.records[0].message)
     try:
         run_matrix(kernels, cases, current_platform(), on_result=on_result,
                    programs=programs, leak=options.leak_probe, pairs=set(pairs),
@@ -62,6 +67,22 @@ def run_pairs(spec: dict) -> int:
     writer.close(timing=programs.report(),
                  compilation_cache={"dir": options.cache_dir, **cache_stats()})
     return 0
+
+
+# CUDA errors after which a process's context is unusable (cudaErrorIllegalInstruction and
+# the like are "sticky": every later call of the process fails with them).
+STICKY = ("CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_ILLEGAL_ADDRESS",
+          "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED",
+          "CUDA_ERROR_HARDWARE_STACK_ERROR", "an illegal memory access was encountered")
+DEVICE_LOST = 3   # the worker's exit status when its device context is lost
+
+
+class DeviceLost(RuntimeError):
+    """A kernel left the device context unusable (a sticky CUDA error)."""
+
+
+def device_lost(message: str) -> bool:
+    return any(s in (message or "") for s in STICKY)
 
 
 def main(argv: list[str]) -> int:
@@ -77,6 +98,9 @@ def main(argv: list[str]) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except DeviceLost as exc:
+        print(f"device context lost after a pair's error: {str(exc)[:300]}", file=sys.stderr)
+        return DEVICE_LOST
 
 
 if __name__ == "__main__":

@@ -176,7 +176,7 @@ def skip_record(kernel, case, reasons: list[str], check: str = KERNEL_LEVEL) -> 
 def error_record(kernel, case, message: str, traceback: str | None = None,
                  check: str = KERNEL_LEVEL) -> Record:
     """A kernel that raised: an error, never a skip (known where it declared that crash)."""
-    expected, result = error_outcome(message, kernel.expect_error)
+    expected, result = error_outcome(message, kernel.error_expected(case))
     return status_record(kernel, case, v.ERROR, message[:2000], check=check, expected=expected,
                          outcome_=result, traceback=traceback)
 
@@ -185,9 +185,10 @@ def kernel_level_records(kernel, case) -> list[Record]:
     """What a kernel that ran declares about the whole case: a declared upstream crash that did
     not happen is missed; a declared missing backward leaves its gradient checks skipped."""
     out = []
-    if kernel.expect_error is not None:
+    if kernel.error_expected(case) is not None:
         out.append(status_record(kernel, case, v.PASS, f"expected upstream error "
-                                 f"{kernel.expect_error!r} did not occur", expected=v.ERROR))
+                                 f"{kernel.error_expected(case)!r} did not occur",
+                                 expected=v.ERROR))
     if not kernel.backward:
         out += [status_record(kernel, case, v.SKIP, "kernel declares no backward", check=c.name)
                 for c in v.TENSORS[1:]]
@@ -345,10 +346,10 @@ def rejudge(records: Iterable[Record], kernels: Mapping) -> list[Record]:
                 expected, _ = kernel.expected_padding(case, r.row)
                 r = r.replace(expected=expected, outcome=outcome(r.verdict, expected))
             elif r.verdict == v.PASS and r.check == KERNEL_LEVEL and r.expected == v.ERROR \
-                    and kernel.expect_error is None:
+                    and kernel.error_expected(case) is None:
                 r = r.replace(expected=v.PASS, outcome=v.OK)  # no longer a declared crash
             elif r.verdict == v.ERROR:
-                expected, result = error_outcome(r.message, kernel.expect_error)
+                expected, result = error_outcome(r.message, kernel.error_expected(case))
                 r = r.replace(expected=expected, outcome=result)
             fresh.append(r)
         out += cover_unjudged(fresh)

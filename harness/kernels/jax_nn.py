@@ -130,8 +130,13 @@ KERNELS = [
            constraints=_cudnn_limits, hlo_markers=CUDNN_MARKER, features=JAX_NN_FEATURES,
            description="jax.nn.dot_product_attention(implementation='cudnn'), same-segment "
                        "mask as a cuDNN bias, local_window_size=(left, right)"),
+    # On the H200 (jax 0.11.2, cuDNN 9.19) a value head dim of its own (64 against 128) ends
+    # in CUDA_ERROR_ILLEGAL_INSTRUCTION: jax lays the value and output out by the query's head
+    # dim (reports/census-features-h200/). A known upstream crash on those cases.
     Kernel("jax_nn:cudnn_packed", jax_cudnn_packed, devices=("gpu",),
            min_compute_capability=9.0, constraints=_gqa_offsets, hlo_markers=CUDNN_MARKER,
+           expect_error=lambda case: ("CUDA_ERROR_ILLEGAL_INSTRUCTION"
+                                      if case.features.head_dim_v else None),
            **_PACKED,
            description="jax's packed cuDNN call (fused_attention_stablehlo.dot_product_"
                        "attention, seqlens/offsets, PADDING(_CAUSAL)), sliding_window_length="

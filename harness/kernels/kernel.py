@@ -76,7 +76,7 @@ class Kernel:
     expect: Expectation | None = None
     # Known upstream failure: the kernel must raise an error containing this text. It is then
     # recorded as "known" (not bad); if it stops raising, that is reported as "missed".
-    expect_error: str | None = None
+    expect_error: "str | Callable[[Case], str | None] | None" = None
     # Custom-call names that must appear in the compiled program: proof that the fused kernel
     # ran, so a silent fallback cannot pass as it.
     hlo_markers: tuple[str, ...] = ()
@@ -176,6 +176,13 @@ class Kernel:
         """(expected, reason): what this kernel must show on that check of that segment."""
         value = self.expect(case, check, segment) if self.expect else v.PASS
         return self._expectation(value, check, f"expect(case, {check!r}, {segment.label})")
+
+    def error_expected(self, case: Case) -> str | None:
+        """The upstream error this kernel declares on `case` (expect_error: a text, or a
+        function of the case for an error some cases raise), or None."""
+        if callable(self.expect_error):
+            return self.expect_error(case)
+        return self.expect_error
 
     def expected_kernel_check(self, case: Case, check: str) -> tuple[str, str]:
         """(expected, reason) of a check with no segment (dsinks): `expect(case, check, None)`;

@@ -51,6 +51,7 @@ import sys
 
 import numpy as np
 
+from harness.kernels.te_flax import sinks_fallback_crash
 from harness.kernels.kernel import Kernel
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER
 from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
@@ -585,7 +586,7 @@ KERNELS = [
            functools.partial(maxtext_attention, attention="cudnn_flash_te"),
            dtypes=CUDNN, devices=("gpu",), min_compute_capability=9.0,
            hlo_markers=TE_MARKERS, deterministic_env=TE_DETERMINISTIC, padding_output="zero",
-           expect=CUDNN_FLASH_TE_EXPECT,
+           expect=CUDNN_FLASH_TE_EXPECT, expect_error=sinks_fallback_crash,
            **{**_COMMON, "requires": ("maxtext", "transformer_engine")},
            standalone=MAXTEXT_STANDALONE.replace("@ATTENTION@", "cudnn_flash_te"),
            description="MaxText's AttentionOp, attention=cudnn_flash_te (installed maxtext and "

@@ -57,6 +57,7 @@ import threading
 from pathlib import Path
 
 from harness.kernels import maxtext_adapter
+from harness.kernels.te_flax import sinks_fallback_crash
 from harness.kernels.kernel import ALL_DTYPES, Kernel, Platform
 from harness.kernels.libraries import mark_absl_flags_parsed
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER
@@ -322,6 +323,7 @@ KERNELS = [
     _kernel("maxtext_fixed:cudnn_flash_te", attention="cudnn_flash_te", devices=("gpu",),
             min_compute_capability=9.0, hlo_markers=TE_MARKERS,
             deterministic_env=TE_DETERMINISTIC, padding_output="zero",
+            expect_error=sinks_fallback_crash,
             requires=("maxtext", "transformer_engine"), constraints=_constraints(),
             description="MaxText's AttentionOp, attention=cudnn_flash_te, with patches/ applied "
                         "(installed maxtext and TE; window and sinks honoured, soft cap and "

@@ -96,8 +96,8 @@ class CensusOptions:
     def resolved_suite(self) -> str:
         if self.suite:
             return self.suite
-        import jax
-        return "nightly" if jax.devices()[0].platform == "gpu" else "smoke"
+        from harness.engine.environment import nvidia_gpus
+        return "nightly" if nvidia_gpus() else "smoke"
 
     @classmethod
     def from_args(cls, args) -> CensusOptions:
