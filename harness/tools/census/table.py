@@ -238,10 +238,14 @@ def feature_cell(records: list[Record], feature: str) -> dict:
     elif worst in (v.FAIL, v.MISSED, v.ERROR):
         word = SHOWN.get(worst, worst)
         why = diagnosed[0] if diagnosed else next(r.message for r in mine if r.outcome == worst)
-    elif worst == v.KNOWN:
+    elif known:
+        # A declared upstream drop or crash, reproduced (whatever else the case shows: the
+        # segment-id bug a kernel is caught for ranks above it in severity).
         word, why = "known", (diagnosed[0] + "; " if diagnosed else "") + known[0]
     elif refused and worst == v.REFUSED:
         word, why = "refuses", refused[0].message
+    elif worst == v.CAUGHT:
+        word, why = "caught", next(r.message for r in mine if r.outcome == v.CAUGHT)
     else:
         word, why = "ok", ""
     per_case = Counter(tallies.worst_outcome([r for r in mine if r.case_id == c])

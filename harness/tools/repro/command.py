@@ -29,6 +29,12 @@ def verify(path: Path, needs_harness: bool) -> tuple[int | None, str]:
     environment's PYTHONPATH loses every entry that holds this harness, unless the kernel itself
     is harness code."""
     env = dict(os.environ)
+    # The process that writes the script may hold most of a GPU's memory (jax takes 75% when
+    # it starts): the script takes what it needs, not a share of what is left (on the H200 two
+    # census scripts ran out of memory beside their census and exited 0).
+    if not any(n in env for n in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                                  "XLA_PYTHON_CLIENT_ALLOCATOR")):
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     entries = [p for p in entries if not (Path(p) / "harness" / "__init__.py").is_file()]
     if needs_harness:
