@@ -225,11 +225,15 @@ def feature_cell(records: list[Record], feature: str) -> dict:
         return False
     cases = {r.case_id for r in records if r.features and feature in r.features.split("+")
              and not about_another(r)}
-    mine = [r for r in records if r.case_id in cases]
-    if not mine:
+    everything = [r for r in records if r.case_id in cases]
+    if not everything:
         return {"word": "—", "worst": None, "bad": False, "text": "—", "cases": 0}
+    # The word comes from the cases that ask for this feature alone, where there are any: what
+    # a case combining it with another shows may be the other's doing (the counts show all).
+    alone = [r for r in everything if r.features == feature]
+    mine = alone or everything
     worst = tallies.worst_outcome(mine)
-    cases = len({r.case_id for r in mine})
+    cases = len({r.case_id for r in everything})
     refused = [r for r in mine if r.outcome == v.REFUSED]
     diagnosed = [r.diagnosis for r in mine if r.diagnosis and r.outcome in (v.FAIL, v.KNOWN)]
     known = [r.message for r in mine if r.outcome == v.KNOWN]
@@ -248,8 +252,8 @@ def feature_cell(records: list[Record], feature: str) -> dict:
         word, why = "caught", next(r.message for r in mine if r.outcome == v.CAUGHT)
     else:
         word, why = "ok", ""
-    per_case = Counter(tallies.worst_outcome([r for r in mine if r.case_id == c])
-                       for c in {r.case_id for r in mine})
+    per_case = Counter(tallies.worst_outcome([r for r in everything if r.case_id == c])
+                       for c in {r.case_id for r in everything})
     counts = ", ".join(f"{outcome_word(o)} {n}" for o, n in per_case.items())
     text = f"{word} ({counts})" + (f": {why[:160]}" if why else "")
     return {"word": word, "worst": worst, "bad": worst in v.BAD, "text": text, "cases": cases,
