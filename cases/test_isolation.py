@@ -304,3 +304,42 @@ def test_ctrl_c_stops_a_controller_running_several_groups(tmp_path, monkeypatch)
     assert records and not [r for r in records if r["outcome"] == "error"], out[-3000:]
     calls = {line.split()[0] for line in (tmp_path / "calls.log").read_text().splitlines()}
     assert "b" not in calls and not list(workers.glob("b-*")), calls
+
+
+LOSES_THE_DEVICE = """
+import os
+import harness
+from harness.kernels.reference import dot_product
+
+def loses(q, k, v, seg, *, causal, scale):
+    # The first case it ever runs "loses the device": an error whose words are a sticky CUDA
+    # error's (CUDA_ERROR_ILLEGAL_INSTRUCTION); a process that saw one must not go on.
+    open(os.environ["LOST_MARKER"] + str(os.getpid()), "w").close()
+    first = os.environ["LOST_MARKER"] + "first"
+    if not os.path.exists(first):
+        open(first, "w").close()
+        raise RuntimeError("INTERNAL: CUDA error: CUDA_ERROR_ILLEGAL_INSTRUCTION: an illegal "
+                           "instruction was encountered")
+    return dot_product(q, k, v, seg, causal=causal, scale=scale)
+
+harness.register_kernel("loses", loses, dtypes=("float32",), isolation="lossy")
+"""
+
+
+def test_a_worker_whose_device_is_lost_ends_and_a_fresh_one_takes_the_rest(tmp_path):
+    """A sticky CUDA error leaves a process's device context unusable (on the H200 every pair
+    after jax's packed cuDNN call crashed failed in that process): the worker ends after that
+    pair's error record, and a fresh worker runs the rest."""
+    module = tmp_path / "lossy.py"
+    module.write_text(LOSES_THE_DEVICE)
+    out = _run("run", "--kernel-module", str(module), "--kernels", "loses,dot_product",
+               "--cases", f"{ONE},{TWO}", "--report-dir", str(tmp_path / "r"), "--no-leak-probe",
+               env={"LOST_MARKER": str(tmp_path / "lost-")})
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    _, records = _records(tmp_path / "r")
+    mine = {r["case_id"]: r["outcome"] for r in records if r["kernel"] == "loses"
+            and r["check"] in ("*", "out")}
+    # The first case errs (the device "lost"); the second ran in a fresh worker, and passed.
+    assert sorted(mine.values()) == ["error", "ok"], mine
+    pids = [p for p in tmp_path.glob("lost-*") if p.name != "lost-first"]
+    assert len(pids) == 2, "two worker processes ran the kernel"

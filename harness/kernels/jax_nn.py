@@ -32,10 +32,12 @@ a segment of its own otherwise: harness.sut.attention_op._padding), `mask_type`
 PADDING_CAUSAL / PADDING. Each segment is its own cuDNN sequence, so masks are per segment.
 Features:
 - window: `sliding_window_length=left + 1`, documented as "(pos - sliding_window_length, pos]":
-  W keys, self included, a left bound only. Passed whatever the mask: under PADDING_CAUSAL it
-  is the window [i - left, i]; under PADDING cuDNN has no right bound at all (keys
-  [i - left, end of segment]; measured on the H200), so a bidirectional window is silently
-  read too far ahead. Not refused here: this is the raw call, and the harness must see that.
+  W keys, self included, a left bound only. Under PADDING_CAUSAL that is the window
+  [i - left, i]. A bidirectional window reading nothing ahead (right 0) is handed over as is
+  and judged; one reading ahead has no argument to go to and is skipped with that reason
+  (`_left_bound_only`): handing over its left bound alone would be a silent drop of the
+  harness's own (it was, on the H200 census: reports/census-features-h200/README.md). The
+  emulator leaves the right bound open under PADDING.
 - head_dim_v: the value passed with its own head dim. jax checks only that Q and K share one;
   with packed offsets it multiplies every offset by the QUERY's head dim and reuses the K and Q
   offsets for V and O (research: silently wrong on the H200, max err 2.92 at d 64, d_v 32).
@@ -121,6 +123,21 @@ def _gqa_offsets(case, platform):
     return []
 
 
+def _left_bound_only(case, platform):
+    """jax's sliding_window_length is a left bound: (pos - W, pos]. A window of a bidirectional
+    case reading ahead has no argument to go to: not asked (handing over its left bound alone
+    would be the adapter's own silent drop)."""
+    window = case.features.window
+    if window is not None and not case.causal and window[1] > 0:
+        return [f"jax's packed cuDNN call takes a left-bound window only (sliding_window_length: "
+                f"(pos - W, pos]): window {window[0]} back, {window[1]} ahead is not expressible"]
+    return []
+
+
+def _packed_limits(case, platform):
+    return _left_bound_only(case, platform) + _gqa_offsets(case, platform)
+
+
 _PACKED = dict(takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS,
                features=PACKED_FEATURES)
 
@@ -134,7 +151,7 @@ KERNELS = [
     # in CUDA_ERROR_ILLEGAL_INSTRUCTION: jax lays the value and output out by the query's head
     # dim (reports/census-features-h200/). A known upstream crash on those cases.
     Kernel("jax_nn:cudnn_packed", jax_cudnn_packed, devices=("gpu",),
-           min_compute_capability=9.0, constraints=_gqa_offsets, hlo_markers=CUDNN_MARKER,
+           min_compute_capability=9.0, constraints=_packed_limits, hlo_markers=CUDNN_MARKER,
            expect_error=lambda case: ("CUDA_ERROR_ILLEGAL_INSTRUCTION"
                                       if case.features.head_dim_v else None),
            **_PACKED,
@@ -144,7 +161,8 @@ KERNELS = [
     # A CPU stand-in: on GPUs the real cuDNN runs (jax_nn:cudnn_packed).
     Kernel("jax_nn:cudnn_packed:emulated", functools.partial(jax_cudnn_packed,
                                                              backend="emulator"),
-           devices=("cpu",), materializes_scores=True, **_PACKED,
+           devices=("cpu",), materializes_scores=True, constraints=_left_bound_only,
+           **_PACKED,
            description="jax's packed cuDNN call through the cuDNN API emulator (left-bound "
                        "sliding window, as cuDNN's)"),
 ]

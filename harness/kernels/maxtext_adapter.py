@@ -240,70 +240,27 @@ DROPPED = {   # path -> feature -> (what it ignores, where)
                   "attention without logits_soft_cap (1739)"),
     },
 }
-# A tolerance check is expected known where dropping the features moves the segment past
-# KNOWN_ABOVE times its tolerance (the kernel's own rounding comes on top of what the drop
-# moves: a fraction of the tolerance), pass below PASS_BELOW, and between the two too close to
-# call: left to the leak probe.
-KNOWN_ABOVE, PASS_BELOW = 1.5, 0.5
-
-
 @functools.lru_cache(maxsize=8)
 def drop_prediction(case, dropped: tuple[str, ...], convention: str) -> dict:
     """What a kernel that computes `case` without the features `dropped` shows, from the case's
-    inputs: per (check, row, segment number) of out, dq, dk and dv, the distance of the truth
-    without them from the truth over the tolerance the judge applies there (its same-dtype
-    peer's error and the truth's scale); for "dsinks" (key None) the same over the heads; and
-    for "leak" the set of (row, segment number) where the leak probe's perturbations
-    (harness.judge.leak_probe: the same groups) redraw a token the kernel reads and the case's
-    mask does not, so that a token the probe keeps fixed moves."""
+    inputs (harness.judge.prediction)."""
     import dataclasses
 
-    import jax
-    import numpy as np
-
-    from harness.judge import judging, leak_probe, oracle
-    from harness.judge import vocabulary as v
-    from harness.judge.metrics import segment_error, token_errors
-    from harness.model.case import make_inputs
+    from harness.judge.prediction import prediction
 
     features = case.features
     for name in dropped:
         features = features.without(name)
-    without = dataclasses.replace(case, features=features)
-    # Uncached: the runner's own references stay in reference_for's cache.
-    ref = oracle.reference_for.__wrapped__(case, None, convention)
-    got = jax.jit(oracle.reference_fn(without, True, convention))(*make_inputs(case).device_args)
-    out = {}
-    for chk, errors in zip(v.TENSORS, token_errors(got[:4], ref.truth[:4])):
-        for seg in case.segments:
-            m = segment_error(errors, ref.peer_token_err[chk.name], seg, 1)
-            tol = judging.tolerance(chk, case.dtype, m.peer_err, ref.scale[chk.name])
-            out[(chk.name, seg.row, seg.number)] = m.max_abs_err / tol
-    if case.features.sinks:
-        err = float(np.abs(np.asarray(got[4], np.float64)
-                           - np.asarray(ref.truth[4], np.float64)).max())
-        out[v.DSINKS.name] = err / judging.tolerance(v.DSINKS, case.dtype, ref.peer_dsinks_err,
-                                                     ref.dsinks_scale)
-    must = leak_probe.dependencies(case, convention)
-    reads = leak_probe.dependencies(without, convention)
-    leaks = set()
-    for _, redraw in leak_probe.groups(case, convention):
-        kept, still = leak_probe.untouched(must, redraw), leak_probe.untouched(reads, redraw)
-        for seg in case.segments:
-            sl = (seg.row, slice(seg.start, seg.stop))
-            if any((kept[c][sl] & ~still[c][sl]).any() for c in kept):
-                leaks.add((seg.row, seg.number))
-    out[v.LEAK.name] = leaks
-    return out
+    return prediction(case, dataclasses.replace(case, features=features), convention)
 
 
 def drops_expectation(attention: str, base=None, convention: str = "row"):
     """expect(case, check, segment) of MaxText's `attention` path, which drops the features
     DROPPED[attention] (maxtext <= DROPS_UP_TO): where `base` (the path's other expectations)
-    says pass, the drop's prediction (drop_prediction): known on out/dq/dk/dv/dsinks past
-    KNOWN_ABOVE, too close to call between PASS_BELOW and KNOWN_ABOVE, a leak where the probe
-    sees one; `base`'s word elsewhere (a fail or an either stays)."""
+    says pass, the drop's prediction (harness.judge.prediction: known past its tolerance, a
+    leak where the probe sees one); `base`'s word elsewhere (a fail or an either stays)."""
     from harness.judge import vocabulary as v
+    from harness.judge.prediction import expected
 
     def expect(case, check, segment):
         value = base(case, check, segment) if base is not None else v.PASS
@@ -314,21 +271,10 @@ def drops_expectation(attention: str, base=None, convention: str = "row"):
             return value
         what = " and ".join(DROPPED[attention][n][0] for n in dropped)
         where = "; ".join(DROPPED[attention][n][1] for n in dropped)
-        prediction = drop_prediction(case, dropped, convention)
-        if check == v.LEAK.name:
-            return v.FAIL if (segment.row, segment.number) in prediction[check] else v.PASS
-        key = check if segment is None else (check, segment.row, segment.number)
-        if key not in prediction:
-            return value
-        ratio = prediction[key]
         reason = (f"known upstream bug: MaxText {'.'.join(map(str, version))}'s {attention} "
                   f"ignores {what} (layers/attention_op.py: {where})")
-        if ratio > KNOWN_ABOVE or (segment is None and ratio > 1.0):
-            return v.KNOWN, reason
-        if ratio < PASS_BELOW or segment is None:
-            return v.PASS
-        return v.EITHER, (f"{reason}; dropping it moves this segment {ratio:.2f}x its "
-                          "tolerance: too close to call, left to the leak probe")
+        return expected(drop_prediction(case, dropped, convention), check, segment, reason,
+                        value)
     return expect
 
 # MaxText's dot_product divides its unnormalized output by the softmax sum in the input dtype
