@@ -232,7 +232,10 @@ def test_what_maxtexts_api_cannot_express_is_skipped_with_the_reason():
     reasons = kernel.unsupported_reasons(ahead, CPU)
     assert "causal only" in reasons
     assert any("MaxText's local_sliding window is causal" in r for r in reasons)
-    assert not kernel.unsupported_reasons(feature_case(Features(window=(15, 0))), CPU)
+    # A causal window alone adds no reason to those of the same case without it (on Python 3.11
+    # those are MaxText's absence, on 3.12 none).
+    assert (kernel.unsupported_reasons(feature_case(Features(window=(15, 0))), CPU)
+            == kernel.unsupported_reasons(feature_case(Features()), CPU))
 
 
 @needs_maxtext
