@@ -122,3 +122,37 @@ def test_the_margin_over_seeds_counts_only_checks_expected_to_pass():
     planted = [r.replace(expected=v.PASS) if r is worst else r for r in records]
     assert max(x for x in tallies.margins(planted)["maxtext:dot_product"]
                if x is not None) == worst.ratio > 1
+
+
+def test_behaviour_unchanged_sees_equal_records_and_one_changed_error(tmp_path):
+    """scripts/behaviour_unchanged.py, behind issue 30's "behaviour unchanged" evidence
+    (reports/engine-refactor-cpu/): two digests of agreeing runs, then one error changed in its
+    last bit and one record added after, which is counted, not judged."""
+    import gzip
+    import math
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    before = FIXTURES / "series-831b954-night2-fa3.tsv.gz"
+
+    def check(after):
+        return subprocess.run([sys.executable, "scripts/behaviour_unchanged.py", str(before),
+                               str(after)], cwd=root, capture_output=True, text=True,
+                              timeout=300, check=False)
+    same = check(FIXTURES / "series-831b954-night3-fa3.tsv.gz")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "differ: 0" in same.stdout and "only after: 0" in same.stdout
+    header, *lines = gzip.open(before, "rt").read().splitlines()
+    fields = header.split("\t")
+    at = next(i for i, line in enumerate(lines)
+              if dict(zip(fields, line.split("\t")))["max_abs_err"] not in ("None", "0.0"))
+    row = dict(zip(fields, lines[at].split("\t")))
+    row["max_abs_err"] = repr(math.nextafter(float(row["max_abs_err"]), math.inf))
+    added = dict(row, case_id=row["case_id"] + "-w15.0")
+    lines[at] = "\t".join(row[k] for k in fields)
+    changed = tmp_path / "after.tsv.gz"
+    with gzip.open(changed, "wt") as f:
+        f.write("\n".join([header, *lines, "\t".join(added[k] for k in fields)]) + "\n")
+    other = check(changed)
+    assert other.returncode == 1, other.stdout + other.stderr
+    assert "differ: 1" in other.stdout and "only after: 1" in other.stdout, other.stdout
