@@ -834,6 +834,31 @@ def test_te_flax_modules_take_window_and_sinks_through_their_parameter(name, cau
     assert call["softmax_offset"] == ((1, 4, 1, 1), "float32")
 
 
+@pytest.mark.parametrize("cudnn,declared", [(None, False), ((9, 19, 0), True),
+                                           ((9, 26, 0), False), ((9, 27, 1), False)])
+def test_te_flax_sinks_crash_is_declared_known_only_below_cudnn_9_26(cudnn, declared,
+                                                                     monkeypatch):
+    """TE's fused backend refuses THD learnable softmax on cuDNN < 9.26 and its flax module
+    falls back to a path that crashes: known there, an error with a later cuDNN or where TE
+    cannot say which it has (no TE, a stand-in)."""
+    from harness.kernels.te_flax import SINKS_FALLBACK_CRASH, sinks_fallback_crash
+    if cudnn is not None:
+        misc = types.ModuleType("transformer_engine.jax.cpp_extensions.misc")
+        misc.get_cudnn_version = lambda: cudnn
+        for name in ("transformer_engine", "transformer_engine.jax",
+                     "transformer_engine.jax.cpp_extensions"):
+            module = types.ModuleType(name)
+            module.__path__ = []
+            monkeypatch.setitem(sys.modules, name, module)
+        monkeypatch.setitem(sys.modules, misc.__name__, misc)
+    else:
+        monkeypatch.setitem(sys.modules, "transformer_engine", None)
+    with_sinks = feature_case(Features(window=(16, 0), sinks=True), True)
+    without = feature_case(Features(window=(16, 0)), True)
+    assert sinks_fallback_crash(with_sinks) == (SINKS_FALLBACK_CRASH if declared else None)
+    assert sinks_fallback_crash(without) is None
+
+
 @pytest.mark.skipif(not HAVE_FLAX, reason="flax is not installed (Python >= 3.12 here)")
 def test_te_unfused_fallback_still_meets_its_known_crash_with_features(standin_te):
     kernel = on_cpu(select_kernels("te:unfused_fallback")[0])
