@@ -409,7 +409,8 @@ def feature_case(features: Features, causal: bool = True, layout: str = "packed/
 def on_cpu(kernel: Kernel, **changes) -> Kernel:
     """The kernel's own function with CPU capabilities (its library a stand-in here)."""
     return dataclasses.replace(kernel, name=f"cpu:{kernel.name}", devices=("cpu",),
-                               min_compute_capability=None, hlo_markers=(), **changes)
+                               min_compute_capability=None, hlo_markers=(),
+                               forward_markers=(), **changes)
 
 
 def judged(kernel: Kernel, case: Case, platform: Platform | None = None):

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness.engine.programs import argument_shapes, feature_arguments, kernel_fn
+from harness.engine.programs import FORWARD, argument_shapes, feature_arguments, kernel_fn
 from harness.engine.registry import all_kernels, select_kernels
 from harness.engine.runner import run_kernel_case
 from harness.kernels import dew_flash_attn, fa4, tokamax17
@@ -71,6 +71,7 @@ def on_cpu(kernel: Kernel, fn=None, **changes) -> Kernel:
     path) here."""
     return dataclasses.replace(kernel, name=f"cpu:{kernel.name}", fn=fn or kernel.fn,
                                devices=("cpu",), min_compute_capability=None, hlo_markers=(),
+                               forward_markers=(),
                                **changes)
 
 
@@ -96,8 +97,8 @@ def abstract_call(kernel: Kernel, case: Case):
     return jax.eval_shape(fn, *shapes)
 
 
-def lowered_for_cuda(fn, case) -> str:
-    return jax.jit(fn).trace(*argument_shapes(case)).lower(
+def lowered_for_cuda(fn, case, mode: str = "default") -> str:
+    return jax.jit(fn).trace(*argument_shapes(case, mode)).lower(
         lowering_platforms=("cuda",)).as_text()
 
 
@@ -578,6 +579,10 @@ def test_fa4_adapter_passes_on_a_stand_in(case):
     assert records and not_ok(records) == []
     padding = [r for r in records if r.check == "padding"]
     assert padding and all("output convention: zero" in r.message for r in padding)
+    # Forward mode (fa4 has a tangent kernel): the tangent judged per segment, and held to the
+    # zero convention at padding too.
+    assert len([r for r in records if r.check == "jvp"]) == len(case.segments)
+    assert all("jvp" in r.message.split(" clean")[0] for r in padding)
 
 
 TOKAMAX_CASES = [
@@ -776,6 +781,8 @@ def test_fa4_reference_backend_passes_on_cpu(case):
     records = judged(kernel, case)
     assert records and not_ok(records) == []
     assert [r for r in records if r.check == "padding"]
+    # Its forward mode (the reference backend's JVP rule, as the cute one's tangent kernel).
+    assert len([r for r in records if r.check == "jvp"]) == len(case.segments)
 
 
 @need_fa4
@@ -794,3 +801,7 @@ def test_fa4_compiles_its_sm90_kernels_on_the_cpu(monkeypatch):
     text = lowered_for_cuda(kernel_fn(kernel, case), case)
     assert [m for m in kernel.hlo_markers if m not in text] == []
     assert "fa4_fwd_lse_dp" in text          # defined_padding's zero-filled outputs
+    # Forward mode: the forward with LSE and the fused tangent kernel (zero-filled padding).
+    text = lowered_for_cuda(kernel_fn(kernel, case, FORWARD), case, FORWARD)
+    assert [m for m in kernel.forward_markers if m not in text] == []
+    assert "fa4_jvp_dp" in text

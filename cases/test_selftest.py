@@ -54,6 +54,8 @@ WHERE = {
     "local_window_512": lambda c, r: c.layout == "unaligned/long-edges"
     and r.length > zoo.WINDOW and r.worst_token - r.start >= zoo.WINDOW,
     "dq_only_leak": lambda c, r: r.check == "dq" and r.segment > 1,
+    # The output right, its tangent reading earlier segments: the jvp check, past segment 1.
+    "jvp_ignores_segments": lambda c, r: r.check == "jvp" and r.segment > 1,
     "dkdv_only_leak": lambda c, r: r.check in ("dk", "dv"),
     "single_tokens_zeroed": lambda c, r: r.length == 1,
     "last_segment_unmasked": lambda c, r: r.segment > 1

@@ -35,12 +35,21 @@ import jax
 import jax.numpy as jnp
 
 from harness.engine import unwritten
-from harness.judge.oracle import gradient_inputs, reference_fn, with_gradients
+from harness.judge.oracle import (
+    gradient_inputs,
+    reference_fn,
+    reference_jvp_fn,
+    with_gradients,
+    with_tangents,
+)
 from harness.kernels.kernel import Kernel
 from harness.model.case import Case
 
 DEFAULT = "default"
 DETERMINISTIC = "deterministic"
+# The kernel's forward mode: (q, k, v, seg[, sinks], tangents) -> (the output's tangent,),
+# through jax.jvp (the jvp check of kernels that declare forward_mode).
+FORWARD = "forward"
 DETERMINISTIC_COMPILER_OPTIONS = {"xla_gpu_deterministic_ops": True}
 # The harness's own programs on GPUs (the oracle, the probe's deterministic builds) skip XLA's
 # autotuning: it times candidate GEMM algorithms and Triton configurations on the device for
@@ -110,9 +119,10 @@ def feature_arguments(case: Case) -> dict:
     return out
 
 
-def kernel_fn(kernel: Kernel, case: Case):
+def kernel_fn(kernel: Kernel, case: Case, mode: str = DEFAULT):
     """The kernel's program as a function of (q, k, v, seg[, sinks], cotangent): the case's
-    features handed over as keyword arguments, the sinks as `sinks=` (differentiated)."""
+    features handed over as keyword arguments, the sinks as `sinks=` (differentiated). In
+    FORWARD mode, of (q, k, v, seg[, sinks], tq, tk, tv[, tsinks]): the output's tangent."""
     extra = {"max_segments": case.max_segments} if kernel.takes_max_segments else {}
     extra.update(feature_arguments(case))
 
@@ -125,18 +135,23 @@ def kernel_fn(kernel: Kernel, case: Case):
                              "with the value's head dim)")
         return out
 
+    if mode == FORWARD:
+        return with_tangents(fn, bool(case.features.sinks))
     return with_gradients(fn, kernel.backward, gradient_inputs(case))
 
 
-def argument_shapes(case: Case) -> tuple:
+def argument_shapes(case: Case, mode: str = DEFAULT) -> tuple:
+    """The program's arguments: (q, k, v, seg[, sinks], cotangent); in FORWARD mode (q, k, v,
+    seg[, sinks], tq, tk, tv[, tsinks])."""
     dtype = jnp.dtype(case.dtype)
     b, t, d, dv = case.batch, case.seq_len, case.head_dim, case.value_dim
     sinks = (jax.ShapeDtypeStruct((case.heads,), jnp.float32),) if case.features.sinks else ()
-    return (jax.ShapeDtypeStruct((b, t, case.heads, d), dtype),
-            jax.ShapeDtypeStruct((b, t, case.kv_heads, d), dtype),
-            jax.ShapeDtypeStruct((b, t, case.kv_heads, dv), dtype),
-            jax.ShapeDtypeStruct((b, t), jnp.int32),
-            *sinks,
+    qkv = (jax.ShapeDtypeStruct((b, t, case.heads, d), dtype),
+           jax.ShapeDtypeStruct((b, t, case.kv_heads, d), dtype),
+           jax.ShapeDtypeStruct((b, t, case.kv_heads, dv), dtype))
+    if mode == FORWARD:
+        return (*qkv, jax.ShapeDtypeStruct((b, t), jnp.int32), *sinks, *qkv, *sinks)
+    return (*qkv, jax.ShapeDtypeStruct((b, t), jnp.int32), *sinks,
             jax.ShapeDtypeStruct((b, t, case.heads, dv), dtype))
 
 
@@ -273,7 +288,7 @@ class Programs:
 
     def get(self, kernel: Kernel, case: Case, mode: str = DEFAULT) -> Program:
         program, fresh = self._entry(("kernel", kernel, _shape(kernel, case), mode),
-                                     kernel.name, kernel.hlo_markers, mode,
+                                     kernel.name, _markers(kernel, mode), mode,
                                      bool(kernel.deterministic_env))
         if fresh:
             self._build_kernel(program, kernel, case)
@@ -290,9 +305,14 @@ class Programs:
                 program, fresh = self._oracle_entry(case, truth, convention)
                 if fresh:
                     self._tracer.submit(self._build_oracle, program, case, truth, convention)
-            for mode in modes:
+                if kernel.forward_mode:
+                    program, fresh = self._oracle_entry(case, truth, convention, FORWARD)
+                    if fresh:
+                        self._tracer.submit(self._build_oracle, program, case, truth,
+                                            convention)
+            for mode in modes + ([FORWARD] if kernel.forward_mode else []):
                 program, fresh = self._entry(("kernel", kernel, _shape(kernel, case), mode),
-                                             kernel.name, kernel.hlo_markers, mode,
+                                             kernel.name, _markers(kernel, mode), mode,
                                              bool(kernel.deterministic_env))
                 if fresh:
                     self._tracer.submit(self._build_kernel, program, kernel, case)
@@ -324,11 +344,13 @@ class Programs:
         # A fresh trace where the kernel's library reads its algorithm from the environment;
         # otherwise the default lowering, compiled with other options.
         env = kernel.deterministic_env if deterministic else None
-        key = (kernel, _shape(kernel, case), tuple(sorted((env or {}).items())))
+        forward = program.mode == FORWARD
+        key = (kernel, _shape(kernel, case), tuple(sorted((env or {}).items())), forward)
         try:
-            lowered = self._lower(key, kernel_fn(kernel, case), argument_shapes(case), env,
-                                  program.timing)
-            program.text = lowered.as_text() if kernel.hlo_markers else ""
+            mode = FORWARD if forward else DEFAULT
+            lowered = self._lower(key, kernel_fn(kernel, case, mode),
+                                  argument_shapes(case, mode), env, program.timing)
+            program.text = lowered.as_text() if program.markers else ""
         except BaseException as exc:  # the kernel fails while tracing (a library may even
             program.trace_error = exc            # sys.exit): its error, when run; never a hang
             program.compiled.set_exception(exc)
@@ -344,24 +366,34 @@ class Programs:
             self._build_oracle(program, case, truth, chunk_convention)
         return program
 
+    def oracle_jvp(self, case: Case, truth: bool, chunk_convention: str = "segment") -> Program:
+        """The oracle's forward mode: (q, k, v, seg[, sinks], tangents) -> (output tangent,)."""
+        program, fresh = self._oracle_entry(case, truth, chunk_convention, FORWARD)
+        if fresh:
+            self._build_oracle(program, case, truth, chunk_convention)
+        return program
+
     @staticmethod
-    def _oracle_key(case: Case, truth: bool, chunk_convention: str) -> tuple:
+    def _oracle_key(case: Case, truth: bool, chunk_convention: str, mode: str) -> tuple:
         # The convention changes the program only where the case has chunks.
-        key = ("oracle", case.shape_key, truth)
+        key = ("oracle", case.shape_key, truth, mode)
         return key + (chunk_convention,) if case.features.chunk is not None else key
 
-    def _oracle_entry(self, case: Case, truth: bool, chunk_convention: str = "segment"):
-        program, fresh = self._entry(self._oracle_key(case, truth, chunk_convention), ORACLE,
-                                     (), DEFAULT)
+    def _oracle_entry(self, case: Case, truth: bool, chunk_convention: str = "segment",
+                      mode: str = DEFAULT):
+        program, fresh = self._entry(self._oracle_key(case, truth, chunk_convention, mode),
+                                     ORACLE, (), mode)
         program.oracle = True
         return program, fresh
 
     def _build_oracle(self, program: Program, case: Case, truth: bool,
                       chunk_convention: str = "segment") -> None:
+        forward = program.mode == FORWARD
+        build = reference_jvp_fn if forward else reference_fn
         try:
-            lowered = self._lower(self._oracle_key(case, truth, chunk_convention),
-                                  reference_fn(case, truth, chunk_convention),
-                                  argument_shapes(case), None, program.timing)
+            lowered = self._lower(self._oracle_key(case, truth, chunk_convention, program.mode),
+                                  build(case, truth, chunk_convention),
+                                  argument_shapes(case, program.mode), None, program.timing)
         except BaseException as exc:
             program.compiled.set_exception(exc)
             return
@@ -381,7 +413,8 @@ class Programs:
             seconds = time.perf_counter() - start
             outcome = program.compiled.set_exception, exc
         else:
-            if self.poisons_unwritten and program.mode == DEFAULT and not program.oracle:
+            if self.poisons_unwritten and program.mode in (DEFAULT, FORWARD) \
+                    and not program.oracle:
                 # A kernel's checked run poisons its blocks first: its fills compile here
                 # (should that fail, they compile when the run needs them, and fail there).
                 with contextlib.suppress(Exception):
@@ -409,6 +442,11 @@ def usable_cores() -> int:
         cores = os.cpu_count() or 2
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
     return max(1, cores // workers)
+
+
+def _markers(kernel: Kernel, mode: str) -> tuple[str, ...]:
+    """The custom calls that prove the kernel's own code ran in a program of `mode`."""
+    return kernel.forward_markers if mode == FORWARD else kernel.hlo_markers
 
 
 def _shape(kernel: Kernel, case: Case) -> tuple:

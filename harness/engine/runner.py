@@ -25,18 +25,19 @@ import numpy as np
 from harness.engine.programs import (
     DEFAULT,
     DETERMINISTIC,
+    FORWARD,
     Programs,
     device_memory_bytes,
 )
 from harness.judge import judging, leak_probe
 from harness.judge.metrics import token_errors
-from harness.judge.oracle import reference_for
+from harness.judge.oracle import jvp_reference_for, reference_for
 from harness.judge.record import Record, Trace
 from harness.judge.tallies import ratio_text
 from harness.judge import vocabulary as v
-from harness.judge.vocabulary import LEAK, PASS, TENSORS
+from harness.judge.vocabulary import JVP, LEAK, PASS, TENSORS
 from harness.kernels.kernel import Kernel, Platform
-from harness.model.case import Case, make_inputs
+from harness.model.case import Case, make_inputs, make_tangents
 
 # Cases whose inputs are drawn ahead of the one running (make_inputs keeps 8).
 INPUTS_AHEAD = 4
@@ -113,8 +114,13 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
     if case.features.sinks and kernel.backward:
         out.records.append(_dsinks(kernel, case, results, ref))
     out.records = _diagnosed(kernel, case, programs, results, out.records)
-    out.records += judging.padding_records(
-        kernel, case, {chk.name: err for chk, err in zip(TENSORS, errs)})
+    padding = {chk.name: err for chk, err in zip(TENSORS, errs)}
+    if kernel.forward_mode:
+        records, tangent_err = _jvp_records(kernel, case, programs, inputs)
+        out.records += records
+        if tangent_err is not None:
+            padding[JVP.name] = tangent_err
+    out.records += judging.padding_records(kernel, case, padding)
     if leak:
         out.records += _leak_records(kernel, case, programs, inputs, results[:len(TENSORS)],
                                      _disagreement(kernel, case, ref, out.records))
@@ -124,6 +130,30 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
         out.records = [r.replace(convention=f"chunks from the {kernel.chunk_convention}'s "
                                             "start") for r in out.records]
     return out
+
+
+def _jvp_records(kernel, case, programs, inputs) -> tuple[list[Record], tuple | None]:
+    """The forward-mode check (kernels that declare forward_mode): the output's tangent for the
+    case's input tangents against the oracle's, per segment; and its per-token errors (for the
+    padding check). A kernel that raises under jax.jvp: an error record of this check."""
+    try:
+        ref = jvp_reference_for(case, programs, kernel.chunk_convention)
+    except Exception as exc:  # not the kernel's doing: say whose it is
+        return [judging.error_record(kernel, case, f"oracle's jvp failed, the kernel's did not "
+                                     f"run: {type(exc).__name__}: {exc}", check=JVP.name)], None
+    try:
+        program = programs.get(kernel, case, FORWARD)
+        args = inputs.device_args[:-1] + make_tangents(case)
+        tangent = program(*args, poison_unwritten=programs.poisons_unwritten)
+        missing = program.missing_markers()
+        if missing:
+            raise AssertionError(f"program lacks {missing}: the fused kernel did not run")
+    except Exception as exc:  # declared and raising: an error, never a skip
+        return [judging.error_record(kernel, case, f"jvp: {type(exc).__name__}: {exc}".strip(),
+                                     traceback.format_exc(limit=-3)[-4000:], check=JVP.name)], None
+    errs = token_errors(tangent, ref.truth)
+    records, _ = judging.tensor_records(kernel, case, JVP, errs[0], ref, FORWARD)
+    return records, errs[0]
 
 
 def _dsinks(kernel, case, results, ref) -> Record:

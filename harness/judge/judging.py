@@ -414,23 +414,28 @@ def leak_records(kernel, case, found, mode: str, note: str = "") -> list[Record]
 
 # ----- padding hygiene ------------------------------------------------------------------------
 
+# The tensors the kernel's padding-output convention covers: the output and its tangent.
+OUTPUT_LIKE = (v.OUT.name, v.JVP.name)
+
+
 def padding_violations(errors_by_tensor: dict, row: int, pad: np.ndarray, convention: str
                        ) -> dict:
     """tensor -> {"kind", "count", "first", "max"} at a row's padding positions `pad` (bool
     [T]) from per-token errors against a truth that is zero there (harness.judge.oracle):
-    gradients must be exactly zero, the output finite (and zero under the zero convention;
-    not looked at where the kernel declares it undefined)."""
+    gradients must be exactly zero, the output and its tangent (jvp) finite (and zero under
+    the zero convention; not looked at where the kernel declares them undefined)."""
     found = {}
     positions = np.flatnonzero(pad)
     for name, (tok_max, _, tok_bad) in errors_by_tensor.items():
-        if name == v.OUT.name and convention == v.PAD_UNDEFINED:
+        output_like = name in OUTPUT_LIKE
+        if output_like and convention == v.PAD_UNDEFINED:
             continue
         bad = tok_bad[row, positions] > 0
         if bad.any():
             found[name] = dict(kind="non-finite", count=int(bad.sum()),
                                first=int(positions[bad][0]), max=None)
             continue
-        must_be_zero = name != v.OUT.name or convention == v.PAD_ZERO
+        must_be_zero = not output_like or convention == v.PAD_ZERO
         size = tok_max[row, positions]
         if must_be_zero and (size > 0).any():
             nz = size > 0
@@ -445,7 +450,7 @@ def padding_records(kernel, case, errors_by_tensor: dict) -> list[Record]:
     records = []
     convention = kernel.padding_output
     checked = [n for n in errors_by_tensor
-               if not (n == v.OUT.name and convention == v.PAD_UNDEFINED)]
+               if not (n in OUTPUT_LIKE and convention == v.PAD_UNDEFINED)]
     if not checked:
         return []  # an undefined output and no backward: nothing there to look at
     for row in range(case.batch):

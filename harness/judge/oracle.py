@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from harness.judge.metrics import scales, token_errors
-from harness.judge.vocabulary import TENSORS
+from harness.judge.vocabulary import JVP, TENSORS
 from harness.model.case import Case, make_inputs
 from harness.model.layouts import check_segment_ids
 
@@ -253,6 +253,39 @@ def reference_fn(case: Case, truth: bool, chunk_convention: str = "segment"):
     return in_float32
 
 
+def with_tangents(fn, sinks: bool):
+    """fn(q, k, v, seg[, sinks]) -> program(q, k, v, seg[, sinks], tq, tk, tv[, tsinks]) =
+    (the output's tangent,) via jax.jvp: the segment ids are data, every other input takes its
+    tangent."""
+    def run(q, k, v, seg, *rest):
+        n = 1 if sinks else 0
+        primals, tangents = (q, k, v, *rest[:n]), tuple(rest[n:])
+
+        def f(q, k, v, *s):
+            return fn(q, k, v, seg, *s)
+        _, tangent = jax.jvp(f, primals, tangents)
+        return (tangent,)
+    return run
+
+
+def reference_jvp_fn(case: Case, truth: bool, chunk_convention: str = "segment"):
+    """(q, k, v, seg[, sinks], tq, tk, tv[, tsinks]) -> (the output's tangent,) of the truth
+    (float32, HIGHEST precision) or of the same-dtype peer."""
+    attend = functools.partial(dense_attention, scale=case.scale, causal=case.causal,
+                               truth=truth, features=case.features or None,
+                               chunk_convention=chunk_convention)
+    program = with_tangents(attend, bool(case.features.sinks))
+    if not truth:
+        return program
+
+    def in_float32(q, k, v, seg, *rest):
+        # Tangents of float32 copies: a bf16 tangent would round the truth's to bf16.
+        f32 = jnp.float32
+        return program(q.astype(f32), k.astype(f32), v.astype(f32), seg,
+                       *(x.astype(f32) for x in rest))
+    return in_float32
+
+
 @dataclass
 class Reference:
     """The truth for one case, and how far the same-dtype peer lands from it, per token."""
@@ -285,3 +318,22 @@ def reference_for(case: Case, programs=None, chunk_convention: str = "segment") 
         out.peer_dsinks_err = float(np.abs(p - t).max())
         out.dsinks_scale = float(np.abs(t).max())
     return out
+
+
+@functools.lru_cache(maxsize=2)
+def jvp_reference_for(case: Case, programs=None, chunk_convention: str = "segment"
+                      ) -> Reference:
+    """The forward-mode check's reference for the case's input tangents
+    (harness.model.case.make_tangents): the truth's output tangent, and how far the same-dtype
+    peer's lands from it per token (a Reference whose one tensor is the tangent)."""
+    from harness.model.case import make_tangents
+    args = make_inputs(case).device_args[:-1] + make_tangents(case)
+    if programs is not None:
+        truth = programs.oracle_jvp(case, True, chunk_convention)(*args)
+        peer = programs.oracle_jvp(case, False, chunk_convention)(*args)
+    else:
+        truth = jax.jit(reference_jvp_fn(case, True, chunk_convention))(*args)
+        peer = jax.jit(reference_jvp_fn(case, False, chunk_convention))(*args)
+    errors, biggest = jax.device_get((token_errors(peer, truth), scales(truth, args[3])))
+    return Reference(truth=truth, peer_token_err={JVP.name: errors[0][0]},
+                     scale={JVP.name: float(biggest[0])})

@@ -353,9 +353,9 @@ def zoo_verdict(correct: bool, flagged: bool, errored: bool, measured: bool) -> 
 
 def first_catch(records: list[Record]) -> Record | None:
     """The first bad measurement of one kernel x case: checks in the order out, dq, dk, dv,
-    dsinks, leak, padding, contract; within a check, the first row and segment."""
+    dsinks, jvp, leak, padding, contract; within a check, the first row and segment."""
     flagged = [r for r in records if r.outcome in (v.FAIL, v.MISSED)]
-    for chk in (*v.TENSORS, v.DSINKS, v.LEAK, v.PADDING, v.CONTRACT):
+    for chk in (*v.TENSORS, v.DSINKS, v.JVP, v.LEAK, v.PADDING, v.CONTRACT):
         hits = [r for r in flagged if r.check == chk.name]
         if hits:
             return min(hits, key=lambda r: (r.row if r.row is not None else -1, r.segment or 0))

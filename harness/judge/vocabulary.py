@@ -7,6 +7,8 @@ Checks (typed descriptors, not string literals):
     out, dq, dk, dv   tolerance checks of the forward output and the three gradients (valid tokens)
     dsinks            the sinks' gradient (cases with sinks): one per kernel x case, a tolerance
                       check over the heads (a sink's gradient sums over every token of the batch)
+    jvp               the output's tangent (forward mode, jax.jvp) for random input tangents,
+                      per segment, of the kernels that declare a forward-mode rule
     leak              the leak probe: bitwise (or above run-to-run noise), no tolerance
     padding           what the kernel wrote at padding positions: gradients exactly zero, the
                       output finite (or zero, where the kernel declares that convention)
@@ -51,12 +53,14 @@ DK = Check("dk", "kv", traced=False, bitwise=False, peer_factor=3.0, floor_eps=4
 DV = Check("dv", "kv", traced=False, bitwise=False, peer_factor=3.0, floor_eps=4.0)
 DSINKS = Check("dsinks", "", traced=False, bitwise=False, peer_factor=3.0, floor_eps=4.0,
                per_segment=False)
+# The output's tangent: chained like a gradient (the score's tangent, then the softmax's).
+JVP = Check("jvp", "query", traced=False, bitwise=False, peer_factor=3.0, floor_eps=4.0)
 LEAK = Check("leak", "", traced=False, bitwise=True)
 PADDING = Check("padding", "", traced=False, bitwise=True, per_segment=False)
 CONTRACT = Check("contract", "", traced=False, bitwise=True, per_segment=False)
 
 TENSORS = (OUT, DQ, DK, DV)      # a kernel program's results, in this order
-CHECKS = {c.name: c for c in (*TENSORS, DSINKS, LEAK, PADDING, CONTRACT)}
+CHECKS = {c.name: c for c in (*TENSORS, DSINKS, JVP, LEAK, PADDING, CONTRACT)}
 KERNEL_LEVEL = "*"               # the check of a record about a whole kernel x case
 
 

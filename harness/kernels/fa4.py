@@ -53,6 +53,9 @@ from harness.kernels.kernel import Kernel
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS
 
 FA4_MARKERS = ("cutejax.fa4_fwd", "cutejax.fa4_bwd")
+# Forward mode (jax.jvp): its forward kernel (with the LSE) and its fused tangent kernel
+# (`fa4_jvp`, `fa4_jvp_dp` with defined_padding), fa4's own rule for its primitive.
+FA4_FORWARD_MARKERS = ("cutejax.fa4_fwd", "cutejax.fa4_jvp")
 # The features its varlen call takes (harness.model.features).
 FA4_FEATURES = ("window", "head_dim_v")
 
@@ -96,7 +99,7 @@ KERNELS = [
            devices=("gpu",), min_compute_capability=8.0, padding_anywhere=True,
            padding_output="zero", requires=("fa4_jax", "cutejax", "cutlass"),
            takes_max_segments=True, hlo_markers=FA4_MARKERS, features=FA4_FEATURES,
-           reproducible=False,
+           reproducible=False, forward_mode=True, forward_markers=FA4_FORWARD_MARKERS,
            description="fa4-jax 0.1.0 flash_attn_varlen (FlashAttention-4, CuTe DSL), rows "
                        "flattened with cu_seqlens, padding slots unused (seqused 0, "
                        "defined_padding=True), window_size=(left, right)"),

@@ -60,6 +60,14 @@ class Kernel:
     # Devices the kernel's mesh spans (harness.kernels.sharded): fewer visible is a skip.
     min_devices: int = 1
     backward: bool = True
+    # Its library offers forward mode (jax.jvp through it: a JVP rule of its own, or jax's
+    # autodiff of plain jax): the output's tangent for random input tangents is checked per
+    # segment against the oracle's (check jvp). False: no jvp check (jax.jvp through a
+    # custom_vjp raises). A kernel that declares it and raises under jax.jvp is an error.
+    forward_mode: bool = False
+    # Custom calls that must appear in its forward-mode program (as hlo_markers for the
+    # default one: its library's JVP kernel); () where jax's autodiff of plain jax is the rule.
+    forward_markers: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()             # importable modules, checked lazily
     seq_len_multiple: int | None = None
     # Builds the [batch, heads, seq, seq] float32 scores in memory (dense kernels): cases whose

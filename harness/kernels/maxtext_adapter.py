@@ -515,7 +515,7 @@ KERNELS = [
     # MaxText's dot_product masks by comparing segment ids: padding may sit anywhere.
     Kernel("maxtext:dot_product", functools.partial(maxtext_attention, attention="dot_product"),
            padding_anywhere=True, materializes_scores=True, expect=float16_sum_expectation,
-           **_COMMON,
+           forward_mode=True, **_COMMON,
            standalone=MAXTEXT_STANDALONE.replace("@ATTENTION@", "dot_product"),
            description="MaxText's AttentionOp, attention=dot_product (installed maxtext)"),
     Kernel("maxtext:cudnn_flash_jax",

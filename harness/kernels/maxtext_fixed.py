@@ -331,7 +331,7 @@ KERNELS = [
     # dot_product computes in the inputs' dtype: every dtype, on any device; padding anywhere.
     _kernel("maxtext_fixed:dot_product", attention="dot_product", dtypes=ALL_DTYPES,
             padding_anywhere=True, materializes_scores=True, constraints=_constraints(),
-            expect=maxtext_adapter.float16_sum_expectation,
+            expect=maxtext_adapter.float16_sum_expectation, forward_mode=True,
             description="MaxText's AttentionOp, attention=dot_product, with patches/ applied "
                         "(it honours every feature; the patch adds checks on its way)"),
     _kernel("maxtext:flash:emulated", attention="flash", emulate=XLA_FOR_TRITON, patched=False,

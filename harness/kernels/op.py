@@ -60,7 +60,7 @@ OP_FEATURES = ("window", "softcap", "chunk", "sinks", "head_dim_v")
 # The op follows MaxText's convention: padding only after the last segment.
 KERNELS = [
     Kernel("sut:dot_product", _op(attention="dot_product"), takes_max_segments=True,
-           materializes_scores=True, features=OP_FEATURES,
+           materializes_scores=True, features=OP_FEATURES, forward_mode=True,
            description="the attention op, attention=dot_product"),
     Kernel("sut:cudnn_flash_jax", _op(attention="cudnn_flash_jax"), takes_max_segments=True, features=OP_FEATURES,
            dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=9.0,

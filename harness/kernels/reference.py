@@ -131,11 +131,11 @@ def kernel(query, key, value, segment_ids, *, causal, scale, max_segments=None):
 
 KERNELS = [
     Kernel("dot_product", dot_product, padding_anywhere=True, materializes_scores=True,
-           features=("window", "softcap", "chunk", "sinks", "head_dim_v"),
+           features=("window", "softcap", "chunk", "sinks", "head_dim_v"), forward_mode=True,
            description="MaxText-style dot_product attention in the input dtype (dense mask)"),
     # jax.nn's API takes a window, and a value whose head dim differs (which it refuses).
     Kernel("xla", xla_dot_product_attention, constraints=no_f16_on_cpu, padding_anywhere=True,
-           materializes_scores=True, features=("window", "head_dim_v"),
+           materializes_scores=True, features=("window", "head_dim_v"), forward_mode=True,
            description="jax.nn.dot_product_attention(implementation='xla') with the segment mask"),
     Kernel("canary_ignores_segments", ignores_segments, constraints=no_f16_on_cpu,
            padding_anywhere=True, materializes_scores=True,

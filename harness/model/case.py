@@ -27,6 +27,9 @@ _SHORT = {v: k for k, v in DTYPES.items()}
 PADDING_POISON_SCALE = 8.0
 # Mixed into a case's seed for its inputs (standalone repro scripts draw the same).
 INPUT_SALT = 0xA77E
+# The forward-mode check's input tangents are drawn from a stream of their own: the inputs of
+# every case stay what they were.
+TANGENT_SALT = 0x7A9E
 # The sinks' mean: a sink logit near the largest scores of a row, so that it takes a visible
 # share of the softmax's mass (scores are about standard normal).
 SINK_MEAN = 1.0
@@ -220,3 +223,26 @@ def make_inputs(case: Case) -> Inputs:
     sinks = (rng.standard_normal(case.heads, dtype=np.float32) + SINK_MEAN
              if case.features.sinks else None)
     return Inputs(q, k, v, ct.astype(dtype), case.segment_ids, sinks)
+
+
+@functools.lru_cache(maxsize=8)
+def make_tangents(case: Case) -> tuple:
+    """The input tangents of the forward-mode (jvp) check, on the device: standard normal for q,
+    k and v in the case's dtype (larger at padding positions, as the inputs there: a correct
+    kernel's tangent at valid tokens never sees them), and for the sinks (float32) where the
+    case has them; drawn from the case's seed."""
+    import jax
+    dtype = jnp.dtype(case.dtype)
+    rng = np.random.default_rng([case.seed, TANGENT_SALT])
+    b, t = case.batch, case.seq_len
+    pad = case.segment_ids == 0
+
+    def draw(heads, dim=case.head_dim):
+        x = rng.standard_normal((b, t, heads, dim), dtype=np.float32)
+        x[pad] *= PADDING_POISON_SCALE
+        return x.astype(dtype)
+
+    out = [draw(case.heads), draw(case.kv_heads), draw(case.kv_heads, case.value_dim)]
+    if case.features.sinks:
+        out.append(rng.standard_normal(case.heads, dtype=np.float32))
+    return tuple(jax.device_put(x) for x in out)

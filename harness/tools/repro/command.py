@@ -11,7 +11,7 @@ from pathlib import Path
 
 import harness
 from harness.errors import UsageError
-from harness.judge.vocabulary import CHECKS
+from harness.judge.vocabulary import CHECKS, JVP
 from harness.model.case import Case
 from harness.tools.repro.script import FAILED_MARK, script_text, writer
 from harness.tools.repro.shrink import as_custom, shrink
@@ -114,6 +114,9 @@ def main(kernel_name: str, case_id: str, check: str | None = None, output: str |
     original = _original_case(case_id)
     if check is not None and check not in CHECKS:
         raise UsageError(f"--check {check}: unknown check; known: {', '.join(CHECKS)}")
+    if check == JVP.name:
+        raise UsageError(f"--check {check}: repro writes no script for the forward-mode check "
+                         "yet (its records name the case, segment and worst token)")
     kernel_source(kernel)  # refuse a kernel the script could not load, before any work
     output = Path(output or default_output(kernel.name))
 

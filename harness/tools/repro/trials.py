@@ -9,7 +9,7 @@ from harness.errors import UsageError
 from harness.judge import judging
 from harness.judge import vocabulary as v
 from harness.judge.record import Record
-from harness.judge.vocabulary import LEAK, TENSORS
+from harness.judge.vocabulary import JVP, LEAK, TENSORS
 from harness.kernels.kernel import Kernel, Platform
 from harness.model.case import Case
 
@@ -94,6 +94,10 @@ def target_check(trials: Trials, case: Case, check: str | None) -> Trial:
         if trial.failing(LEAK.name):
             trials.check = LEAK.name
             return trial
+        if trial.failing(JVP.name):
+            raise UsageError(f"{kernel.name} fails only the jvp check on {case.id}, which repro "
+                             "writes no script for yet (its records name the segment and worst "
+                             "token)")
         raise UsageError(f"{kernel.name} passes every check on {case.id}: nothing to reproduce")
     raise UsageError(f"{kernel.name} passes the {check} check on {case.id}: nothing to "
                      "reproduce (leave --check out to take the first failing one)")

@@ -42,6 +42,7 @@ from harness.tools.zoo.bugs import (
     wrong_gqa,
 )
 from harness.tools.zoo.feature_bugs import bug, features_dense, features_online
+from harness.tools.zoo.forward_mode import hand_written_jvp
 from harness.tools.zoo.reference_math import additive_bias, float64, online_softmax
 
 __all__ = ["BLOCK_TILE", "FOLD", "WINDOW", "Entry", "entries"]
@@ -59,10 +60,28 @@ class Entry:
 
 
 
-def _kernel(name, fn, description, features=()):
+def _kernel(name, fn, description, features=(), **more):
     return Kernel(name, fn, padding_anywhere=True, materializes_scores=True,
                   dtypes=("float32", "bfloat16"), tags=("zoo",), description=description,
-                  features=features, constraints=_feature_cases_only if features else None)
+                  features=features, constraints=_feature_cases_only if features else None,
+                  **more)
+
+
+# Kernels of plain jax: jax's autodiff gives them forward mode, and the jvp check holds them to
+# it (the correct ones are its controls).
+_PLAIN_JAX = {"ok_additive_bias", "ok_online_softmax", "ok_features_dense", "ok_features_online"}
+# A forward-mode kernel of its own (a JVP rule) and no backward: the jvp check alone judges it.
+_FORWARD_ONLY = dict(forward_mode=True, backward=False)
+
+_FORWARD_BUGS = [
+    ("jvp_ignores_segments", hand_written_jvp(tangent_ignores_segments=True),
+     "JVP kernel ignores segment ids: the output right, its tangent leaks"),
+]
+
+_FORWARD_CORRECT = [
+    ("ok_hand_written_jvp", hand_written_jvp(),
+     "dense forward, JVP rule written out by hand (custom_jvp)"),
+]
 
 
 def _feature_cases_only(case, platform):
@@ -152,9 +171,16 @@ _CORRECT = [
 
 def entries() -> list[Entry]:
     """The zoo: the broken kernels (the feature bugs among them), then the correct ones."""
+    def plain(name):
+        return {"forward_mode": True} if name in _PLAIN_JAX else {}
     return ([Entry(_kernel(name, fn, desc), desc) for name, fn, desc in _BUGS]
             + [Entry(_kernel(name, fn, desc, _EVERY_FEATURE), desc)
                for name, fn, desc in _FEATURE_BUGS]
-            + [Entry(_kernel(name, fn, math), math, correct=True) for name, fn, math in _CORRECT]
-            + [Entry(_kernel(name, fn, math, _EVERY_FEATURE), math, correct=True)
-               for name, fn, math in _FEATURE_CORRECT])
+            + [Entry(_kernel(name, fn, desc, **_FORWARD_ONLY), desc)
+               for name, fn, desc in _FORWARD_BUGS]
+            + [Entry(_kernel(name, fn, math, **plain(name)), math, correct=True)
+               for name, fn, math in _CORRECT]
+            + [Entry(_kernel(name, fn, math, _EVERY_FEATURE, **plain(name)), math, correct=True)
+               for name, fn, math in _FEATURE_CORRECT]
+            + [Entry(_kernel(name, fn, math, **_FORWARD_ONLY), math, correct=True)
+               for name, fn, math in _FORWARD_CORRECT])
