@@ -102,7 +102,7 @@ def test_two_parts_give_one_table_with_every_kernel_and_the_columns(census):
     assert keys == [key for key, _, _ in COLUMNS] + ["d32"]
     md = (census / "census.md").read_text()
     assert ("| kernel | all cases | packed | unaligned | padded (before/between) | bidirectional "
-            "| long rows (>= 8192) | float16 | GQA/MQA | head dim 32 |") in md
+            "| long rows (>= 8192) | float16 | GQA/MQA | forward mode (jvp) | head dim 32 |") in md
     for kernel in PART_A + PART_B:
         assert f"| `{kernel}` |" in md
     commit = table["parts"][0]["environment"]["git_commit"]
@@ -123,6 +123,9 @@ def test_each_cell_is_the_worst_outcome_its_records_say(census):
     shown = "FAIL" if tallies.worst_outcome(canary) == "fail" else "caught"
     # The canary takes no feature: the smoke suite's feature cases are skips in its cells.
     assert rows["canary_ignores_segments"]["cells"]["packed"]["text"].startswith(f"{shown} 2")
+    # Forward mode: dot_product and xla declare it (their jvp records), the canary does not.
+    assert rows["dot_product"]["cells"]["forward"]["text"].startswith("ok ")
+    assert rows["canary_ignores_segments"]["cells"]["forward"]["text"] == "—"
     assert rows["canary_ignores_segments"]["cells"]["bidirectional"]["text"].startswith(
         f"{shown} 1")
     assert rows["dot_product"]["cells"]["packed"]["text"] == "ok 2"

@@ -34,6 +34,8 @@ COLUMNS = (
     ("long", f"long rows (>= {LONG_ROW})", lambda r: (r.seq_len or 0) >= LONG_ROW),
     ("float16", "float16", lambda r: r.dtype == "float16"),
     ("gqa", "GQA/MQA", lambda r: r.heads is not None and r.heads != r.kv_heads),
+    # The forward-mode check's records alone ("—": the kernel declares no forward mode).
+    ("forward", "forward mode (jvp)", lambda r: r.check == v.JVP.name),
 )
 SHOWN = {v.FAIL: "FAIL", v.MISSED: "MISSED", v.ERROR: "ERROR"}   # bad outcomes, as the grid
 
