@@ -216,3 +216,29 @@ def test_every_command_block_runs_in_ci_or_says_why_not():
     assert len(readme.splitlines()) <= 250, "the README is read in five minutes"
     for link in re.findall(r"\]\((docs/[\w.-]+\.md|reports/README\.md)", readme):
         assert (ROOT / link).exists(), f"the README points to {link}, which does not exist"
+
+
+def _tracked_reports() -> list[str] | None:
+    """The files under reports/ that git tracks (None: not a git checkout)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "reports"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.splitlines()
+
+
+def test_every_evidence_folder_reports_readme_lists_is_committed_and_small():
+    """The folders reports/README.md lists as evidence are in git (a .gitignore that hides one
+    leaves every clone without it), each committed folder is listed, and reports/ holds at most
+    10 MB."""
+    tracked = _tracked_reports()
+    if tracked is None:
+        pytest.skip("not a git checkout")
+    readme = (ROOT / "reports" / "README.md").read_text()
+    listed = set(re.findall(r"^\| `([\w.-]+)/", readme, re.M))
+    listed |= {path.split("/")[0] for path in re.findall(r"^\| `([\w./-]+\.\w+)`", readme, re.M)}
+    committed = {path.split("/")[1] for path in tracked if path.count("/") >= 2}
+    assert listed and listed == committed
+    size = sum((ROOT / path).stat().st_size for path in tracked if (ROOT / path).exists())
+    assert size <= 10_000_000, f"reports/ holds {size / 1e6:.1f} MB"
