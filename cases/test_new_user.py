@@ -386,6 +386,21 @@ def test_the_nightly_suite_on_a_cpu_is_refused_unless_narrowed(tmp_path):
     _one_line(out, "sized for a GPU", "--suite smoke")
     listing = _run("-m", "harness", "list", "--suite", "nightly")
     assert listing.returncode == 0 and "note: the nightly suite is sized for a GPU" in listing.stderr
+    # pytest's matrix: the same refusal, before collecting anything.
+    pyt = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", MATRIX, "--suite", "nightly",
+               "--report-dir", str(tmp_path / "p"))
+    assert pyt.returncode == 4 and "sized for a GPU" in pyt.stderr, pyt.stderr[-2000:]
+    assert "Traceback" not in pyt.stderr
+    # Narrowed (to one kernel, which then runs for most of an hour): a note first. (Here its
+    # one case dealt into an empty shard, so that it stops there, before any work.)
+    narrowed = _run("-m", "harness", "run", "--suite", "nightly", "--kernels", "dot_product",
+                    "--cases", "packed/random-b4-t2048-h8kv2-d128-bf16-s0", "--shard", "2/2",
+                    "--report-dir", str(tmp_path / "n"))
+    assert narrowed.stderr.startswith("note: the nightly suite is sized for a GPU")
+    assert "this shard holds no case" in narrowed.stderr
+    pyt = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", MATRIX, "--suite", "nightly",
+               "--kernels", "dot_product", "--collect-only", "--report-dir", str(tmp_path / "q"))
+    assert "note: the nightly suite is sized for a GPU" in pyt.stderr + pyt.stdout
 
 
 def test_a_backend_that_cannot_start_is_one_line():

@@ -22,7 +22,9 @@ def _run_options(args, **fixed) -> opts.RunOptions:
 def cmd_run(args) -> int:
     from harness.engine import engine
     options = _run_options(args)
-    engine.refuse_gpu_suite_on_cpu(options)
+    note = engine.refuse_gpu_suite_on_cpu(options)
+    if note:
+        print(note, file=sys.stderr)
     return engine.run(options)
 
 

@@ -23,6 +23,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -105,6 +106,9 @@ def pytest_configure(config):
         if not _is_worker(config):
             config._harness_ahead = not config.getoption("--in-test") and (
                 config.getoption("--ahead") or _nvidia_gpu_visible())
+            note = engine.refuse_gpu_suite_on_cpu(options)   # the nightly suite on a CPU
+            if note:
+                print(note, file=sys.stderr)
         # Every process of the run (workers too, for the harness's own tests as well as the
         # matrix) loads the kernel modules and reads jax's persistent compilation cache.
         from harness.engine.environment import check_backend

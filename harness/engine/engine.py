@@ -86,14 +86,16 @@ def gpu_suite_warning(options: RunOptions, platform=None) -> str | None:
     return None
 
 
-def refuse_gpu_suite_on_cpu(options: RunOptions) -> None:
-    """`run --suite nightly` on a CPU with nothing narrowing it: a UsageError before any work
-    (narrowed with --cases or --kernels, it runs: the user chose what to wait for)."""
+def refuse_gpu_suite_on_cpu(options: RunOptions) -> str | None:
+    """The nightly suite on a CPU (the CLI's run, pytest's matrix) with nothing narrowing it: a
+    UsageError before any work. Narrowed with --cases, --kernels or --shard, it runs (the user
+    chose what to wait for): the note to print first, one line, is returned."""
     options = options.checked()
     warning = gpu_suite_warning(options)
     if warning and not (options.cases or options.kernels or options.shard):
         raise UsageError(f"{warning}; use --suite smoke, or narrow it with --cases or "
                          "--kernels")
+    return f"note: {warning}; narrowed, so it runs" if warning else None
 
 
 def run_info(options: RunOptions, selection: Selection, **more) -> dict:
