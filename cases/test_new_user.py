@@ -354,8 +354,13 @@ def test_a_run_killed_hard_says_incomplete_in_every_view(tmp_path):
     out = _run("-m", "harness", "report", str(tmp_path / "r"))
     assert out.returncode == 1, out.stdout[-2000:]
     assert "INCOMPLETE" in out.stdout
-    assert "INCOMPLETE" in (tmp_path / "r" / "summary.md").read_text()
-    assert "INCOMPLETE" in (tmp_path / "r" / "report.html").read_text()
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert "INCOMPLETE" in summary and "every kernel expected to pass passed" not in summary
+    html = (tmp_path / "r" / "report.html").read_text()
+    # A banner of its own at the top of the page (not markdown's ** in a plain line), and the
+    # problems section does not read as a pass.
+    assert '<p class="bad">INCOMPLETE' in html and "**INCOMPLETE" not in html
+    assert "every kernel expected to pass passed" not in html
 
 
 def test_pytest_report_dir_outside_the_repo_as_two_words(tmp_path):

@@ -11,7 +11,7 @@ import jinja2
 
 from harness.judge import judging, tallies
 from harness.judge import vocabulary as v
-from harness.views.markdown import env_line, run_line
+from harness.views.markdown import NONE_BAD, NONE_BAD_UNFINISHED, env_line, run_line, unfinished
 from harness.views.summary import (
     coverage_lines,
     fmt,
@@ -41,13 +41,14 @@ img { max-width: 100%; }
 .plot { margin: 1em 0 2em 0; }
 </style></head><body>
 <h1>Attention harness report</h1>
-<p>{{ run_line }} · {{ env_line }}</p>
+{% if unfinished %}<p class="bad">{{ unfinished }}</p>
+{% endif %}<p>{{ run_line }} · {{ env_line }}</p>
 <p>{{ counts }}</p>
 <h2>Overview: worst error/tolerance ratio per kernel and layout</h2>
 <img alt="heatmap" src="data:image/png;base64,{{ heatmap }}">
 <h2>Problems ({{ bad|length }})</h2>
 {% if nothing %}<p class="bad">Nothing was judged: no check measured anything (every kernel x case skipped, or none finished). This run is not a pass.</p>
-{% elif not bad %}<p>None: every kernel expected to pass passed, every expected failure was caught.</p>
+{% elif not bad %}<p{% if unfinished %} class="bad"{% endif %}>{{ none_bad }}</p>
 {% else %}<table><tr><th>kernel</th><th>check</th><th>segment</th><th>tokens</th><th>max abs err</th>
 <th>tolerance</th><th>ratio</th><th>worst token</th><th>case id</th></tr>
 {% for r in bad %}<tr class="bad"><td>{{ r.kernel }}</td><td>{{ r.check }}</td>
@@ -198,7 +199,9 @@ def write_html(path: Path, header: dict, records: list, traces: list) -> None:
     plots, dropped = _plots(records, traces)
     timing = sorted((header.get("timing") or {}).items(), key=lambda kv: -kv[1].get("wall_s", 0))
     path.write_text(_TEMPLATE.render(
-        header=header, env_line=env_line(header.get("environment", {})), run_line=run_line(header),
+        header=header, env_line=env_line(header.get("environment", {})),
+        run_line=run_line(header, marked=False), unfinished=unfinished(header),
+        none_bad=NONE_BAD_UNFINISHED if unfinished(header) else NONE_BAD,
         counts=outcome_text(records), heatmap=_heatmap(records), bad=_problem_rows(records),
         nothing=tallies.judged_nothing(records), plots=plots, dropped=dropped,
         not_judged=not_judged_lines(records), known=known_lines(records),

@@ -41,7 +41,19 @@ def _seeds(header: dict) -> int:
     return seeds if isinstance(seeds, int) else 1
 
 
-def run_line(header: dict) -> str:
+def unfinished(header: dict) -> str | None:
+    """What a view says first where the run that wrote the report did not finish: killed (its
+    state still running) or stopped by the user; None for a run that finished."""
+    if header.get("state") == "running":
+        from harness.views.summary import INCOMPLETE
+        return INCOMPLETE
+    if header.get("interrupted"):
+        return "interrupted: only what finished is here, and it is not a pass"
+    return None
+
+
+def run_line(header: dict, marked: bool = True) -> str:
+    """The run in one line; `marked`: with an unfinished run's notice, in bold (markdown)."""
     parts = [f"suite `{header.get('suite')}`"]
     if _seeds(header) > 1:
         parts.append(f"{header['seeds']} seeds")
@@ -59,11 +71,8 @@ def run_line(header: dict) -> str:
         parts.append(f"leak probe: {header['probe_mode']} build")
     if header.get("shard"):
         parts.append(f"shard {header['shard']}")
-    if header.get("state") == "running":
-        from harness.views.summary import INCOMPLETE
-        parts.append(f"**{INCOMPLETE}**")
-    elif header.get("interrupted"):
-        parts.append("**interrupted: only what finished is here**")
+    if marked and unfinished(header):
+        parts.append(f"**{unfinished(header)}**")
     return " · ".join(parts)
 
 
@@ -147,7 +156,12 @@ def _grid(records: list[Record]) -> list[str]:
     return out
 
 
-def _problems(records: list[Record]) -> list[str]:
+NONE_BAD = "None: every kernel expected to pass passed, every expected failure was caught."
+NONE_BAD_UNFINISHED = ("None among the pairs that finished; the run did not finish, so this "
+                       "report is not a pass.")
+
+
+def _problems(records: list[Record], header: dict | None = None) -> list[str]:
     bad = tallies.bad(records)
     out = ["", f"## Problems ({len(bad)})", ""]
     if tallies.judged_nothing(records):
@@ -155,7 +169,7 @@ def _problems(records: list[Record]) -> list[str]:
                    "skipped, or the run stopped before the first finished). This run is not a "
                    "pass.")
     elif not bad:
-        out.append("None: every kernel expected to pass passed, every expected failure was caught.")
+        out.append(NONE_BAD_UNFINISHED if unfinished(header or {}) else NONE_BAD)
         return out
     digest = digest_lines(records)
     if digest:
@@ -230,7 +244,7 @@ def render(header: dict, records: list[Record]) -> str:
     if idle:
         out += ["", f"Kernels that skipped every case ({len(idle)}):", ""]
         out += [f"- `{line.split(':', 1)[0]}`:{line.split(':', 1)[1]}" for line in idle]
-    out += _problems(records)
+    out += _problems(records, header)
     refused = refusal_lines(records)
     if refused:
         out += ["", f"## Features refused before computing ({len(refused)})", ""]
