@@ -408,11 +408,15 @@ def test_the_nightly_suite_on_a_cpu_is_refused_unless_narrowed(tmp_path):
     assert "note: the nightly suite is sized for a GPU" in pyt.stderr + pyt.stdout
 
 
-def test_a_backend_that_cannot_start_is_one_line():
+def test_a_backend_that_cannot_start_is_one_line(tmp_path):
     env = {"JAX_PLATFORMS": "cuda"}
-    for args in (("run", "--kernels", "dot_product"), ("list",)):
+    for args in (("run", "--kernels", "dot_product", "--report-dir", str(tmp_path / "r")),
+                 ("list",)):
         out = _run("-m", "harness", *args, env=env)
         _one_line(out, "jax cannot start its backend (JAX_PLATFORMS=cuda)")
+        # jax's bare AssertionError comes with what it usually means.
+        assert "jax's plugin for it" in out.stderr
+    assert not (tmp_path / "r").exists()     # found before the report folder was made
     pyt = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", MATRIX, "--kernels",
                "dot_product", env=env)
     assert pyt.returncode == 4 and "jax cannot start its backend" in pyt.stderr, pyt.stderr[-2000:]

@@ -63,7 +63,12 @@ def select(options: RunOptions) -> Selection:
 def prepare(options: RunOptions) -> Selection:
     """Everything a user can get wrong, before any work: the options, the selection, the
     baseline (readable), the report folder (writable), the compilation cache."""
+    from harness.engine.environment import check_backend, nvidia_gpus
     from harness.engine.programs import enable_compilation_cache
+    if not nvidia_gpus():
+        # jax's backend starts here, or one line says why, before the report folder is made
+        # (on a GPU machine this process starts no device: its workers do, and say so).
+        check_backend()
     selection = select(options)
     if not selection.cases:
         raise UsageError(f"--shard {options.shard}: this shard holds no case (the suite's "

@@ -40,10 +40,17 @@ def check_backend() -> None:
         jax.devices()
     except Exception as exc:   # noqa: BLE001 - jax raises RuntimeError, or AssertionError
         chosen = os.environ.get("JAX_PLATFORMS")
-        first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        first = next((ln for ln in str(exc).splitlines() if ln.strip()), None)
+        # jax says nothing more than AssertionError where JAX_PLATFORMS names a platform whose
+        # plugin is not installed or finds no device: say what that usually means.
+        why = first[:300] if first else (
+            f"{type(exc).__name__} without a message from jax"
+            + (f"; is there a {chosen} device and jax's plugin for it (for cuda: "
+               "pip install -e '.[gpu]')? JAX_PLATFORMS=cpu, or unset, runs on the CPU"
+               if chosen else ""))
         raise UsageError(f"jax cannot start its backend"
                          + (f" (JAX_PLATFORMS={chosen})" if chosen else "")
-                         + f": {first[:300]}") from None
+                         + f": {why}") from None
 
 
 def current_platform() -> Platform:
