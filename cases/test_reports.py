@@ -447,3 +447,15 @@ def test_the_engine_runs_a_lanes_isolation_groups_at_once(tmp_path, monkeypatch)
     # Each group's kernel sleeps 3 s per call: one after another, they would never overlap.
     (a_start, a_end), (b_start, b_end) = spans["a"][0], spans["b"][0]
     assert a_start < b_end and b_start < a_end, spans
+
+
+def test_a_report_with_no_record_renders_without_warnings(tmp_path):
+    """An empty shard, or a run stopped before its first pair: the HTML renders (no empty
+    heat map for matplotlib to warn about) and says nothing was judged."""
+    import warnings
+
+    from harness.views.html import write_html
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_html(tmp_path / "report.html", {"suite": "smoke", "environment": {}}, [], [])
+    assert "Nothing was judged" in (tmp_path / "report.html").read_text()

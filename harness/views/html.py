@@ -108,6 +108,13 @@ def _heatmap(records) -> str:
     import numpy as np
 
     kernels, layouts, cells = tallies.grid(records)
+    if not kernels or not layouts:
+        # Nothing finished (an empty shard, a run stopped before its first pair): no picture,
+        # rather than an empty one (matplotlib warns on a zero-size image).
+        fig, ax = _figure(figsize=(4, 1))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no kernel x layout cell to show", ha="center", va="center")
+        return _png(fig)
     values = np.full((len(kernels), len(layouts)), np.nan)
     for i, k in enumerate(kernels):
         for j, lay in enumerate(layouts):
