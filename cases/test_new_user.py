@@ -471,6 +471,8 @@ def test_merging_reports_of_two_suites_says_so(tmp_path):
                 "packed/random-b4-t1024-h8kv8-d64-bf16-s1")
     out = _run("-m", "harness", "merge", str(tmp_path / "m"), str(a), str(b))
     assert "merging reports of different suites" in out.stderr
+    summary = (tmp_path / "m" / "summary.md").read_text()
+    assert "suites `nightly`, `smoke`" in summary and "['" not in summary.splitlines()[2]
 
 
 def test_smaller_mistakes_are_named(tmp_path):

@@ -33,7 +33,11 @@ ENV_KEYS = ("device_kind", "device_count", "platform", "compute_capability", "ja
 
 
 def env_line(env: dict) -> str:
-    return " · ".join(f"{k}={env.get(k)}" for k in ENV_KEYS if env.get(k) is not None)
+    """The environment in one line; a merge's values that differ between its runs (a list)
+    are joined."""
+    def shown(value) -> str:
+        return " + ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    return " · ".join(f"{k}={shown(env.get(k))}" for k in ENV_KEYS if env.get(k) is not None)
 
 
 def _seeds(header: dict) -> int:
@@ -54,7 +58,11 @@ def unfinished(header: dict) -> str | None:
 
 def run_line(header: dict, marked: bool = True) -> str:
     """The run in one line; `marked`: with an unfinished run's notice, in bold (markdown)."""
-    parts = [f"suite `{header.get('suite')}`"]
+    suite = header.get("suite")
+    if isinstance(suite, (list, tuple)):     # a merge of runs of several suites
+        parts = [f"suites {', '.join(f'`{s}`' for s in suite)}"]
+    else:
+        parts = [f"suite `{suite}`"]
     if _seeds(header) > 1:
         parts.append(f"{header['seeds']} seeds")
     if header.get("wall_s") is not None:
