@@ -2,6 +2,7 @@
 output. Each test failed before its fix."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -446,6 +447,9 @@ def test_compare_and_baseline_refuse_what_cannot_be_compared(tmp_path):
     a = _report(tmp_path, "a", "--cases", ONE_CASE)
     b = _report(tmp_path, "b", "--cases", "packed/many-b4-t256-h4kv4-d32-f32-s0")
     _one_line(_run("-m", "harness", "compare", str(a), str(a)), "the same report twice")
+    shutil.copytree(a, tmp_path / "copy")       # a copy is the same run under another name
+    _one_line(_run("-m", "harness", "compare", str(tmp_path / "copy"), str(a)),
+              "one run twice (identical headers")
     made = _run("-m", "harness", "baseline", str(tmp_path / "base.jsonl.gz"), str(a), str(b))
     _one_line(made, "selected other cases")
     assert _run("-m", "harness", "baseline", str(tmp_path / "base.jsonl.gz"),

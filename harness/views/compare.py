@@ -41,10 +41,15 @@ def check_comparable(new_path, base_path) -> None:
     a baseline file given as the new report."""
     from harness.errors import UsageError
     new_header, _ = rec.read(new_path)
-    rec.read(base_path, what="baseline")
+    base_header, _ = rec.read(base_path, what="baseline")
     if _identity(new_path) == _identity(base_path):
         raise UsageError(f"compare {new_path} {base_path}: the same report twice; give a new "
                          "run and an earlier one")
+    if new_header == base_header:
+        started = (new_header.get("environment") or {}).get("time_utc")
+        raise UsageError(f"compare {new_path} {base_path}: one run twice (identical headers"
+                         + (f", started {started}" if started else "") + "): a copy of a "
+                         "report compares with itself; give a new run and an earlier one")
     if new_header.get("baseline_of"):
         raise UsageError(f"compare {new_path}: a baseline file (made by `harness baseline`), "
                          "given as the new report; the new report comes first, the baseline "
