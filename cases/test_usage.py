@@ -218,27 +218,34 @@ def test_every_command_block_runs_in_ci_or_says_why_not():
         assert (ROOT / link).exists(), f"the README points to {link}, which does not exist"
 
 
-def _tracked_reports() -> list[str] | None:
-    """The files under reports/ that git tracks (None: not a git checkout)."""
-    try:
-        out = subprocess.run(["git", "ls-files", "reports"], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.splitlines()
 
+def test_the_reports_check_names_a_folder_git_does_not_have_or_nobody_lists(tmp_path):
+    """scripts/reports_listed.py (CI runs it on the tree): the folders reports/README.md lists
+    are the ones git tracks, and reports/ is small. Here on a throwaway repository, so that no
+    test reads the committed reports."""
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
 
-def test_every_evidence_folder_reports_readme_lists_is_committed_and_small():
-    """The folders reports/README.md lists as evidence are in git (a .gitignore that hides one
-    leaves every clone without it), each committed folder is listed, and reports/ holds at most
-    10 MB."""
-    tracked = _tracked_reports()
-    if tracked is None:
-        pytest.skip("not a git checkout")
-    readme = (ROOT / "reports" / "README.md").read_text()
-    listed = set(re.findall(r"^\| `([\w.-]+)/", readme, re.M))
-    listed |= {path.split("/")[0] for path in re.findall(r"^\| `([\w./-]+\.\w+)`", readme, re.M)}
-    committed = {path.split("/")[1] for path in tracked if path.count("/") >= 2}
-    assert listed and listed == committed
-    size = sum((ROOT / path).stat().st_size for path in tracked if (ROOT / path).exists())
-    assert size <= 10_000_000, f"reports/ holds {size / 1e6:.1f} MB"
+    def check():
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "reports_listed.py"),
+                               str(tmp_path)], capture_output=True, text=True)
+    git("init", "-q")
+    (tmp_path / "reports" / "a-h200").mkdir(parents=True)
+    (tmp_path / "reports" / "a-h200" / "README.md").write_text("a")
+    (tmp_path / "reports" / "README.md").write_text(
+        "| folder | claim |\n|---|---|\n| `a-h200/` | a claim |\n| `b-cpu/` | another |\n")
+    git("add", "reports")
+    out = check()
+    assert out.returncode == 1 and "not in git: ['b-cpu']" in out.stderr
+    (tmp_path / "reports" / "b-cpu").mkdir()
+    (tmp_path / "reports" / "b-cpu" / "big.bin").write_bytes(b"0" * 10_000_001)
+    (tmp_path / "reports" / "c").mkdir()
+    (tmp_path / "reports" / "c" / "x").write_text("x")
+    git("add", "reports")
+    out = check()
+    assert out.returncode == 1 and "not listed in reports/README.md: ['c']" in out.stderr
+    assert "more than 10 MB" in out.stderr
+    (tmp_path / "reports" / "b-cpu" / "big.bin").write_bytes(b"0")
+    git("rm", "-q", "-r", "--cached", "reports/c")
+    out = check()
+    assert out.returncode == 0 and "2 folders, each listed and in git" in out.stdout
