@@ -37,7 +37,7 @@ def small(layout="padded/between", features=None, causal=True, dtype="float32", 
                 features=features or Features())
 
 
-def central_difference(case: Case, h: float = 1e-6) -> np.ndarray:
+def central_difference(case: Case, h: float = 1e-6, convention: str = "segment") -> np.ndarray:
     """d/dt of the float64 loop's output along the case's tangents, (f(x + h t) - f(x - h t))
     / 2h: no autodiff, no code shared with the dense oracle."""
     inputs = make_inputs(case)
@@ -51,21 +51,23 @@ def central_difference(case: Case, h: float = 1e-6) -> np.ndarray:
         out, _ = segment_loop_attention(q, k, vv, inputs.segment_ids,
                                         np.zeros(q.shape[:3] + vv.shape[3:]), scale=case.scale,
                                         causal=case.causal, features=case.features or None,
-                                        sinks=s)
+                                        sinks=s, chunk_convention=convention)
         return out
     return (at(1) - at(-1)) / (2 * h)
 
 
-@pytest.mark.parametrize("features,causal", [
-    (None, True), (None, False), (Features(window=(7, 0)), True),
-    (Features(window=(7, 3)), False), (Features(softcap=2.0), True),
-    (Features(chunk=16), True), (Features(sinks=True), True),
-    (Features(window=(15, 0), sinks=True, softcap=3.0), True)],
-    ids=["causal", "bidir", "window", "bidir-window", "softcap", "chunk", "sinks", "combined"])
-def test_the_oracles_tangent_is_the_float64_loops_derivative(features, causal):
+@pytest.mark.parametrize("features,causal,convention", [
+    (None, True, "segment"), (None, False, "segment"), (Features(window=(7, 0)), True, "segment"),
+    (Features(window=(7, 3)), False, "segment"), (Features(softcap=2.0), True, "segment"),
+    (Features(chunk=16), True, "segment"), (Features(chunk=16), True, "row"),
+    (Features(sinks=True), True, "segment"), (Features(head_dim_v=8), True, "segment"),
+    (Features(window=(15, 0), sinks=True, softcap=3.0), True, "segment")],
+    ids=["causal", "bidir", "window", "bidir-window", "softcap", "chunk", "chunk-from-row",
+         "sinks", "head-dim-v", "combined"])
+def test_the_oracles_tangent_is_the_float64_loops_derivative(features, causal, convention):
     case = small(features=features, causal=causal)
-    truth = np.asarray(jvp_reference_for(case).truth[0], np.float64)
-    want = central_difference(case)
+    truth = np.asarray(jvp_reference_for(case, None, convention).truth[0], np.float64)
+    want = central_difference(case, convention=convention)
     valid = case.segment_ids > 0
     scale = np.abs(want[valid]).max()
     assert scale > 0.1
@@ -73,7 +75,7 @@ def test_the_oracles_tangent_is_the_float64_loops_derivative(features, causal):
     assert (truth[~valid] == 0).all()       # the oracle's tangent at padding: zero, as its output
 
 
-def test_tangents_are_fresh_per_seed_and_leave_the_inputs_as_they_were():
+def test_tangents_are_fresh_per_seed_reproducible_and_not_the_inputs():
     a, b = small(seed=1), small(seed=2)
     ta, tb = make_tangents(a), make_tangents(b)
     assert not np.array_equal(np.asarray(ta[0]), np.asarray(tb[0]))
@@ -186,3 +188,20 @@ def test_repro_says_it_writes_no_script_for_a_failure_of_the_jvp_check_alone():
         target_check(trials, small("packed/random", dtype="bfloat16"), None)
     with pytest.raises(UsageError, match="--check jvp: repro writes no script"):
         repro_main("dot_product", "packed/random-b4-t256-h4kv2-d64-bf16-s0", check="jvp")
+
+
+def test_forward_mode_declarations_are_checked_at_registration():
+    def fn(q, k, v, s, *, causal, scale):
+        return q
+    with pytest.raises(ValueError, match="forward_markers without forward_mode"):
+        Kernel("k", fn, forward_markers=("x",))
+    with pytest.raises(ValueError, match="a fallback would pass as the fused path"):
+        Kernel("k", fn, forward_mode=True, hlo_markers=("fused_fwd",))
+    Kernel("k", fn, forward_mode=True, hlo_markers=("fused_fwd",), forward_markers=("fused_jvp",))
+
+
+def test_the_jvp_check_cannot_be_left_to_the_leak_probe():
+    from harness.judge.judging import expectation
+    with pytest.raises(ValueError, match="leak probe does not look at the output's tangent"):
+        expectation("either", "jvp")
+    assert expectation(("known", "a named bug"), "jvp") == ("known", "a named bug")

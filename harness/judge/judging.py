@@ -110,6 +110,9 @@ def expectation(value, check_name: str = "") -> tuple[str, str]:
     if expected in (v.EITHER, v.KNOWN) and chk is not None and chk.bitwise:
         raise ValueError(f"the {check_name} check is exact: its expectation is pass or fail, "
                          f"not {expected}")
+    if expected == v.EITHER and check_name == v.JVP.name:
+        raise ValueError("the jvp check is left to nothing: the leak probe does not look at the "
+                         "output's tangent; its expectation is pass, fail or known")
     if expected == v.KNOWN and not reason:
         raise ValueError("a known bug needs its reason: return ('known', 'what and where')")
     if expected == v.EITHER:

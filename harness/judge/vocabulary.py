@@ -11,7 +11,8 @@ Checks (typed descriptors, not string literals):
                       per segment, of the kernels that declare a forward-mode rule
     leak              the leak probe: bitwise (or above run-to-run noise), no tolerance
     padding           what the kernel wrote at padding positions: gradients exactly zero, the
-                      output finite (or zero, where the kernel declares that convention)
+                      output and its tangent (jvp) finite (or zero, where the kernel declares
+                      that convention)
     contract          the kernel's output contract: the output's dtype is the query's
     *                 a record about a whole kernel x case (skip, error, expected error absent)
 

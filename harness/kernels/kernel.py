@@ -127,6 +127,13 @@ class Kernel:
         if wrong:
             raise ValueError(f"devices {tuple(self.devices)}: {', '.join(map(repr, wrong))} is "
                              "not a jax platform name (cpu, gpu, tpu: lowercase)")
+        if self.forward_markers and not self.forward_mode:
+            raise ValueError("forward_markers without forward_mode: the markers of a forward-"
+                             "mode program the kernel does not declare")
+        if self.forward_mode and self.hlo_markers and not self.forward_markers:
+            raise ValueError("forward_mode with hlo_markers and no forward_markers: name the "
+                             "custom calls its forward-mode program must hold, or a fallback "
+                             "would pass as the fused path")
         if self.isolation == "main":
             raise ValueError("isolation 'main' is the group of the kernels without one: "
                              "name the group otherwise")

@@ -369,7 +369,7 @@ LOW_PRECISION_SINKS_REASON = (
 
 
 def float16_sum_expectation(case, check, segment):
-    """Known exactly where the bug can show: dq and dk in float16 of segments in which some
+    """Known exactly where the bug can show: dq, dk and jvp in float16 of segments in which some
     query's softmax sum passes FLOAT16_SUM_PREDICTED (a segment needs over 256 keys for that),
     and dsinks (segment None: it sums over every query) where some segment does; everywhere
     else the kernel must pass."""

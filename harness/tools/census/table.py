@@ -129,6 +129,9 @@ def padding_summary(records: list[Record], convention: str) -> dict:
     else:
         words.append({v.PAD_ZERO: "out 0", v.PAD_UNDEFINED: "out not checked (undefined)"}
                      .get(convention, "out finite"))
+    if kinds[v.JVP.name]:   # the output's tangent, held to the output's convention
+        words.append(_violation_text(v.JVP.name, kinds[v.JVP.name], biggest[v.JVP.name],
+                                     len(rows)))
     text = ", ".join(words) + f" ({len(rows)} padded rows)"
     return {"rows": len(rows), "convention": convention, "text": text,
             "violations": {t: dict(k) for t, k in kinds.items()}}
@@ -269,6 +272,10 @@ def kernel_row(kernel: str, part: Part, records: list[Record], parts: list[Part]
     cells.update({f"d{d}": column_cell([r for r in records if r.head_dim == d])
                   for d in head_dims})
     registered = known.get(kernel)
+    if registered is not None and registered.forward_mode and not cells["forward"]["cases"]:
+        # It declares forward mode, and no case reached the check (every case skipped, refused
+        # or raised before it): not "—", which says the path offers no jax.jvp.
+        cells["forward"] = {**cells["forward"], "text": "not reached"}
     convention = registered.padding_output if registered else v.PAD_FINITE
     return {"kernel": kernel, "part": part.name,
             "also_in": [p.name for p in parts if p is not part
