@@ -407,6 +407,10 @@ def test_the_nightly_suite_on_a_cpu_is_refused_unless_narrowed(tmp_path):
     pyt = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", MATRIX, "--suite", "nightly",
                "--kernels", "dot_product", "--collect-only", "--report-dir", str(tmp_path / "q"))
     assert "note: the nightly suite is sized for a GPU" in pyt.stderr + pyt.stdout
+    # The census asked for the nightly suite on a CPU: the same refusal.
+    census = _run("-m", "harness", "census", "--suite", "nightly", "--report-dir",
+                  str(tmp_path / "c"))
+    _one_line(census, "sized for a GPU", "--suite smoke")
 
 
 def test_a_backend_that_cannot_start_is_one_line(tmp_path):

@@ -58,6 +58,11 @@ def main(census, run) -> int:
             raise UsageError(f"--report-dir {report_dir}: no parts/ folder: nothing to tabulate "
                              "(run `python -m harness census` first)")
         return _table(report_dir, write_table)
+    # The nightly suite asked for on a CPU: refused unless --kernels or --cases narrow it (a
+    # note first where they do), as a run is.
+    note = engine.refuse_gpu_suite_on_cpu(run)
+    if note:
+        print(note, file=sys.stderr)
     for path in run.kernel_modules:
         from harness.engine.registry import load_kernel_module
         load_kernel_module(path)
