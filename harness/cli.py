@@ -22,9 +22,7 @@ def _run_options(args, **fixed) -> opts.RunOptions:
 def cmd_run(args) -> int:
     from harness.engine import engine
     options = _run_options(args)
-    note = engine.refuse_gpu_suite_on_cpu(options)
-    if note:
-        print(note, file=sys.stderr)
+    engine.refuse_gpu_suite_on_cpu(options)
     return engine.run(options)
 
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -67,6 +65,7 @@ def _parts(config) -> Path:
 
 def pytest_configure(config):
     from harness.engine import engine
+    from harness.engine.environment import check_backend, nvidia_gpus
     from harness.engine.options import RunOptions
     from harness.errors import UsageError
 
@@ -105,15 +104,14 @@ def pytest_configure(config):
             config._harness_gpu_ids = _gpu_per_worker_ids(config)
         if not _is_worker(config):
             config._harness_ahead = not config.getoption("--in-test") and (
-                config.getoption("--ahead") or _nvidia_gpu_visible())
-            note = engine.refuse_gpu_suite_on_cpu(options)   # the nightly suite on a CPU
-            if note:
-                print(note, file=sys.stderr)
+                config.getoption("--ahead") or bool(nvidia_gpus()))
+            engine.refuse_gpu_suite_on_cpu(options)   # the nightly suite on a CPU
         # Every process of the run (workers too, for the harness's own tests as well as the
-        # matrix) loads the kernel modules and reads jax's persistent compilation cache.
-        from harness.engine.environment import check_backend
-        if _is_worker(config) or not _nvidia_gpu_visible():
-            check_backend()   # a controller on a GPU machine starts no device: its lanes do
+        # matrix) loads the kernel modules and reads jax's persistent compilation cache. The
+        # controller's prepare starts jax's backend where there is no GPU (on a GPU machine
+        # its lanes do); a worker starts it here.
+        if _is_worker(config):
+            check_backend()
         selection = engine.prepare(options) if not _is_worker(config) else engine.select(options)
         if _is_worker(config):
             from harness.engine.programs import enable_compilation_cache
@@ -148,39 +146,20 @@ def _settle_rootdir(config, options) -> None:
 
 
 @functools.lru_cache(maxsize=1)
-def _nvidia_smi_gpus() -> int | None:
-    """How many GPUs `nvidia-smi -L` lists; None without it (no NVIDIA driver) or where it
-    fails."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                                 timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sum(line.startswith("GPU ") for line in listing.splitlines())
-
-
-def _nvidia_gpu_visible() -> bool:
-    """Whether nvidia-smi lists a GPU this process may use (CUDA_VISIBLE_DEVICES honoured)."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    return bool(_nvidia_smi_gpus())
-
-
 def _gpu_per_worker_ids(config) -> list[str] | None:
     """The GPUs --gpu-per-worker hands out: CUDA_VISIBLE_DEVICES's list where it is set (so a
     runner's own selection holds), else nvidia-smi's; None where neither is there (no NVIDIA
     driver: nothing to check). More workers than GPUs is a usage error: a worker without a GPU
     would fall back to the CPU, where the GPU kernels skip."""
+    from harness.engine.environment import nvidia_smi_gpus
     from harness.errors import UsageError
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         ids, where = [g.strip() for g in visible.split(",") if g.strip()], \
             f"CUDA_VISIBLE_DEVICES={visible!r}"
-    elif _nvidia_smi_gpus() is not None:
-        ids, where = [str(i) for i in range(_nvidia_smi_gpus())], "nvidia-smi -L"
+    elif nvidia_smi_gpus() is not None:
+        ids, where = [str(i) for i in range(nvidia_smi_gpus())], "nvidia-smi -L"
     else:
         return None
     workers = config.getoption("numprocesses", None)  # xdist's -n, "auto" already resolved

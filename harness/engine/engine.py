@@ -91,16 +91,17 @@ def gpu_suite_warning(options: RunOptions, platform=None) -> str | None:
     return None
 
 
-def refuse_gpu_suite_on_cpu(options: RunOptions) -> str | None:
-    """The nightly suite on a CPU (the CLI's run, pytest's matrix) with nothing narrowing it: a
-    UsageError before any work. Narrowed with --cases, --kernels or --shard, it runs (the user
-    chose what to wait for): the note to print first, one line, is returned."""
+def refuse_gpu_suite_on_cpu(options: RunOptions) -> None:
+    """The nightly suite on a CPU (run, pytest's matrix, the census) with nothing narrowing it:
+    a UsageError before any work. Narrowed with --cases, --kernels or --shard, it runs (the
+    user chose what to wait for), after a one-line note on stderr."""
     options = options.checked()
     warning = gpu_suite_warning(options)
     if warning and not (options.cases or options.kernels or options.shard):
         raise UsageError(f"{warning}; use --suite smoke, or narrow it with --cases or "
                          "--kernels")
-    return f"note: {warning}; narrowed, so it runs" if warning else None
+    if warning:
+        print(f"note: {warning}; narrowed, so it runs", file=sys.stderr)
 
 
 def run_info(options: RunOptions, selection: Selection, **more) -> dict:
@@ -157,10 +158,9 @@ def _programs(options: RunOptions):
 def _run_here(options: RunOptions, selection: Selection, report_dir: Path
               ) -> tuple[dict, bool]:
     """Every pair in this process, records written as they finish."""
-    from harness.engine.environment import check_backend, current_platform, describe
+    from harness.engine.environment import current_platform, describe
     from harness.engine.runner import run_matrix
     from harness.views.progress import progress
-    check_backend()
     programs = _programs(options)
     writer = ReportWriter(report_dir, describe(),
                           **run_info(options, selection, probe_mode=programs.probe_mode))

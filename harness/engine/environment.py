@@ -17,19 +17,27 @@ from harness.kernels.kernel import Platform
 
 
 @functools.lru_cache(maxsize=1)
-def nvidia_gpus() -> int:
-    """How many GPUs `nvidia-smi -L` lists here (CUDA_VISIBLE_DEVICES honoured where it hides
-    them all); 0 without the driver. Asks no jax backend: a controller that starts one takes
-    a GPU's memory from its workers."""
+def nvidia_smi_gpus() -> int | None:
+    """How many GPUs `nvidia-smi -L` lists; None without it (no NVIDIA driver) or where it
+    fails. Asks no jax backend: a controller that starts one takes a GPU's memory from its
+    workers."""
     import shutil
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1") or not shutil.which("nvidia-smi"):
-        return 0
+    if not shutil.which("nvidia-smi"):
+        return None
     try:
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
                                  timeout=60, check=False).stdout
     except (OSError, subprocess.SubprocessError):
-        return 0
+        return None
     return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def nvidia_gpus() -> int:
+    """The GPUs this process may use by nvidia-smi's count (0 where CUDA_VISIBLE_DEVICES hides
+    them all, or without the driver)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return 0
+    return nvidia_smi_gpus() or 0
 
 
 def check_backend() -> None:

@@ -206,6 +206,12 @@ class Program:
             text += compiled.as_text() or ""  # some backends name the call only there
         return [m for m in self.markers if absent(m)]
 
+    def require_markers(self) -> None:
+        """An AssertionError naming the fused-kernel custom calls the program lacks."""
+        missing = self.missing_markers()
+        if missing:
+            raise AssertionError(f"program lacks {missing}: the fused kernel did not run")
+
     def memory_bytes(self) -> int | None:
         """What one run allocates beyond its arguments (XLA's temporaries, cuDNN's and TE's
         workspaces included, and its outputs), as compiled; None if the backend does not say."""
@@ -301,16 +307,14 @@ class Programs:
         modes = [DEFAULT] + ([self.probe_mode] if self.probe_mode != DEFAULT else [])
         for kernel, case in pairs:
             convention = kernel.chunk_convention
+            forward = [FORWARD] if kernel.forward_mode else []
             for truth in (True, False):
-                program, fresh = self._oracle_entry(case, truth, convention)
-                if fresh:
-                    self._tracer.submit(self._build_oracle, program, case, truth, convention)
-                if kernel.forward_mode:
-                    program, fresh = self._oracle_entry(case, truth, convention, FORWARD)
+                for mode in [DEFAULT] + forward:
+                    program, fresh = self._oracle_entry(case, truth, convention, mode)
                     if fresh:
                         self._tracer.submit(self._build_oracle, program, case, truth,
                                             convention)
-            for mode in modes + ([FORWARD] if kernel.forward_mode else []):
+            for mode in modes + forward:
                 program, fresh = self._entry(("kernel", kernel, _shape(kernel, case), mode),
                                              kernel.name, _markers(kernel, mode), mode,
                                              bool(kernel.deterministic_env))
@@ -344,10 +348,9 @@ class Programs:
         # A fresh trace where the kernel's library reads its algorithm from the environment;
         # otherwise the default lowering, compiled with other options.
         env = kernel.deterministic_env if deterministic else None
-        forward = program.mode == FORWARD
-        key = (kernel, _shape(kernel, case), tuple(sorted((env or {}).items())), forward)
+        mode = FORWARD if program.mode == FORWARD else DEFAULT   # deterministic: the default's
+        key = (kernel, _shape(kernel, case), tuple(sorted((env or {}).items())), mode)
         try:
-            mode = FORWARD if forward else DEFAULT
             lowered = self._lower(key, kernel_fn(kernel, case, mode),
                                   argument_shapes(case, mode), env, program.timing)
             program.text = lowered.as_text() if program.markers else ""
@@ -360,18 +363,16 @@ class Programs:
 
     # ----- the oracle -------------------------------------------------------------------------
 
-    def oracle(self, case: Case, truth: bool, chunk_convention: str = "segment") -> Program:
-        program, fresh = self._oracle_entry(case, truth, chunk_convention)
+    def oracle(self, case: Case, truth: bool, chunk_convention: str = "segment",
+               mode: str = DEFAULT) -> Program:
+        program, fresh = self._oracle_entry(case, truth, chunk_convention, mode)
         if fresh:
             self._build_oracle(program, case, truth, chunk_convention)
         return program
 
     def oracle_jvp(self, case: Case, truth: bool, chunk_convention: str = "segment") -> Program:
         """The oracle's forward mode: (q, k, v, seg[, sinks], tangents) -> (output tangent,)."""
-        program, fresh = self._oracle_entry(case, truth, chunk_convention, FORWARD)
-        if fresh:
-            self._build_oracle(program, case, truth, chunk_convention)
-        return program
+        return self.oracle(case, truth, chunk_convention, FORWARD)
 
     @staticmethod
     def _oracle_key(case: Case, truth: bool, chunk_convention: str, mode: str) -> tuple:
@@ -388,8 +389,7 @@ class Programs:
 
     def _build_oracle(self, program: Program, case: Case, truth: bool,
                       chunk_convention: str = "segment") -> None:
-        forward = program.mode == FORWARD
-        build = reference_jvp_fn if forward else reference_fn
+        build = reference_jvp_fn if program.mode == FORWARD else reference_fn
         try:
             lowered = self._lower(self._oracle_key(case, truth, chunk_convention, program.mode),
                                   build(case, truth, chunk_convention),

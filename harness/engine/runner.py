@@ -81,9 +81,7 @@ def _measure(kernel: Kernel, case: Case, programs: Programs):
     results = program(*inputs.device_args, poison_unwritten=programs.poisons_unwritten)
     tensors = results[:len(TENSORS)]
     errs = token_errors(tensors, ref.truth[:len(tensors)])
-    missing = program.missing_markers()
-    if missing:
-        raise AssertionError(f"program lacks {missing}: the fused kernel did not run")
+    program.require_markers()
     return inputs, ref, results, errs
 
 
@@ -145,9 +143,7 @@ def _jvp_records(kernel, case, programs, inputs) -> tuple[list[Record], tuple | 
         program = programs.get(kernel, case, FORWARD)
         args = inputs.device_args[:-1] + make_tangents(case)
         tangent = program(*args, poison_unwritten=programs.poisons_unwritten)
-        missing = program.missing_markers()
-        if missing:
-            raise AssertionError(f"program lacks {missing}: the fused kernel did not run")
+        program.require_markers()
     except Exception as exc:  # declared and raising: an error, never a skip
         return [judging.error_record(kernel, case, f"jvp: {type(exc).__name__}: {exc}".strip(),
                                      traceback.format_exc(limit=-3)[-4000:], check=JVP.name)], None

@@ -188,10 +188,10 @@ def kernel_level_records(kernel, case) -> list[Record]:
     """What a kernel that ran declares about the whole case: a declared upstream crash that did
     not happen is missed; a declared missing backward leaves its gradient checks skipped."""
     out = []
-    if kernel.error_expected(case) is not None:
+    declared = kernel.error_expected(case)
+    if declared is not None:
         out.append(status_record(kernel, case, v.PASS, f"expected upstream error "
-                                 f"{kernel.error_expected(case)!r} did not occur",
-                                 expected=v.ERROR))
+                                 f"{declared!r} did not occur", expected=v.ERROR))
     if not kernel.backward:
         out += [status_record(kernel, case, v.SKIP, "kernel declares no backward", check=c.name)
                 for c in v.TENSORS[1:]]

@@ -235,22 +235,31 @@ def gradient_inputs(case: Case) -> tuple[int, ...]:
     return (0, 1, 2, 4) if case.features.sinks else (0, 1, 2)
 
 
-def reference_fn(case: Case, truth: bool, chunk_convention: str = "segment"):
-    """(q, k, v, seg[, sinks], cotangent) -> (out, dq, dk, dv[, dsinks]) of the truth (float32)
-    or of the same-dtype peer."""
+def _reference(case: Case, truth: bool, chunk_convention: str, differentiate):
+    """The case's dense attention (truth or peer) through `differentiate` (with_gradients or
+    with_tangents); the truth's program takes float32 copies of every input but the segment
+    ids."""
     attend = functools.partial(dense_attention, scale=case.scale, causal=case.causal,
                                truth=truth, features=case.features or None,
                                chunk_convention=chunk_convention)
-    program = with_gradients(attend, diff=gradient_inputs(case))
+    program = differentiate(attend)
     if not truth:
         return program
 
     def in_float32(q, k, v, seg, *rest):
-        # Gradients with respect to float32 copies: a bf16 query would round its dq to bf16.
+        # Derivatives with respect to float32 copies: a bf16 query would round its dq (or a
+        # bf16 tangent the output's) to bf16.
         f32 = jnp.float32
         return program(q.astype(f32), k.astype(f32), v.astype(f32), seg,
                        *(x.astype(f32) for x in rest))
     return in_float32
+
+
+def reference_fn(case: Case, truth: bool, chunk_convention: str = "segment"):
+    """(q, k, v, seg[, sinks], cotangent) -> (out, dq, dk, dv[, dsinks]) of the truth (float32)
+    or of the same-dtype peer."""
+    return _reference(case, truth, chunk_convention,
+                      functools.partial(with_gradients, diff=gradient_inputs(case)))
 
 
 def with_tangents(fn, sinks: bool):
@@ -271,19 +280,8 @@ def with_tangents(fn, sinks: bool):
 def reference_jvp_fn(case: Case, truth: bool, chunk_convention: str = "segment"):
     """(q, k, v, seg[, sinks], tq, tk, tv[, tsinks]) -> (the output's tangent,) of the truth
     (float32, HIGHEST precision) or of the same-dtype peer."""
-    attend = functools.partial(dense_attention, scale=case.scale, causal=case.causal,
-                               truth=truth, features=case.features or None,
-                               chunk_convention=chunk_convention)
-    program = with_tangents(attend, bool(case.features.sinks))
-    if not truth:
-        return program
-
-    def in_float32(q, k, v, seg, *rest):
-        # Tangents of float32 copies: a bf16 tangent would round the truth's to bf16.
-        f32 = jnp.float32
-        return program(q.astype(f32), k.astype(f32), v.astype(f32), seg,
-                       *(x.astype(f32) for x in rest))
-    return in_float32
+    return _reference(case, truth, chunk_convention,
+                      functools.partial(with_tangents, sinks=bool(case.features.sinks)))
 
 
 @dataclass

@@ -42,6 +42,7 @@ from harness.kernels.te import (
     TE_DETERMINISTIC,
     TE_FEATURES,
     TE_MARKERS,
+    UNFUSED_CRASH,
     learnable_sink_params,
     te_window_size,
 )
@@ -126,7 +127,7 @@ _TE_FLAX = dict(takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS
 # raises. A known upstream crash on the cases with sinks (reports/census-features-h200/).
 # Declared only where TE's own cuDNN runtime is below 9.26 (read from TE, as its refusal is):
 # with a later cuDNN, or where the version cannot be read, the crash is an error.
-SINKS_FALLBACK_CRASH = "sequence_descriptor must be None or ndarray"
+SINKS_FALLBACK_CRASH = UNFUSED_CRASH   # the same unfused path's crash as te:unfused_fallback
 SINKS_FUSED_FROM_CUDNN = (9, 26, 0)
 
 

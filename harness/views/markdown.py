@@ -79,8 +79,9 @@ def run_line(header: dict, marked: bool = True) -> str:
         parts.append(f"leak probe: {header['probe_mode']} build")
     if header.get("shard"):
         parts.append(f"shard {header['shard']}")
-    if marked and unfinished(header):
-        parts.append(f"**{unfinished(header)}**")
+    notice = unfinished(header) if marked else None
+    if notice:
+        parts.append(f"**{notice}**")
     return " · ".join(parts)
 
 
