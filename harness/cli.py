@@ -103,7 +103,7 @@ def cmd_baseline(args) -> int:
 
 
 def _cache(args) -> None:
-    from harness.engine.programs import enable_compilation_cache
+    from harness.engine.compilation_cache import enable_compilation_cache
     enable_compilation_cache(None if args.no_compilation_cache else
                              opts.check_path("--compilation-cache")(args.compilation_cache))
 

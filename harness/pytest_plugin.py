@@ -114,7 +114,7 @@ def pytest_configure(config):
             check_backend()
         selection = engine.prepare(options) if not _is_worker(config) else engine.select(options)
         if _is_worker(config):
-            from harness.engine.programs import enable_compilation_cache
+            from harness.engine.compilation_cache import enable_compilation_cache
             enable_compilation_cache(options.cache_dir)
         config._harness_selection = selection
         # Case-major order: consecutive tests share the case's reference computation.
@@ -401,7 +401,7 @@ def record_sink(request):
         writer.add(result)
     yield sink
     if writer is not None:
-        from harness.engine.programs import cache_stats
+        from harness.engine.compilation_cache import cache_stats
         programs = getattr(request.config, "_harness_programs", None)
         writer.close(probe_mode=programs.probe_mode if programs else "default",
                      timing=programs.report() if programs else {},

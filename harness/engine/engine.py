@@ -64,7 +64,7 @@ def prepare(options: RunOptions) -> Selection:
     """Everything a user can get wrong, before any work: the options, the selection, the
     baseline (readable), the report folder (writable), the compilation cache."""
     from harness.engine.environment import check_backend, nvidia_gpus
-    from harness.engine.programs import enable_compilation_cache
+    from harness.engine.compilation_cache import enable_compilation_cache
     if not nvidia_gpus():
         # jax's backend starts here, or one line says why, before the report folder is made
         # (on a GPU machine this process starts no device: its workers do, and say so).
@@ -176,7 +176,7 @@ def _run_here(options: RunOptions, selection: Selection, report_dir: Path
         interrupted = True
     finally:
         programs.close()
-    from harness.engine.programs import cache_stats
+    from harness.engine.compilation_cache import cache_stats
     return {"wall_s": round(time.monotonic() - writer.start, 1), "timing": programs.report(),
             "compilation_cache": {"dir": options.cache_dir, **cache_stats()}}, interrupted
 

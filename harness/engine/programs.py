@@ -453,53 +453,6 @@ def _shape(kernel: Kernel, case: Case) -> tuple:
     return (case.shape_key, case.max_segments if kernel.takes_max_segments else None)
 
 
-def enable_compilation_cache(path: str | None) -> str | None:
-    """jax's persistent compilation cache in `path` (a user's second run finds its programs
-    compiled); None leaves it off. Every program is cached, however fast it compiled."""
-    if not path:
-        return None
-    from harness.errors import UsageError
-    given = path
-    path = os.path.expanduser(path)
-    # Named as the user gave it: the option, or the environment variable that set its default.
-    name = ("HARNESS_COMPILATION_CACHE" if given == os.environ.get("HARNESS_COMPILATION_CACHE")
-            else "--compilation-cache")
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError(f"{name} {given}: a file, not a folder")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{name} {given}: cannot create it ({exc.strerror})") from None
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    return path
-
-
-DEFAULT_CACHE_DIR = os.environ.get("HARNESS_COMPILATION_CACHE",
-                                   os.path.join("~", ".cache", "attention-harness", "jax"))
-
-# jax's persistent cache, as jax reports it (its monitoring events): how many programs this
-# process found compiled on disk, and how many it compiled and wrote. A run's header keeps
-# them, so that a reader (and a script) tells a warm run from a cold one.
-_CACHE_EVENTS: dict[str, int] = defaultdict(int)
-_CACHE_PREFIX = "/jax/compilation_cache/"
-
-
-def _count_cache_event(event: str, **_) -> None:
-    if event.startswith(_CACHE_PREFIX):
-        _CACHE_EVENTS[event[len(_CACHE_PREFIX):]] += 1
-
-
-jax.monitoring.register_event_listener(_count_cache_event)
-
-
-def cache_stats() -> dict:
-    """This process's compilation-cache lookups: hits (compiled programs read from disk) and
-    misses (compiled here, then written)."""
-    return {"hits": _CACHE_EVENTS["cache_hits"], "misses": _CACHE_EVENTS["cache_misses"]}
-
-
 @functools.lru_cache(maxsize=1)
 def device_memory_bytes() -> int | None:
     """What one program may use on the first device (its allocator's limit), if known."""

@@ -14,9 +14,10 @@ from pathlib import Path
 
 
 def run_pairs(spec: dict) -> int:
+    from harness.engine.compilation_cache import enable_compilation_cache
     from harness.engine.environment import current_platform, describe
     from harness.engine.options import RunOptions
-    from harness.engine.programs import Programs, enable_compilation_cache
+    from harness.engine.programs import Programs
     from harness.engine.registry import (
         load_kernel_module,
         mark_absl_flags_parsed,
@@ -63,7 +64,7 @@ def run_pairs(spec: dict) -> int:
         programs.close()
         started.close()
         finished.close()
-    from harness.engine.programs import cache_stats
+    from harness.engine.compilation_cache import cache_stats
     writer.close(timing=programs.report(),
                  compilation_cache={"dir": options.cache_dir, **cache_stats()})
     return 0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     from harness.engine.options import RunOptions
-    from harness.engine.programs import enable_compilation_cache
+    from harness.engine.compilation_cache import enable_compilation_cache
     from harness.engine.registry import (
         load_kernel_module,
         mark_absl_flags_parsed,
