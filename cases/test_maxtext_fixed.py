@@ -206,6 +206,40 @@ def test_packing_with_cudnn_flash_te_below_hopper_is_refused(emulate):
         _fixed(q, k, v, seg, max_segments=4, attention="cudnn_flash_te", emulate=emulate)
 
 
+def _te_reporting_cudnn(monkeypatch, version):
+    """A stand-in for the one TE function the patch reads: the cuDNN runtime TE runs."""
+    import types
+    names = ["transformer_engine", "transformer_engine.jax", "transformer_engine.jax.cpp_extensions"]
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    misc = types.ModuleType("transformer_engine.jax.cpp_extensions.misc")
+    misc.get_cudnn_version = lambda: version
+    monkeypatch.setitem(sys.modules, misc.__name__, misc)
+
+
+@needs_maxtext
+@pytest.mark.parametrize("version, refused", [((9, 19, 0), True), ((9, 25, 9), True),
+                                              ((9, 26, 0), False)])
+def test_sinks_with_packing_on_cudnn_flash_te_are_refused_where_te_cannot_apply_them(
+        monkeypatch, version, refused):
+    """TE falls back to an unfused path that fails on packed rows where its cuDNN is below 9.26
+    (reports/census-features-h200/): the patched op refuses the sinks when it is configured,
+    naming them; from 9.26 on it hands them to TE (here no TE runs past the version check)."""
+    import jax.numpy as jnp
+    _te_reporting_cudnn(monkeypatch, version)
+    q, k, v, seg = _inputs([(30, 20)])
+    sinks = jnp.zeros((q.shape[2],), jnp.float32)
+    with pytest.raises(Exception) as raised:
+        _fixed(q, k, v, seg, max_segments=4, attention="cudnn_flash_te", emulate=9.0, sinks=sinks)
+    text = str(raised.value)
+    if refused:
+        assert raised.type is ValueError, text
+        assert "Attention sinks with packing (attention=cudnn_flash_te)" in text
+        assert f"cuDNN {'.'.join(map(str, version))}" in text
+    else:
+        assert "Attention sinks with packing" not in text   # past the check: TE's import fails
+
+
 @needs_maxtext
 def test_emulation_is_undone_after_the_call():
     from jax._src.cudnn import fused_attention_stablehlo as sdpa
@@ -351,7 +385,7 @@ def test_maxtexts_test_of_the_patch_runs_its_cpu_parts_and_skips_the_gpu_ones():
                           cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=600)
     tail = proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
-    assert "14 passed, 16 skipped" in proc.stdout, tail
+    assert "16 passed, 16 skipped" in proc.stdout, tail
     assert proc.stdout.count("Requires a GPU.") == 4, tail   # four skip lines of 4 tests each
 
 

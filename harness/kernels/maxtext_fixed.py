@@ -27,8 +27,10 @@ declares a known drop):
 - maxtext:cudnn_flash_jax:emulated (CPU): the installed, unpatched op through the same emulator:
   maxtext <= 0.2.5 ignores segment ids there, and the window, chunks and soft cap, and the
   harness must catch it (segments) or report it known (features), as on the GPU.
-- maxtext_fixed:cudnn_flash_te (GPU, TE): the patched op's TE path: window and sinks as before,
-  soft cap and chunks refused at configuration.
+- maxtext_fixed:cudnn_flash_te (GPU, TE): the patched op's TE path: window as before, sinks
+  where TE's cuDNN is 9.26 or newer (below, TE would fall back to a path that fails on packed
+  rows: refused at configuration, naming the sinks), soft cap and chunks refused at
+  configuration.
 - maxtext_fixed:dot_product (CPU, GPU): the patched op's dot_product (it honours everything;
   the patch adds only the configuration checks on its way).
 - maxtext:flash:emulated, maxtext_fixed:flash:emulated (CPU): MaxText's GPU `flash` path
@@ -57,7 +59,6 @@ import threading
 from pathlib import Path
 
 from harness.kernels import maxtext_adapter
-from harness.kernels.te_flax import sinks_fallback_crash
 from harness.kernels.kernel import ALL_DTYPES, Kernel, Platform
 from harness.kernels.libraries import mark_absl_flags_parsed
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER
@@ -323,11 +324,10 @@ KERNELS = [
     _kernel("maxtext_fixed:cudnn_flash_te", attention="cudnn_flash_te", devices=("gpu",),
             min_compute_capability=9.0, hlo_markers=TE_MARKERS,
             deterministic_env=TE_DETERMINISTIC, padding_output="zero",
-            expect_error=sinks_fallback_crash,
             requires=("maxtext", "transformer_engine"), constraints=_constraints(),
             description="MaxText's AttentionOp, attention=cudnn_flash_te, with patches/ applied "
-                        "(installed maxtext and TE; window and sinks honoured, soft cap and "
-                        "chunks refused)"),
+                        "(installed maxtext and TE; window honoured, sinks from TE's cuDNN 9.26 "
+                        "on, soft cap, chunks and sinks below it refused)"),
     # dot_product computes in the inputs' dtype: every dtype, on any device; padding anywhere.
     _kernel("maxtext_fixed:dot_product", attention="dot_product", dtypes=ALL_DTYPES,
             padding_anywhere=True, materializes_scores=True, constraints=_constraints(),
