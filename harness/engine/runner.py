@@ -26,6 +26,7 @@ from harness.engine.programs import (
     DEFAULT,
     DETERMINISTIC,
     FORWARD,
+    ORACLE,
     Programs,
     device_memory_bytes,
 )
@@ -73,7 +74,7 @@ def _measure(kernel: Kernel, case: Case, programs: Programs):
     whatever the kernel raised, or a missing fused-kernel marker."""
     inputs = make_inputs(case)
     try:
-        ref = reference_for(case, programs, kernel.chunk_convention)
+        ref = _oracle(programs, reference_for, case, kernel.chunk_convention)
     except Exception as exc:  # not the kernel's doing: say whose it is
         raise RuntimeError(f"oracle failed, the kernel did not run: {type(exc).__name__}: "
                            f"{exc}") from exc
@@ -130,12 +131,23 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
     return out
 
 
+def _oracle(programs: Programs, reference, case: Case, convention: str):
+    """`reference` (reference_for, jvp_reference_for) of the case, its wall time the oracle's
+    (its row of the timing table): the first kernel run on a case computes it for all, and its
+    own row would otherwise carry it."""
+    start = time.perf_counter()
+    try:
+        return reference(case, programs, convention)
+    finally:
+        programs.timing[ORACLE].wall_s += time.perf_counter() - start
+
+
 def _jvp_records(kernel, case, programs, inputs) -> tuple[list[Record], tuple | None]:
     """The forward-mode check (kernels that declare forward_mode): the output's tangent for the
     case's input tangents against the oracle's, per segment; and its per-token errors (for the
     padding check). A kernel that raises under jax.jvp: an error record of this check."""
     try:
-        ref = jvp_reference_for(case, programs, kernel.chunk_convention)
+        ref = _oracle(programs, jvp_reference_for, case, kernel.chunk_convention)
     except Exception as exc:  # not the kernel's doing: say whose it is
         return [judging.error_record(kernel, case, f"oracle's jvp failed, the kernel's did not "
                                      f"run: {type(exc).__name__}: {exc}", check=JVP.name)], None
@@ -178,7 +190,7 @@ def _diagnosed(kernel, case, programs, results, records: list[Record]) -> list[R
     for name in droppable:
         without = dataclasses.replace(case, features=case.features.without(name))
         try:
-            ref = reference_for(without, programs, kernel.chunk_convention)
+            ref = _oracle(programs, reference_for, without, kernel.chunk_convention)
         except Exception:   # noqa: BLE001 - a diagnosis that cannot be made is left out
             continue
         for chk, err in zip(TENSORS, token_errors(tensors, ref.truth[:len(tensors)])):
@@ -375,9 +387,11 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
                     continue
                 if on_start:
                     on_start(kernel, case)
-                start = time.perf_counter()
+                start, oracle = time.perf_counter(), programs.timing[ORACLE].wall_s
                 result = run_kernel_case(kernel, case, platform, programs, leak)
-                programs.timing[kernel.name].wall_s += time.perf_counter() - start
+                # The oracle's time (computed for the case by its first kernel) is its own.
+                programs.timing[kernel.name].wall_s += (time.perf_counter() - start
+                                                        - (programs.timing[ORACLE].wall_s - oracle))
                 total.records += result.records
                 total.traces += result.traces
                 if on_result:

@@ -79,6 +79,13 @@ def amplitude(dtype: str) -> float:
 FALSE_ALARM_BUDGET = 1e-6
 TAIL_QUANTILE = 0.99
 
+# The host arrays of the cases drawn ahead and of the one running: every group of each (two
+# colour groups or four, the padding, two window or chunk groups: seven at most), plain and
+# amplified for the running one. Fewer entries than that, and the draws ahead for the next
+# cases push out the running case's before its first probe reads them: it is drawn again on the
+# run's thread.
+HOST_CACHE = 64
+
 
 @jax.jit
 def _stacked_changes(base, other):
@@ -120,6 +127,12 @@ def colours(segment_ids: np.ndarray) -> int:
 
 
 def groups(case: Case, convention: str = "segment") -> list[tuple[str, np.ndarray]]:
+    """(name, [B, T] bool tokens to redraw) for each perturbation (a copy: see _groups)."""
+    return [(name, mask.copy()) for name, mask in _groups(case, convention)]
+
+
+@functools.lru_cache(maxsize=HOST_CACHE)
+def _groups(case: Case, convention: str = "segment") -> tuple[tuple[str, np.ndarray], ...]:
     """(name, [B, T] bool tokens to redraw) for each perturbation: the segments of one colour and
     of the other (2 colours), or the four groups of six colours (SIX_COLOURS); then the
     padding; then, where the case has a window or chunks, blocks inside the segments
@@ -142,7 +155,9 @@ def groups(case: Case, convention: str = "segment") -> list[tuple[str, np.ndarra
     if (seg == 0).any():
         out.append(("padding", seg == 0))
     out += feature_groups(case, convention)
-    return [(name, mask) for name, mask in out if mask.any()]
+    for _, mask in out:
+        mask.flags.writeable = False   # shared by every caller: _groups is cached
+    return tuple((name, mask) for name, mask in out if mask.any())
 
 
 def positions(segment_ids: np.ndarray) -> np.ndarray:
@@ -222,7 +237,7 @@ def untouched(deps: dict[str, tuple], redraw: np.ndarray) -> dict[str, np.ndarra
     return {cls: (count[rows, hi + 1] - count[rows, lo]) == 0 for cls, (lo, hi) in deps.items()}
 
 
-@functools.lru_cache(maxsize=24)
+@functools.lru_cache(maxsize=HOST_CACHE)
 def perturbed_host(case: Case, index: int, amplitude: float = 1.0,
                    convention: str = "segment") -> tuple:
     """(q, k, v, cotangent) in numpy with group `index`'s tokens drawn afresh (only those are
@@ -230,7 +245,7 @@ def perturbed_host(case: Case, index: int, amplitude: float = 1.0,
     `amplitude` times larger. Cached for the runs ahead, which draw them in background
     threads."""
     inputs = make_inputs(case)
-    redraw = groups(case, convention)[index][1]
+    redraw = _groups(case, convention)[index][1]
     rng = np.random.default_rng([case.seed, PERTURB_SALT, index])
     valid = (case.segment_ids > 0)[redraw][:, None, None]
     arrays = []
@@ -246,21 +261,43 @@ def perturbed_host(case: Case, index: int, amplitude: float = 1.0,
     return tuple(arrays)
 
 
-@functools.lru_cache(maxsize=4)
-def perturbed(case: Case, index: int, amplitude: float = 1.0,
-              convention: str = "segment") -> tuple:
-    """Program arguments (on the device) with group `index`'s q, k, v and cotangent drawn
-    afresh (the sinks, shared by every token, stay); the same for every kernel run on the
-    case."""
-    q, k, v, ct = (jax.device_put(a) for a in perturbed_host(case, index, amplitude,
-                                                             convention))
-    fixed = make_inputs(case).device_args
-    return (q, k, v, *fixed[3:-1], ct)
+class _OnDevice:
+    """The probe's program arguments on the device, for the case the run is on: each group's
+    is transferred once per case, not once per kernel (every kernel on the case probes every
+    group; a nightly case's group is tens of MB). The previous case's go when the next case's
+    first one comes, so one case's groups are held at a time."""
+
+    def __init__(self):
+        self._case = None
+        self._args: dict = {}
+
+    def __call__(self, case: Case, index: int, amplitude: float = 1.0,
+                 convention: str = "segment") -> tuple:
+        """Program arguments (on the device) with group `index`'s q, k, v and cotangent drawn
+        afresh (the sinks, shared by every token, stay); the same for every kernel run on the
+        case."""
+        if case != self._case:
+            self.cache_clear()
+            self._case = case
+        key = (index, amplitude, convention)
+        if key not in self._args:
+            q, k, v, ct = (jax.device_put(a) for a in perturbed_host(case, index, amplitude,
+                                                                     convention))
+            fixed = make_inputs(case).device_args
+            self._args[key] = (q, k, v, *fixed[3:-1], ct)
+        return self._args[key]
+
+    def cache_clear(self) -> None:
+        """Let the device arrays go (a program that needs the memory, a case done)."""
+        self._case, self._args = None, {}
+
+
+perturbed = _OnDevice()
 
 
 def draw_ahead(case: Case) -> None:
     """Everything the probe will draw for `case` (host arrays), for a background thread."""
-    for index in range(len(groups(case))):
+    for index in range(len(_groups(case))):
         perturbed_host(case, index)
 
 
@@ -433,7 +470,7 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     scale = dict(zip(names, np.asarray(jax.device_get(scales(base, args[3]))).tolist()))
     candidates = [n for n in names if noise[n].largest > 0 or (noisy and n != TENSORS[0].name)]
     unprobed = [n for n in candidates if noise[n].largest >= POWERLESS * scale[n]]
-    groups_ = groups(case, convention)
+    groups_ = _groups(case, convention)
     thresholds = _thresholds(noise, [n for n in candidates if n not in unprobed], scale, case,
                              int(valid.sum()), len(groups_))
     bitwise = [i for i, n in enumerate(names) if n not in candidates]

@@ -89,7 +89,9 @@ def timing_lines(header: dict) -> list[str]:
     timing = header.get("timing") or {}
     if not timing:
         return []
-    out = ["wall: the run's time on the kernel (its checks and leak probe included); lower and "
+    out = ["wall: the run's time on the kernel (its checks and leak probe included; the "
+           "oracle's computing of a case, done once for all its kernels, is the oracle's row); "
+           "lower and "
            "compile happen beside the run, in other threads (compile seconds add up over the "
            "threads compiling at once); waited: how long the run stood still for a program not "
            "compiled yet, or for a trace's environment.", "",
