@@ -343,3 +343,25 @@ def test_a_worker_whose_device_is_lost_ends_and_a_fresh_one_takes_the_rest(tmp_p
     assert sorted(mine.values()) == ["error", "ok"], mine
     pids = [p for p in tmp_path.glob("lost-*") if p.name != "lost-first"]
     assert len(pids) == 2, "two worker processes ran the kernel"
+    # Both workers' time is in the run's timing table: the lost one closed its report with it
+    # (the oracle ran truth and peer in each worker: 2 + 2 for the lossy group, 4 + 4 for
+    # dot_product with its forward mode).
+    workers = sorted((tmp_path / "r" / "workers").glob("lossy-*/report/report.jsonl"))
+    assert len(workers) == 2, workers
+    for path in workers:
+        worker_header = json.loads(path.read_text().splitlines()[0])
+        assert worker_header["timing"]["loses"]["wall_s"] > 0, worker_header
+    header, _ = _records(tmp_path / "r")
+    assert header["timing"]["oracle"]["runs"] == 12, header["timing"]
+
+
+def test_workers_run_without_command_buffers_unless_the_user_chose():
+    """Worker processes start with XLA's command buffers off (a capture is broken by any
+    thread's work on the device: the compile threads' on the H200); a user's own setting of
+    the flag is kept, their other flags too."""
+    from harness.engine.workers import NO_COMMAND_BUFFERS, worker_environment
+    assert worker_environment({})["XLA_FLAGS"] == NO_COMMAND_BUFFERS
+    assert worker_environment({"XLA_FLAGS": "--xla_dump_to=/tmp/d"})["XLA_FLAGS"] == \
+        f"--xla_dump_to=/tmp/d {NO_COMMAND_BUFFERS}"
+    mine = {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION", "OTHER": "1"}
+    assert worker_environment(mine) == mine

@@ -56,17 +56,25 @@ def run_pairs(spec: dict) -> int:
             # address is sticky): every later pair would fail here. The pair keeps its error;
             # the worker ends, and its controller starts a fresh one for the rest.
             raise DeviceLost(result.records[0].message)
+    from harness.engine.compilation_cache import cache_stats
+
+    def close_report():
+        writer.close(timing=programs.report(),
+                     compilation_cache={"dir": options.cache_dir, **cache_stats()})
     try:
         run_matrix(kernels, cases, current_platform(), on_result=on_result,
                    programs=programs, leak=options.leak_probe, pairs=set(pairs),
                    on_start=lambda kernel, case: announce(started, kernel, case))
+    except DeviceLost:
+        # Its pairs' time counts too: a report closed without it left the run's timing table
+        # with only the last worker's share (the H200's nightly at 3d22ac7).
+        close_report()
+        raise
     finally:
         programs.close()
         started.close()
         finished.close()
-    from harness.engine.compilation_cache import cache_stats
-    writer.close(timing=programs.report(),
-                 compilation_cache={"dir": options.cache_dir, **cache_stats()})
+    close_report()
     return 0
 
 

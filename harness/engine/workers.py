@@ -96,6 +96,25 @@ def share(*, main_running: bool) -> dict:
     return {MEM_FRACTION: f"{round(fraction, 3):.3f}", PREALLOCATE: "false"}
 
 
+# XLA records a program's kernels into CUDA graphs (command buffers) as it runs them. A capture
+# is invalidated by what any thread does on the same device meanwhile: on the H200 a cold
+# nightly's compile threads (loading and autotuning the next programs beside the run) broke
+# the run thread's captures (cudaErrorStreamCaptureInvalidated, "operation failed due to a
+# previous error during capture", nightly at 3d22ac7), and 11 pairs of three cases erred
+# before that worker died. The workers run without command buffers: the same kernels, launched
+# one by one instead of as a graph. A user who set the flag keeps their setting.
+NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="
+
+
+def worker_environment(env: dict) -> dict:
+    """The workers' environment: `env` with command buffers off (NO_COMMAND_BUFFERS), unless
+    its XLA_FLAGS already say something about them."""
+    flags = env.get("XLA_FLAGS", "")
+    if "xla_gpu_enable_command_buffer" in flags:
+        return dict(env)
+    return {**env, "XLA_FLAGS": f"{flags} {NO_COMMAND_BUFFERS}".strip()}
+
+
 def start_groups(pairs_by_group: dict, workdir: Path, options, *, env=None,
                  on_crash=None, stop=None, echo=print):
     """Starts each group's run_group in a thread, AT_ONCE groups at a time with their `shares`
@@ -106,7 +125,7 @@ def start_groups(pairs_by_group: dict, workdir: Path, options, *, env=None,
     caller waits, and on being stopped sets `stop` and calls stop_live before it shuts the
     pool down."""
     from concurrent.futures import ThreadPoolExecutor
-    env = dict(os.environ if env is None else env)
+    env = worker_environment(dict(os.environ if env is None else env))
     by_group = shares(pairs_by_group, env)
     futures: dict = {}
 
