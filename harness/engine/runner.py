@@ -364,12 +364,10 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
                  if chosen(k, c) and not k.unsupported_reasons(c, platform)]
     programs.prefetch(supported)
     total = KernelCaseResult()
-    # The next cases' inputs, and the leak probe's redrawn ones, are drawn while this one runs
-    # (numpy draws without the GIL).
+    # The next cases' inputs are drawn while this one runs (numpy draws without the GIL); the
+    # leak probe draws its perturbations on the device.
     def draw(case):
         make_inputs(case)
-        if leak:
-            leak_probe.draw_ahead(case)
 
     drawing = ThreadPoolExecutor(max_workers=INPUTS_AHEAD, thread_name_prefix="inputs")
     ahead = {c: drawing.submit(draw, c) for c in cases[:INPUTS_AHEAD]}

@@ -79,12 +79,8 @@ def amplitude(dtype: str) -> float:
 FALSE_ALARM_BUDGET = 1e-6
 TAIL_QUANTILE = 0.99
 
-# The host arrays of the cases drawn ahead and of the one running: every group of each (two
-# colour groups or four, the padding, two window or chunk groups: seven at most), plain and
-# amplified for the running one. Fewer entries than that, and the draws ahead for the next
-# cases push out the running case's before its first probe reads them: it is drawn again on the
-# run's thread.
-HOST_CACHE = 64
+# Cases whose perturbation groups are kept (computed once per case, for every kernel).
+GROUPS_CACHE = 16
 
 
 @jax.jit
@@ -131,7 +127,7 @@ def groups(case: Case, convention: str = "segment") -> list[tuple[str, np.ndarra
     return [(name, mask.copy()) for name, mask in _groups(case, convention)]
 
 
-@functools.lru_cache(maxsize=HOST_CACHE)
+@functools.lru_cache(maxsize=GROUPS_CACHE)
 def _groups(case: Case, convention: str = "segment") -> tuple[tuple[str, np.ndarray], ...]:
     """(name, [B, T] bool tokens to redraw) for each perturbation: the segments of one colour and
     of the other (2 colours), or the four groups of six colours (SIX_COLOURS); then the
@@ -237,28 +233,23 @@ def untouched(deps: dict[str, tuple], redraw: np.ndarray) -> dict[str, np.ndarra
     return {cls: (count[rows, hi + 1] - count[rows, lo]) == 0 for cls, (lo, hi) in deps.items()}
 
 
-@functools.lru_cache(maxsize=HOST_CACHE)
-def perturbed_host(case: Case, index: int, amplitude: float = 1.0,
-                   convention: str = "segment") -> tuple:
-    """(q, k, v, cotangent) in numpy with group `index`'s tokens drawn afresh (only those are
-    drawn: the groups together cost one draw of the inputs), their values and cotangent
-    `amplitude` times larger. Cached for the runs ahead, which draw them in background
-    threads."""
-    inputs = make_inputs(case)
-    redraw = _groups(case, convention)[index][1]
-    rng = np.random.default_rng([case.seed, PERTURB_SALT, index])
-    valid = (case.segment_ids > 0)[redraw][:, None, None]
-    arrays = []
-    for x in (inputs.query, inputs.key, inputs.value, inputs.cotangent):
-        fresh = rng.standard_normal((int(redraw.sum()), *x.shape[2:]), dtype=np.float32)
-        if x is inputs.cotangent:
-            fresh = np.where(valid, fresh, 0)  # the cotangent stays zero at padding
-        if x is inputs.value or x is inputs.cotangent:
-            fresh = fresh * np.float32(amplitude)
-        y = x.copy()
-        y[redraw] = fresh.astype(x.dtype)
-        arrays.append(y)
-    return tuple(arrays)
+@jax.jit
+def _redrawn(seed, index, amplitude, q, k, v, cotangent, redraw, valid):
+    """q, k, v and the cotangent with the `redraw` tokens drawn afresh, on the device: standard
+    normal from the key of (seed, PERTURB_SALT, index), the values and the cotangent
+    `amplitude` times larger, the cotangent zero at padding; every other token's bitwise as
+    given. (Drawn on the host, the perturbations of the H200 nightly cost its worker 48 s of
+    its 125 on the run's thread: numpy's normal draws; here they cost the device microseconds.)"""
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), PERTURB_SALT), index)
+    out = []
+    for i, (x, key_i) in enumerate(zip((q, k, v, cotangent), jax.random.split(key, 4))):
+        fresh = jax.random.normal(key_i, x.shape, jnp.float32)
+        if i >= 2:   # the values and the cotangent
+            fresh = fresh * amplitude
+        if i == 3:   # the cotangent stays zero at padding
+            fresh = jnp.where(valid[:, :, None, None], fresh, 0.0)
+        out.append(jnp.where(redraw[:, :, None, None], fresh.astype(x.dtype), x))
+    return tuple(out)
 
 
 class _OnDevice:
@@ -281,9 +272,10 @@ class _OnDevice:
             self._case = case
         key = (index, amplitude, convention)
         if key not in self._args:
-            q, k, v, ct = (jax.device_put(a) for a in perturbed_host(case, index, amplitude,
-                                                                     convention))
             fixed = make_inputs(case).device_args
+            redraw = _groups(case, convention)[index][1]
+            q, k, v, ct = _redrawn(np.int32(case.seed), np.int32(index), np.float32(amplitude),
+                                   *fixed[:3], fixed[-1], redraw, case.segment_ids > 0)
             self._args[key] = (q, k, v, *fixed[3:-1], ct)
         return self._args[key]
 
@@ -293,12 +285,6 @@ class _OnDevice:
 
 
 perturbed = _OnDevice()
-
-
-def draw_ahead(case: Case) -> None:
-    """Everything the probe will draw for `case` (host arrays), for a background thread."""
-    for index in range(len(_groups(case))):
-        perturbed_host(case, index)
 
 
 @dataclass

@@ -20,18 +20,17 @@ def program(q, k, v, segment_ids, cotangent):
 
 
 def perturbed(inputs, index, redraw):
-    """The inputs with the `redraw` tokens' q, k, v and cotangent drawn afresh."""
-    rng = np.random.default_rng([SEED, @PERTURB_SALT@, index])
-    valid = (SEGMENT_IDS > 0)[redraw][:, None, None]
+    """The inputs with the `redraw` tokens' q, k, v and cotangent drawn afresh (standard normal,
+    jax.random from the key of the seed, the probe's salt and the group's index; the cotangent
+    zero at padding), every other token's as it was."""
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(SEED), @PERTURB_SALT@), index)
+    valid = (SEGMENT_IDS > 0)[:, :, None, None]
     arrays = []
-    for i, x in enumerate(inputs):
-        x = np.asarray(x)
-        fresh = rng.standard_normal((int(redraw.sum()), *x.shape[2:]), dtype=np.float32)
+    for i, (x, key_i) in enumerate(zip(inputs, jax.random.split(key, 4))):
+        fresh = jax.random.normal(key_i, x.shape, jnp.float32)
         if i == 3:  # the cotangent stays zero at padding
-            fresh = np.where(valid, fresh, 0)
-        y = x.copy()
-        y[redraw] = fresh.astype(x.dtype)
-        arrays.append(y)
+            fresh = jnp.where(valid, fresh, 0.0)
+        arrays.append(jnp.where(redraw[:, :, None, None], fresh.astype(x.dtype), x))
     return arrays
 
 
