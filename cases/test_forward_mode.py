@@ -138,6 +138,37 @@ def test_a_declared_forward_mode_that_raises_is_an_error_of_the_jvp_check():
     assert "jvp" not in by_check(run_kernel_case(undeclared, case, CPU, leak=False).records)
 
 
+def test_a_forward_rule_narrower_than_its_kernel_skips_the_jvp_check_with_its_reason():
+    """forward_limits (fa4-jax's JVP kernel takes head dims <= 128): the jvp check of such a
+    case is a skip naming the limit, and the other checks run; a declared forward mode that
+    raises on it anyway would be an error (the previous test)."""
+    case = small("packed/random")
+    limited = forward_kernel("custom_vjp", custom_vjp_attention,
+                             forward_limits=lambda c: [f"its JVP takes head dims <= 16, not "
+                                                       f"{c.head_dim}"])
+    checks = by_check(run_kernel_case(limited, case, CPU, leak=False).records)
+    [skipped] = checks["jvp"]
+    assert (skipped.verdict, skipped.outcome) == (v.SKIP, v.SKIP)
+    assert skipped.message == f"its JVP takes head dims <= 16, not {case.head_dim}"
+    assert all(r.outcome == v.OK for c in ("out", "dq", "dk", "dv") for r in checks[c])
+
+
+def test_fa4s_forward_mode_declarations_on_the_nightly():
+    """fa4-jax's JVP kernel, as seen on the H200 (reports/fa4-jvp-h200/): head dims above 128
+    are its own refusal (skipped with it), a window reading ahead its known wrong tangent."""
+    from harness.engine.registry import select_kernels
+    from harness.model.suites import suite_cases
+    [fa4] = select_kernels("fa4:varlen")
+    cases = suite_cases("nightly")
+    skipped = {c.id for c in cases if fa4.forward_reasons(c)}
+    known = {c.id for c in cases if fa4.expected(c, "jvp", c.segments[0])[0] == v.KNOWN}
+    assert skipped == {c.id for c in cases if max(c.head_dim, c.value_dim) > 128} != set()
+    assert known == {c.id for c in cases if c.features.window and c.features.window[1] > 0}
+    assert len(known) == 3
+    assert all(fa4.expected(c, chk, c.segments[0])[0] == v.PASS for c in cases
+               for chk in ("out", "dq", "dk", "dv"))
+
+
 def nan_tangent_at_padding(query, key, value, segment_ids, *, causal, scale):
     pad = (segment_ids == 0)[:, :, None, None]
 

@@ -307,7 +307,8 @@ class Programs:
         modes = [DEFAULT] + ([self.probe_mode] if self.probe_mode != DEFAULT else [])
         for kernel, case in pairs:
             convention = kernel.chunk_convention
-            forward = [FORWARD] if kernel.forward_mode else []
+            forward = [FORWARD] if kernel.forward_mode and not kernel.forward_reasons(case) \
+                else []
             for truth in (True, False):
                 for mode in [DEFAULT] + forward:
                     program, fresh = self._oracle_entry(case, truth, convention, mode)

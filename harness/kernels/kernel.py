@@ -68,6 +68,10 @@ class Kernel:
     # Custom calls that must appear in its forward-mode program (as hlo_markers for the
     # default one: its library's JVP kernel); () where jax's autodiff of plain jax is the rule.
     forward_markers: tuple[str, ...] = ()
+    # Its forward-mode rule's own limits, narrower than the kernel's (fa4-jax's JVP kernel takes
+    # head dims <= 128): reasons the jvp check cannot run on a case, which is then a skip of
+    # that check with them (the other checks run).
+    forward_limits: "Callable[[Case], list[str]] | None" = None
     requires: tuple[str, ...] = ()             # importable modules, checked lazily
     seq_len_multiple: int | None = None
     # Builds the [batch, heads, seq, seq] float32 scores in memory (dense kernels): cases whose
@@ -186,6 +190,10 @@ class Kernel:
             if importlib.util.find_spec(module.split(".")[0]) is None:
                 reasons.append(f"optional dependency {module!r} is not installed")
         return reasons
+
+    def forward_reasons(self, case: Case) -> list[str]:
+        """Why the jvp check cannot run on `case` (forward_limits), or []."""
+        return list(self.forward_limits(case)) if self.forward_limits else []
 
     def expected(self, case: Case, check: str, segment: Segment) -> tuple[str, str]:
         """(expected, reason): what this kernel must show on that check of that segment."""
