@@ -112,6 +112,10 @@ def test_a_correct_kernel_is_refused_in_one_line(tmp_path):
     (["canary_ignores_segments", "packed/random-b4"], "not a case id"),
     (["canary_ignores_segments", "packed/dozens-b1-t64-h1kv1-d8-bf16-s0"], "needs seq_len"),
     (["canary_ignores_segments", ORIGINAL, "--check", "nope"], "unknown check"),
+    # A feature case's script would hand the kernel none of its features (a soft cap dropped
+    # by MaxText passed such a script on the H200): refused until scripts carry features.
+    (["dot_product", "packed/random-b4-t256-h4kv2-d64-bf16-s6-cap2"],
+     "no script for a case with attention features yet (softcap)"),
 ])
 def test_usage_errors_are_one_line(argv, message):
     code, out, err = _repro(*argv)

@@ -112,6 +112,13 @@ def main(kernel_name: str, case_id: str, check: str | None = None, output: str |
 
     kernel = select_kernels([kernel_name])[0]
     original = _original_case(case_id)
+    if original.features:
+        # Its script would hand the kernel none of the features and compare it with a reference
+        # without them: on the H200 such a script passed on a soft cap the kernel drops
+        # (reports/census-features-h200/rerun-0c4e786/).
+        raise UsageError(f"case {case_id}: repro writes no script for a case with attention "
+                         f"features yet ({', '.join(original.features.names)}): the records "
+                         "name the segment, its worst token and the diagnosis")
     if check is not None and check not in CHECKS:
         raise UsageError(f"--check {check}: unknown check; known: {', '.join(CHECKS)}")
     if check == JVP.name:
