@@ -112,10 +112,6 @@ def test_a_correct_kernel_is_refused_in_one_line(tmp_path):
     (["canary_ignores_segments", "packed/random-b4"], "not a case id"),
     (["canary_ignores_segments", "packed/dozens-b1-t64-h1kv1-d8-bf16-s0"], "needs seq_len"),
     (["canary_ignores_segments", ORIGINAL, "--check", "nope"], "unknown check"),
-    # A feature case's script would hand the kernel none of its features (a soft cap dropped
-    # by MaxText passed such a script on the H200): refused until scripts carry features.
-    (["dot_product", "packed/random-b4-t256-h4kv2-d64-bf16-s6-cap2"],
-     "no script for a case with attention features yet (softcap)"),
 ])
 def test_usage_errors_are_one_line(argv, message):
     code, out, err = _repro(*argv)
@@ -284,3 +280,67 @@ def test_a_lambda_kernel_is_refused_before_any_work():
     source, needs_harness = kernel_source(select_kernels("maxtext_original:cudnn_flash_jax:"
                                                          "emulated")[0])
     assert "functools.partial(_kernel_fn, backend='emulator')" in source and needs_harness
+
+
+FEATURE_KERNELS = '''
+import harness
+from harness.tools.zoo.feature_bugs import bug, features_dense
+
+EVERY = ("window", "softcap", "chunk", "sinks", "head_dim_v")
+harness.register_kernel("repro_test_softcap_dropped", bug(drop_softcap=True),
+                        dtypes=("float32",), features=EVERY, padding_anywhere=True)
+harness.register_kernel("repro_test_features_ok", features_dense, dtypes=("float32",),
+                        features=EVERY, padding_anywhere=True)
+'''
+FEATURE_CASE = "packed/random-b2-t64-h2kv1-d8-f32-s6-w7.0-cap2-sink"
+
+
+def test_a_feature_cases_script_hands_over_the_features_and_its_reference_applies_them(
+        tmp_path):
+    """A repro script of a case with features calls the kernel with them (window, soft cap,
+    sinks) and compares it with a reference that applies them: the soft cap a kernel drops
+    fails in the script run with plain python, and the script's reference is the harness's
+    truth (on the H200 a script without the features passed on MaxText's dropped soft cap)."""
+    module = tmp_path / "feature_kernels.py"
+    module.write_text(FEATURE_KERNELS)
+    script = tmp_path / "softcap.py"
+    code, out, err = _repro("repro_test_softcap_dropped", FEATURE_CASE, "--kernel-module",
+                            str(module), "--output", str(script))
+    assert code == 0, err + out
+    assert "`python" in out and "exits 1" in out
+    text = script.read_text()
+    assert "WINDOW = (7, 0)" in text and "SOFTCAP = 2.0" in text and "SINKS = True" in text
+    assert "'softcap': 2.0" in text and "'window': (7, 0)" in text
+    # Its reference, run on the shrunk case's own inputs, is the harness's float32 truth.
+    import importlib.util
+    import sys
+
+    import jax.numpy as jnp
+
+    from harness.judge.oracle import dense_attention
+    from harness.model.case import Case, make_inputs
+    sys.path.insert(0, str(tmp_path))
+    try:
+        spec = importlib.util.spec_from_file_location("softcap_script", script)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(tmp_path))
+    case = Case.from_id(mod.CASE_ID)
+    assert case.features.names == ("window", "softcap", "sinks")
+    q, k, v, _, sinks = mod.draw_inputs()
+    inputs = make_inputs(case)
+    assert np.array_equal(np.asarray(q), inputs.query)
+    assert np.array_equal(np.asarray(sinks), inputs.sinks)
+    got = np.asarray(mod.reference_attention(q, k, v, jnp.asarray(mod.SEGMENT_IDS), sinks))
+    want = np.asarray(dense_attention(q, k, v, jnp.asarray(case.segment_ids), jnp.asarray(sinks),
+                                      scale=case.scale, causal=case.causal,
+                                      features=case.features))
+    assert np.abs(got - want).max() < 1e-5
+
+
+def test_a_leak_on_a_feature_case_is_refused_before_any_work():
+    code, _, err = _repro("dot_product", "packed/random-b4-t256-h4kv2-d64-bf16-s6-cap2",
+                          "--check", "leak")
+    assert code == 2 and err.count("\n") == 1
+    assert "no leak script for a case with attention features yet (softcap)" in err

@@ -104,11 +104,7 @@ def fail_repro(kernel, fails: list[Record], path: Path, context: dict) -> dict:
     elif not shrinkable:
         entry["note"] = ("its failures are in checks `harness repro` does not shrink ("
                          + ", ".join(sorted({r.check for r in fails})) + "): no script")
-    elif not _without_features(shrinkable):
-        entry["note"] = ("its failures are on cases with attention features, for which `harness "
-                         "repro` writes no script yet: no script")
     else:
-        shrinkable = _without_features(shrinkable)
         case_id = shrinkable[0].case_id
         on_case = [r for r in shrinkable if r.case_id == case_id]
         check = min(on_case, key=lambda r: SHRINKABLE.index(r.check)).check
@@ -132,12 +128,6 @@ def fail_repro(kernel, fails: list[Record], path: Path, context: dict) -> dict:
     entry["repro_log"] = log.getvalue()[-4000:]
     entry["report"] = _write_report(path, kernel, fails, entry, context)
     return entry
-
-
-def _without_features(records: list[Record]) -> list[Record]:
-    """The records of cases without attention features (the ones `harness repro` takes)."""
-    from harness.model.case import Case
-    return [r for r in records if not Case.from_id(r.case_id).features]
 
 
 def smallest_case(records: list[Record]) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import harness
 from harness.errors import UsageError
-from harness.judge.vocabulary import CHECKS, JVP
+from harness.judge.vocabulary import CHECKS, JVP, LEAK
 from harness.model.case import Case
 from harness.tools.repro.script import FAILED_MARK, script_text, writer
 from harness.tools.repro.shrink import as_custom, shrink
@@ -112,13 +112,10 @@ def main(kernel_name: str, case_id: str, check: str | None = None, output: str |
 
     kernel = select_kernels([kernel_name])[0]
     original = _original_case(case_id)
-    if original.features:
-        # Its script would hand the kernel none of the features and compare it with a reference
-        # without them: on the H200 such a script passed on a soft cap the kernel drops
-        # (reports/census-features-h200/rerun-0c4e786/).
-        raise UsageError(f"case {case_id}: repro writes no script for a case with attention "
-                         f"features yet ({', '.join(original.features.names)}): the records "
-                         "name the segment, its worst token and the diagnosis")
+    if original.features and check == LEAK.name:
+        raise UsageError(f"--check {check}: repro writes no leak script for a case with attention "
+                         f"features yet ({', '.join(original.features.names)}): the leak records "
+                         "name the segment and its first changed token")
     if check is not None and check not in CHECKS:
         raise UsageError(f"--check {check}: unknown check; known: {', '.join(CHECKS)}")
     if check == JVP.name:

@@ -36,7 +36,7 @@ def perturbed(inputs, index, redraw):
 
 def main():
     names = ["out", "dq", "dk", "dv"] if BACKWARD else ["out"]
-    q, k, v, cotangent = draw_inputs()
+    q, k, v, cotangent, _ = draw_inputs()
     segment_ids = jnp.asarray(SEGMENT_IDS)
     lowered = jax.jit(program).lower(q, k, v, segment_ids, cotangent)
     device = jax.devices()[0]

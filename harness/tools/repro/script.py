@@ -28,25 +28,29 @@ FAILED_MARK = "FAILED:"
 _INPUTS = '''
 def draw_inputs():
     """Standard-normal q, k, v drawn from SEED and rounded to DTYPE (the draw attention-harness
-    makes for this case). Padding positions hold larger values (x8) that a correct kernel never
-    reads; the output cotangent (for gradients) is zero there."""
+    makes for this case; v with VALUE_DIM). Padding positions hold larger values (x8) that a
+    correct kernel never reads; the output cotangent (for gradients) is zero there. With SINKS,
+    one learnable logit per query head (float32), drawn last."""
     dtype = jnp.dtype(DTYPE)
     rng = np.random.default_rng([SEED, @INPUT_SALT@])
     batch, seq = SEGMENT_IDS.shape
     valid = (SEGMENT_IDS > 0)[:, :, None, None]
 
-    def draw(heads):
-        x = rng.standard_normal((batch, seq, heads, HEAD_DIM), dtype=np.float32)
+    def draw(heads, dim=HEAD_DIM):
+        x = rng.standard_normal((batch, seq, heads, dim), dtype=np.float32)
         poison = @POISON@ * rng.standard_normal(x.shape, dtype=np.float32)
         return np.where(valid, x, poison).astype(dtype)
 
-    q, k, v = draw(HEADS), draw(KV_HEADS), draw(KV_HEADS)
-    cotangent = (rng.standard_normal(q.shape, dtype=np.float32) * valid).astype(dtype)
-    return q, k, v, cotangent
+    q, k, v = draw(HEADS), draw(KV_HEADS), draw(KV_HEADS, VALUE_DIM)
+    cotangent = (rng.standard_normal((batch, seq, HEADS, VALUE_DIM), dtype=np.float32)
+                 * valid).astype(dtype)
+    sinks = rng.standard_normal(HEADS, dtype=np.float32) + @SINK_MEAN@ if SINKS else None
+    return q, k, v, cotangent, sinks
 
 
-def kernel_under_test(q, k, v, segment_ids):
-    return kernel(q, k, v, segment_ids, causal=CAUSAL, scale=SCALE, **KERNEL_KWARGS)
+def kernel_under_test(q, k, v, segment_ids, sinks=None):
+    extra = {} if sinks is None else {"sinks": sinks}
+    return kernel(q, k, v, segment_ids, causal=CAUSAL, scale=SCALE, **KERNEL_KWARGS, **extra)
 '''
 
 _FOOTER = '''
@@ -113,7 +117,10 @@ def _header(kernel: Kernel, original: Case, trial: Trial, check: str, runs: int,
 
 def _case_block(kernel: Kernel, case: Case, check: str, parts: ScriptParts) -> str:
     """The shrunk case as constants: ids, shape, dtype, flags, and the per-segment table."""
+    from harness.engine.programs import feature_arguments
     kwargs = {"max_segments": case.max_segments} if kernel.takes_max_segments else {}
+    kwargs.update(feature_arguments(case))   # the case's features, handed over as the harness does
+    f = case.features
     return "\n".join([
         "# ----- the case (shrunk by attention-harness) "
         + "-" * 52,
@@ -129,6 +136,16 @@ def _case_block(kernel: Kernel, case: Case, check: str, parts: ScriptParts) -> s
         f"CAUSAL = {case.causal!r}",
         f"SCALE = {case.scale!r}  # 1 / sqrt(HEAD_DIM)",
         f"SEED = {case.seed!r}",
+        "# Attention features (None: not asked for): a window of keys from LEFT before to RIGHT",
+        "# after each query, by position within its segment; a soft cap of the scores; chunks",
+        "# counted from CHUNKS_FROM's start; a learnable sink logit per query head; the value's",
+        "# head dim.",
+        f"WINDOW = {None if f.window is None else tuple(f.window)!r}",
+        f"SOFTCAP = {f.softcap!r}",
+        f"CHUNK = {f.chunk!r}",
+        f"CHUNKS_FROM = {kernel.chunk_convention!r}",
+        f"SINKS = {bool(f.sinks)!r}",
+        f"VALUE_DIM = {case.value_dim!r}",
         f"KERNEL_KWARGS = {kwargs!r}",
         *parts.constants,
         parts.segments_comment,
@@ -141,9 +158,9 @@ def _case_block(kernel: Kernel, case: Case, check: str, parts: ScriptParts) -> s
 def _fill_marks(text: str) -> str:
     """The harness's own constants in place of the templates' marks."""
     from harness.judge.leak_probe import PERTURB_SALT
-    from harness.model.case import INPUT_SALT, PADDING_POISON_SCALE
+    from harness.model.case import INPUT_SALT, PADDING_POISON_SCALE, SINK_MEAN
     for mark, value in (("@INPUT_SALT@", hex(INPUT_SALT)), ("@POISON@", repr(PADDING_POISON_SCALE)),
-                        ("@PERTURB_SALT@", hex(PERTURB_SALT))):
+                        ("@PERTURB_SALT@", hex(PERTURB_SALT)), ("@SINK_MEAN@", repr(SINK_MEAN))):
         text = text.replace(mark, value)
     return text
 

@@ -30,7 +30,8 @@ def as_custom(case: Case, rows=None, seq_len: int | None = None, heads: int | No
                     heads=case.heads if heads is None else heads,
                     kv_heads=case.kv_heads if kv_heads is None else kv_heads,
                     head_dim=case.head_dim if head_dim is None else head_dim,
-                    dtype=case.dtype, seed=case.seed, causal=case.causal, rows=rows)
+                    dtype=case.dtype, seed=case.seed, causal=case.causal, rows=rows,
+                    features=case.features)
     except ValueError:
         return None
 

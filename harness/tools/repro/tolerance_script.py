@@ -11,48 +11,75 @@ from harness.tools.repro.text import ScriptParts, comment_lines, number_literal
 from harness.tools.repro.trials import Trial
 
 _REFERENCE = '''
-def reference_attention(q, k, v, segment_ids):
+def positions_in_segments(segment_ids):
+    """[batch, seq]: each token's position within its segment (its index in padding runs)."""
+    seg = np.asarray(segment_ids)
+    idx = np.broadcast_to(np.arange(seg.shape[1]), seg.shape)
+    new = np.concatenate([np.ones((seg.shape[0], 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    return idx - np.maximum.accumulate(np.where(new, idx, 0), axis=1)
+
+
+def reference_attention(q, k, v, segment_ids, sinks=None):
     """The float32 truth: dense softmax over the tokens of the same segment (and, causal, not
-    after the query), HIGHEST matmul precision; padding queries give 0."""
+    after the query; within WINDOW and CHUNK, by position in the segment), scores soft-capped
+    to SOFTCAP * tanh(s / SOFTCAP), exp(sink) added to each softmax's denominator with SINKS;
+    HIGHEST matmul precision; padding queries give 0."""
     hi = jax.lax.Precision.HIGHEST
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     group = q.shape[2] // k.shape[2]               # GQA: query head h reads kv head h // group
     k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
     scores = jnp.einsum("bqhd,bkhd->bhqk", q * SCALE, k, precision=hi)
-    seg_q, seg_k = segment_ids[:, :, None], segment_ids[:, None, :]
-    mask = (seg_q == seg_k) & (seg_q > 0)
+    if SOFTCAP is not None:
+        scores = SOFTCAP * jnp.tanh(scores / SOFTCAP)
+    seg = np.asarray(SEGMENT_IDS)
+    mask = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] > 0)
+    t = seg.shape[1]
     if CAUSAL:
-        t = segment_ids.shape[1]
-        mask = mask & jnp.tril(jnp.ones((t, t), bool))[None]
-    probs = jax.nn.softmax(jnp.where(mask[:, None], scores, -1e30), axis=-1)
+        mask &= np.tril(np.ones((t, t), bool))[None]
+    pos = positions_in_segments(seg)
+    if WINDOW is not None:
+        left, right = WINDOW
+        mask &= (pos[:, None, :] >= pos[:, :, None] - left) & (pos[:, None, :] <= pos[:, :, None] + right)
+    if CHUNK is not None:
+        at = pos if CHUNKS_FROM == "segment" else np.broadcast_to(np.arange(t), seg.shape)
+        mask &= (at[:, :, None] // CHUNK) == (at[:, None, :] // CHUNK)
+    logits = jnp.where(jnp.asarray(mask)[:, None], scores, -1e30)
+    if sinks is None:
+        probs = jax.nn.softmax(logits, axis=-1)
+    else:
+        sink = jnp.asarray(sinks, jnp.float32)[None, :, None, None]
+        top = jnp.maximum(logits.max(axis=-1, keepdims=True), sink)
+        e = jnp.exp(logits - top)
+        probs = e / (e.sum(axis=-1, keepdims=True) + jnp.exp(sink - top))
     out = jnp.einsum("bhqk,bkhd->bqhd", probs, v, precision=hi)
     return jnp.where((segment_ids > 0)[:, :, None, None], out, 0.0)
 
 '''
 
 _CHECKED_OUT = '''
-def checked(attention, q, k, v, segment_ids, cotangent):
+def checked(attention, q, k, v, segment_ids, cotangent, sinks):
     """The checked tensor: the forward output."""
     del cotangent
-    return attention(q, k, v, segment_ids)
+    return attention(q, k, v, segment_ids, sinks)
 '''
 
 _CHECKED_GRAD = '''
-def checked(attention, q, k, v, segment_ids, cotangent):
+def checked(attention, q, k, v, segment_ids, cotangent, sinks):
     """The checked tensor: @CHECK@ of attention(q, k, v), through jax.vjp."""
-    out, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, segment_ids), q, k, v)
+    out, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, segment_ids, sinks), q, k, v)
     return vjp(cotangent.astype(out.dtype))[@INDEX@]
 '''
 
 _TOLERANCE_MAIN = '''
 
 def main():
-    q, k, v, cotangent = draw_inputs()
+    q, k, v, cotangent, sinks = draw_inputs()
     segment_ids = jnp.asarray(SEGMENT_IDS)
-    got = jax.jit(lambda *a: checked(kernel_under_test, *a))(q, k, v, segment_ids, cotangent)
+    got = jax.jit(lambda *a: checked(kernel_under_test, *a))(q, k, v, segment_ids, cotangent,
+                                                             sinks)
     f32 = [x.astype(np.float32) for x in (q, k, v, cotangent)]
-    want = jax.jit(lambda q, k, v, s, ct: checked(reference_attention, q, k, v, s, ct))(
-        f32[0], f32[1], f32[2], segment_ids, f32[3])
+    want = jax.jit(lambda q, k, v, s, ct, sk: checked(reference_attention, q, k, v, s, ct, sk))(
+        f32[0], f32[1], f32[2], segment_ids, f32[3], sinks)
     got = np.asarray(jnp.asarray(got, jnp.float32))
     want = np.asarray(want)
     # Per token: the max abs error over heads and head dims (inf where not finite).
