@@ -142,6 +142,10 @@ def _impl(name: str):
 
 _COMMON = dict(requires=("tokamax",), padding_anywhere=True, features=TOKAMAX17_FEATURES)
 
+# No forward mode (no jvp check): tokamax 0.0.17's attention is a custom_vjp, and jax.jvp
+# through it raises "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
+# (its XLA implementation, on a CPU with jax 0.12; the rule is the library's, not the
+# device's).
 KERNELS = [
     Kernel("tokamax17:xla", _impl("xla"), materializes_scores=True,
            constraints=lambda c, p: version_constraint(c, p) + no_f16_on_cpu(c, p), **_COMMON,
