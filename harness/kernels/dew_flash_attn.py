@@ -85,6 +85,8 @@ def _constraints(case, platform):
     return reasons
 
 
+# No forward mode (no jvp check): dew-flash-attn 0.3.6's attention is a jax.custom_vjp
+# (`_attend` in its __init__.py), and jax.jvp cannot go through a custom_vjp.
 KERNELS = [
     Kernel("dew_flash_attn:varlen", dew_flattened, dtypes=CUDNN, devices=("gpu",),
            min_compute_capability=9.0, constraints=_constraints, padding_anywhere=True,
