@@ -340,7 +340,7 @@ def test_a_feature_cases_script_hands_over_the_features_and_its_reference_applie
 
 
 def test_a_leak_on_a_feature_case_is_refused_before_any_work():
-    code, _, err = _repro("dot_product", "packed/random-b4-t256-h4kv2-d64-bf16-s6-cap2",
+    code, _, err = _repro("dot_product", "packed/random-b4-t256-h4kv2-d64-bf16-s6-sink",
                           "--check", "leak")
     assert code == 2 and err.count("\n") == 1
-    assert "no leak script for a case with attention features yet (softcap)" in err
+    assert "no leak script for a case with sinks yet" in err

@@ -397,6 +397,9 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
                 total.traces += result.traces
                 if on_result:
                     on_result(kernel, case, result)
+            # The case's perturbations go before the next case's oracle and kernels need the
+            # device's memory (a long row's are GiBs).
+            leak_probe.perturbed.cache_clear()
     finally:
         drawing.shutdown(wait=False, cancel_futures=True)
     return total

@@ -226,7 +226,8 @@ def _stream(command: list[str], echo, env: dict | None = None, stop=None) -> tup
         if stop is not None and stop.is_set():
             raise Stopped()
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, errors="replace", env=env)
+                                text=True, errors="replace",
+                                env=worker_environment(dict(os.environ) if env is None else env))
         LIVE.add(proc)
     tail: list[str] = []
     try:

@@ -254,9 +254,10 @@ def _redrawn(seed, index, amplitude, q, k, v, cotangent, redraw, valid):
 
 class _OnDevice:
     """The probe's program arguments on the device, for the case the run is on: each group's
-    is transferred once per case, not once per kernel (every kernel on the case probes every
-    group; a nightly case's group is tens of MB). The previous case's go when the next case's
-    first one comes, so one case's groups are held at a time."""
+    is drawn once per case, not once per kernel (every kernel on the case probes every group;
+    a nightly case's group is tens of MB, a long row's hundreds). The run lets them go once a
+    case's kernels are done (runner.run_matrix); a call for another case lets the previous
+    case's go too."""
 
     def __init__(self):
         self._case = None
@@ -274,7 +275,7 @@ class _OnDevice:
         if key not in self._args:
             fixed = make_inputs(case).device_args
             redraw = _groups(case, convention)[index][1]
-            q, k, v, ct = _redrawn(np.int32(case.seed), np.int32(index), np.float32(amplitude),
+            q, k, v, ct = _redrawn(np.uint32(case.seed % 2**32), np.int32(index), np.float32(amplitude),
                                    *fixed[:3], fixed[-1], redraw, case.segment_ids > 0)
             self._args[key] = (q, k, v, *fixed[3:-1], ct)
         return self._args[key]

@@ -41,6 +41,8 @@ Features:
 - head_dim_v: the value passed with its own head dim. jax checks only that Q and K share one;
   with packed offsets it multiplies every offset by the QUERY's head dim and reuses the K and Q
   offsets for V and O (research: silently wrong on the H200, max err 2.92 at d 64, d_v 32).
+  jax_nn:cudnn_packed does not run those cases (VALUE_HEAD_DIM_CRASH: on the H200 the call
+  ended in an illegal instruction one night and returned NaN the next).
 No soft cap, chunk or sink argument. GPU only (sm90+: jax raises "Packed layout requires a GPU
 with at least Hopper architecture" below), padding only after the last segment (the layout).
 jax <= 0.11.0 scales packed kv offsets by the number of query heads (fixed in 0.11.2, jax PR

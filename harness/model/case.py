@@ -233,7 +233,7 @@ def make_tangents(case: Case) -> tuple:
     kernel's tangent at valid tokens never sees them), and for the sinks (float32) where the
     case has them; drawn on the device (jax.random) from the case's seed. (Drawn with numpy on
     the host, they cost the H200 nightly's worker 9 s on the run's thread.)"""
-    return _tangents(np.int32(case.seed), case.segment_ids == 0, heads=case.heads,
+    return _tangents(np.uint32(case.seed % 2**32), case.segment_ids == 0, heads=case.heads,
                      kv_heads=case.kv_heads, head_dim=case.head_dim, value_dim=case.value_dim,
                      dtype=case.dtype, sinks=bool(case.features.sinks))
 

@@ -16,7 +16,13 @@ from harness.model.case import Case
 from harness.tools.repro.script import FAILED_MARK, script_text, writer
 from harness.tools.repro.shrink import as_custom, shrink
 from harness.tools.repro.source import kernel_source
-from harness.tools.repro.trials import MAX_RUNS, Trial, Trials, target_check
+from harness.tools.repro.trials import (
+    MAX_RUNS,
+    Trial,
+    Trials,
+    leak_script_missing,
+    target_check,
+)
 
 # The folder that holds the `harness` package: on the script's path when the kernel is harness
 # code.
@@ -112,10 +118,10 @@ def main(kernel_name: str, case_id: str, check: str | None = None, output: str |
 
     kernel = select_kernels([kernel_name])[0]
     original = _original_case(case_id)
-    if original.features and check == LEAK.name:
-        raise UsageError(f"--check {check}: repro writes no leak script for a case with attention "
-                         f"features yet ({', '.join(original.features.names)}): the leak records "
-                         "name the segment and its first changed token")
+    if check == LEAK.name and leak_script_missing(original):
+        raise UsageError(f"--check {check}: repro writes no leak script for a case with "
+                         f"{', '.join(leak_script_missing(original))} yet: the leak records name "
+                         "the segment and its first changed token")
     if check is not None and check not in CHECKS:
         raise UsageError(f"--check {check}: unknown check; known: {', '.join(CHECKS)}")
     if check == JVP.name:

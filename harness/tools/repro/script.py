@@ -42,8 +42,8 @@ def draw_inputs():
         return np.where(valid, x, poison).astype(dtype)
 
     q, k, v = draw(HEADS), draw(KV_HEADS), draw(KV_HEADS, VALUE_DIM)
-    cotangent = (rng.standard_normal((batch, seq, HEADS, VALUE_DIM), dtype=np.float32)
-                 * valid).astype(dtype)
+    cotangent = np.where(valid, rng.standard_normal((batch, seq, HEADS, VALUE_DIM),
+                                                    dtype=np.float32), 0.0).astype(dtype)
     sinks = rng.standard_normal(HEADS, dtype=np.float32) + @SINK_MEAN@ if SINKS else None
     return q, k, v, cotangent, sinks
 
