@@ -113,8 +113,12 @@ def test_float16_softmax_sum_bug_shows_and_is_reported_as_known():
     case = Case.from_id("unaligned/block-edges-b4-t2048-h8kv8-d128-f16-s2")
     records = run_kernel_case(kernel, case, Platform("cpu"), leak=False).records
     known = [r for r in records if r.outcome == "known"]
-    # The forward mode's tangent meets the same sum**-2 (the jvp check), on the same segment.
-    assert known and {r.check for r in known} == {"dq", "dk", "jvp"}
+    # The forward mode's tangent meets the same sum**-2 (the jvp check, declared known on the
+    # same segment); whether its error passes the tolerance depends on the tangent drawn (4.6x
+    # with numpy's draws, within it with jax.random's): known or ok, never a failure.
+    assert known and {"dq", "dk"} <= {r.check for r in known} <= {"dq", "dk", "jvp"}
+    assert {r.expected for r in records if r.check == "jvp"
+            and (r.row, r.segment) == (known[0].row, known[0].segment)} == {"known"}
     assert len({(r.row, r.segment) for r in known}) == 1
     assert all(r.length > 256 for r in known)
     assert not [r for r in records if r.outcome in ("fail", "missed", "error")]
