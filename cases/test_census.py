@@ -290,3 +290,25 @@ def test_a_padding_failure_gets_a_script_that_shows_it(tmp_path):
     assert entry["check"] == "padding" and entry["reproduced"] and entry["exit_status"] == 1
     output = (tmp_path / "repro" / "nan_dk_at_padding.txt").read_text()
     assert "dk at" in output and "non-finite" in output and "FAILED:" in output
+
+
+def test_a_leak_on_a_window_case_gets_a_note_not_a_census_problem(tmp_path):
+    """repro writes no leak script for a case with a window, chunks or sinks: the census notes
+    such a failure instead of calling repro (whose refusal would count as a census problem)."""
+    from harness.engine.registry import select_kernels
+    from harness.engine.runner import run_kernel_case
+    from harness.kernels.kernel import Platform
+    from harness.model.case import Case
+    from harness.model.features import Features
+    from harness.tools.census.findings import write_findings
+
+    kernel = select_kernels("dot_product")[0]
+    case = Case("packed/random", 2, 64, 2, 2, 16, "float32", 6, features=Features(window=(7, 0)))
+    records = run_kernel_case(kernel, case, Platform("cpu"), leak=True).records
+    # As if the probe had caught a read beyond the window (the kernel itself is correct).
+    records = [r.replace(verdict="fail", outcome="fail") if r.check == "leak" else r
+               for r in records]
+    (entry,) = write_findings(tmp_path / "repro", [kernel], {"suite": "smoke", "environment": {}},
+                              records, [], "python -m harness census ...", 5)
+    assert entry["problem"] is None and entry["script"] is None
+    assert "no leak script for yet" in entry["note"] and "window" in entry["note"]
