@@ -68,25 +68,25 @@ def test_adapter_config_refuses_attributes_base_yml_lacks():
 
 
 def test_maxtext_releases_with_the_bug_are_expected_to_be_caught(monkeypatch):
-    from harness.kernels import maxtext_adapter
+    from harness.kernels import maxtext_known
     case = Case("packed/random", 2, 256, 4, 2, 32, "bfloat16", 0)
     second = next(s for s in case.segments if s.number == 2)
     kernel = select_kernels("maxtext:cudnn_flash_jax")[0]
-    monkeypatch.setattr(maxtext_adapter, "installed_version", lambda: (0, 2, 5))
+    monkeypatch.setattr(maxtext_known, "installed_version", lambda: (0, 2, 5))
     assert kernel.expected(case, "out", second)[0] == "fail"
     assert kernel.expected(case, "leak", second)[0] == "fail"
-    monkeypatch.setattr(maxtext_adapter, "installed_version", lambda: (0, 3, 0))
+    monkeypatch.setattr(maxtext_known, "installed_version", lambda: (0, 3, 0))
     assert kernel.expected(case, "out", second)[0] == "pass", "a fixed release must pass"
 
 
 def test_float16_softmax_sum_bug_is_known_only_where_it_can_show(monkeypatch):
-    from harness.kernels import maxtext_adapter
+    from harness.kernels import maxtext_known
     from harness.model.layouts import Segment
     kernel = select_kernels("maxtext:dot_product")[0]
-    monkeypatch.setattr(maxtext_adapter, "installed_version", lambda: (0, 2, 5))
+    monkeypatch.setattr(maxtext_known, "installed_version", lambda: (0, 2, 5))
     f16 = Case("unaligned/block-edges", 4, 2048, 8, 8, 128, "float16", 2)
     long, short = Segment(3, 4, 129, 1919), Segment(0, 1, 0, 256)
-    assert kernel.expected(f16, "dq", long) == ("known", maxtext_adapter.FLOAT16_SUM_REASON)
+    assert kernel.expected(f16, "dq", long) == ("known", maxtext_known.FLOAT16_SUM_REASON)
     assert kernel.expected(f16, "dk", long)[0] == "known"
     assert kernel.expected(f16, "jvp", long)[0] == "known"    # forward mode: the same sum**-2
     assert kernel.expected(f16, "dv", long)[0] == "pass"      # dv never differentiates the sum
@@ -98,7 +98,7 @@ def test_float16_softmax_sum_bug_is_known_only_where_it_can_show(monkeypatch):
     assert kernel.expected(f16, "dq", short)[0] == "pass"     # 256 keys cannot sum above 256
     bf16 = Case("unaligned/block-edges", 4, 2048, 8, 8, 128, "bfloat16", 2)
     assert kernel.expected(bf16, "dq", long)[0] == "pass"
-    monkeypatch.setattr(maxtext_adapter, "installed_version", lambda: (0, 3, 0))
+    monkeypatch.setattr(maxtext_known, "installed_version", lambda: (0, 3, 0))
     assert kernel.expected(f16, "dq", long)[0] == "pass"
 
 
@@ -276,8 +276,8 @@ def test_dropped_features_are_known_where_they_show_and_only_in_0_2_5(monkeypatc
     """The paths that drop a feature (maxtext <= 0.2.5) expect it exactly where the drop moves
     a segment past its tolerance (predicted from the inputs), and a leak where the probe's
     blocks see keys outside the window; a later release must pass."""
-    from harness.kernels import maxtext_adapter
-    monkeypatch.setattr(maxtext_adapter, "installed_version", lambda: (0, 2, 5))
+    from harness.kernels import maxtext_known
+    monkeypatch.setattr(maxtext_known, "installed_version", lambda: (0, 2, 5))
     jax_k, te, flash = select_kernels("maxtext:cudnn_flash_jax,maxtext:cudnn_flash_te,"
                                       "maxtext:flash")
     window = feature_case(Features(window=(15, 0)), layout="unpacked/pad-tail")
@@ -301,7 +301,7 @@ def test_dropped_features_are_known_where_they_show_and_only_in_0_2_5(monkeypatc
     ones = [s for s in short.segments if s.length == 1]
     assert ones and all(flash.expected(short, c, s)[0] == "pass" for s in ones
                         for c in ("out", "dq", "dk", "dv", "leak"))
-    monkeypatch.setattr(maxtext_adapter, "installed_version", lambda: (0, 3, 0))
+    monkeypatch.setattr(maxtext_known, "installed_version", lambda: (0, 3, 0))
     assert jax_k.expected(window, "out", first)[0] == "pass", "a fixed release must pass"
     assert te.expected(capped, "out", capped.segments[0])[0] == "pass"
 
@@ -309,13 +309,13 @@ def test_dropped_features_are_known_where_they_show_and_only_in_0_2_5(monkeypatc
 def test_float16_softmax_sum_takes_the_window_into_account(monkeypatch):
     """A window of 16 keys keeps every softmax sum at or below 16: the float16 bug cannot show,
     where the same case without it is known."""
-    from harness.kernels import maxtext_adapter
+    from harness.kernels import maxtext_known
     from harness.model.layouts import Segment
     kernel = select_kernels("maxtext:dot_product")[0]
-    monkeypatch.setattr(maxtext_adapter, "installed_version", lambda: (0, 2, 5))
+    monkeypatch.setattr(maxtext_known, "installed_version", lambda: (0, 2, 5))
     long = Segment(3, 4, 129, 1919)
     f16 = Case("unaligned/block-edges", 4, 2048, 8, 8, 128, "float16", 2)
     windowed = dataclasses.replace(f16, features=Features(window=(15, 0)))
     assert kernel.expected(f16, "dq", long)[0] == "known"
     assert kernel.expected(windowed, "dq", long)[0] == "pass"
-    assert max(maxtext_adapter.softmax_sums(windowed).values()) <= 16.0
+    assert max(maxtext_known.softmax_sums(windowed).values()) <= 16.0

@@ -58,7 +58,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from harness.kernels import maxtext_adapter
+from harness.kernels import maxtext_adapter, maxtext_known
 from harness.kernels.kernel import ALL_DTYPES, Kernel, Platform
 from harness.kernels.libraries import mark_absl_flags_parsed
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER
@@ -316,7 +316,7 @@ KERNELS = [
             description="the patched MaxText op as on an sm80 GPU (segment mask), through the "
                         "cuDNN emulator"),
     _kernel("maxtext:cudnn_flash_jax:emulated", emulate=9.0, patched=False,
-            head_dims=CUDNN_HEAD_DIMS, expect=maxtext_adapter.CUDNN_FLASH_JAX_EXPECT,
+            head_dims=CUDNN_HEAD_DIMS, expect=maxtext_known.CUDNN_FLASH_JAX_EXPECT,
             constraints=maxtext_adapter.maxtext_constraints,
             description="MaxText's AttentionOp as installed (unpatched), attention="
                         "cudnn_flash_jax, through the cuDNN emulator: maxtext <= 0.2.5 caught "
@@ -331,11 +331,11 @@ KERNELS = [
     # dot_product computes in the inputs' dtype: every dtype, on any device; padding anywhere.
     _kernel("maxtext_fixed:dot_product", attention="dot_product", dtypes=ALL_DTYPES,
             padding_anywhere=True, materializes_scores=True, constraints=_constraints(),
-            expect=maxtext_adapter.float16_sum_expectation, forward_mode=True,
+            expect=maxtext_known.float16_sum_expectation, forward_mode=True,
             description="MaxText's AttentionOp, attention=dot_product, with patches/ applied "
                         "(it honours every feature; the patch adds checks on its way)"),
     _kernel("maxtext:flash:emulated", attention="flash", emulate=XLA_FOR_TRITON, patched=False,
-            expect=maxtext_adapter.FLASH_EXPECT,
+            expect=maxtext_known.FLASH_EXPECT,
             constraints=lambda c, p: maxtext_adapter.maxtext_constraints(c, p)
             + no_f16_on_cpu(c, p), padding_anywhere=True,
             description="MaxText's AttentionOp as installed (unpatched), attention=flash on its "
