@@ -114,9 +114,9 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
         out.records.append(_dsinks(kernel, case, results, ref))
     out.records = _diagnosed(kernel, case, programs, results, out.records)
     padding = {chk.name: err for chk, err in zip(TENSORS, errs)}
-    if kernel.forward_mode and kernel.forward_reasons(case):
-        out.records.append(judging.skip_record(kernel, case, kernel.forward_reasons(case),
-                                               check=JVP.name))
+    limits = kernel.forward_reasons(case)
+    if kernel.forward_mode and limits:
+        out.records.append(judging.skip_record(kernel, case, limits, check=JVP.name))
     elif kernel.forward_mode:
         records, tangent_err = _jvp_records(kernel, case, programs, inputs)
         out.records += records

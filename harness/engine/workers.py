@@ -125,7 +125,7 @@ def start_groups(pairs_by_group: dict, workdir: Path, options, *, env=None,
     caller waits, and on being stopped sets `stop` and calls stop_live before it shuts the
     pool down."""
     from concurrent.futures import ThreadPoolExecutor
-    env = worker_environment(dict(os.environ if env is None else env))
+    env = dict(os.environ if env is None else env)
     by_group = shares(pairs_by_group, env)
     futures: dict = {}
 

@@ -52,7 +52,7 @@ import numpy as np
 
 from harness.judge.metrics import scales
 from harness.judge.vocabulary import TENSORS
-from harness.model.case import Case, Inputs, make_inputs
+from harness.model.case import Case, Inputs, device_seed, make_inputs
 from harness.model.layouts import Segment
 
 RERUNS = 2
@@ -275,8 +275,9 @@ class _OnDevice:
         if key not in self._args:
             fixed = make_inputs(case).device_args
             redraw = _groups(case, convention)[index][1]
-            q, k, v, ct = _redrawn(np.uint32(case.seed % 2**32), np.int32(index), np.float32(amplitude),
-                                   *fixed[:3], fixed[-1], redraw, case.segment_ids > 0)
+            q, k, v, ct = _redrawn(device_seed(case), np.int32(index),
+                                   np.float32(amplitude), *fixed[:3], fixed[-1], redraw,
+                                   case.segment_ids > 0)
             self._args[key] = (q, k, v, *fixed[3:-1], ct)
         return self._args[key]
 

@@ -226,6 +226,12 @@ def make_inputs(case: Case) -> Inputs:
     return Inputs(q, k, v, ct.astype(dtype), case.segment_ids, sinks)
 
 
+def device_seed(case: Case) -> np.uint32:
+    """The case's seed as jax.random.PRNGKey takes it inside a jitted draw (any seed a case id
+    carries, folded to 32 bits)."""
+    return np.uint32(case.seed % 2**32)
+
+
 @functools.lru_cache(maxsize=8)
 def make_tangents(case: Case) -> tuple:
     """The input tangents of the forward-mode (jvp) check, on the device: standard normal for q,
@@ -233,7 +239,7 @@ def make_tangents(case: Case) -> tuple:
     kernel's tangent at valid tokens never sees them), and for the sinks (float32) where the
     case has them; drawn on the device (jax.random) from the case's seed. (Drawn with numpy on
     the host, they cost the H200 nightly's worker 9 s on the run's thread.)"""
-    return _tangents(np.uint32(case.seed % 2**32), case.segment_ids == 0, heads=case.heads,
+    return _tangents(device_seed(case), case.segment_ids == 0, heads=case.heads,
                      kv_heads=case.kv_heads, head_dim=case.head_dim, value_dim=case.value_dim,
                      dtype=case.dtype, sinks=bool(case.features.sinks))
 
