@@ -312,3 +312,61 @@ def test_a_leak_on_a_window_case_gets_a_note_not_a_census_problem(tmp_path):
                               records, [], "python -m harness census ...", 5)
     assert entry["problem"] is None and entry["script"] is None
     assert "no leak script for yet" in entry["note"] and "window" in entry["note"]
+
+
+FEATURE_DROPS = """
+import harness
+from harness.tools.zoo.feature_bugs import bug
+harness.register_kernel("census_drops_window_and_softcap",
+                        bug(drop_window=True, drop_softcap=True), dtypes=("float32",),
+                        features=("window", "softcap", "chunk", "sinks", "head_dim_v"),
+                        padding_anywhere=True)
+"""
+
+
+def test_a_kernel_dropping_two_features_gets_a_reproducer_per_feature_set(tmp_path):
+    """As MaxText's cudnn_flash_jax drops the window, the soft cap and the chunks: one
+    reproducer per feature set the kernel fails on (not only its first failing case), each
+    named for its features, each exiting 1; the table lists them all."""
+    from harness.engine.registry import load_kernel_module, select_kernels
+    from harness.engine.runner import run_kernel_case
+    from harness.kernels.kernel import Platform
+    from harness.model.case import Case
+    from harness.tools.census.command import clear_part
+    from harness.tools.census.findings import write_findings
+    from harness.tools.census.table import repro_files
+
+    module = tmp_path / "feature_drops.py"
+    module.write_text(FEATURE_DROPS)
+    load_kernel_module(module)
+    kernel = select_kernels("census_drops_window_and_softcap")[0]
+    records = []
+    for case_id in ("packed/random-b4-t256-h4kv4-d32-f32-s6-w15.0",    # the smoke suite's
+                    "packed/random-b4-t256-h4kv4-d32-f32-s6-cap2"):
+        records += run_kernel_case(kernel, Case.from_id(case_id), Platform("cpu"),
+                                   leak=False).records
+    repro = tmp_path / "report" / "repro"
+    written = write_findings(repro, [kernel], {"suite": "smoke", "environment": {}}, records,
+                             [str(module)], "python -m harness census ...", 4)
+    name = "census_drops_window_and_softcap"
+    assert [e["script"] for e in written] == [f"{name}-window.py", f"{name}-softcap.py"]
+    assert [e["features"] for e in written] == [["window"], ["softcap"]]
+    for entry in written:
+        assert entry["problem"] is None and entry["reproduced"] and entry["exit_status"] == 1
+        assert entry["case_id"].endswith({"window": "-w15.0", "softcap": "-cap2"}[
+            entry["features"][0]])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}   # the kernel is the harness's zoo
+    for script in (f"{name}-window.py", f"{name}-softcap.py"):
+        done = subprocess.run([sys.executable, str(repro / script)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert any(line.startswith("FAILED:") for line in done.stdout.splitlines())
+        report = (repro / script).with_suffix(".md").read_text()
+        feature = script[len(name) + 1:-3]
+        assert report.startswith(f"# {name}: wrong results on packed rows with {feature}\n")
+        assert "exit status 1" in (repro / script).with_suffix(".txt").read_text()
+    assert not (repro / f"{name}.py").exists()
+    assert repro_files(tmp_path / "report", name) == [f"repro/{name}-window.py",
+                                                      f"repro/{name}-softcap.py"]
+    clear_part(tmp_path / "part", [kernel], repro, keep_repro=False)   # a rerun clears them all
+    assert not list(repro.iterdir())

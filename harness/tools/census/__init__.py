@@ -12,7 +12,10 @@ One command on a GPU runner writes, under --report-dir (default reports/census-l
                              (temp + arguments + outputs)
     parts/<part>/part.json   what ran: kernels, the versions of their libraries, the command
     repro/<kernel>.py        for a kernel with a failing check: `harness repro`'s minimal script
-                             (the first failing case, shrunk); for a kernel that raised (an
+                             per feature set it fails on (that set's first failing case,
+                             shrunk): <kernel>.py for the cases without features,
+                             <kernel>-<features>.py for the others (<kernel>-window.py,
+                             <kernel>-window-sinks.py); for a kernel that raised (an
                              error, or a declared upstream one): a small script calling it on the
                              smallest case it raised on (<kernel>-error.py where it also fails a
                              check); beside each, <kernel>.md (an upstream report text) and

@@ -96,16 +96,15 @@ def clear_part(part_dir: Path, kernels, repro_dir: Path, keep_repro: bool) -> No
     reproducers are left out, its kernels' reproducers): nothing stale reaches the table."""
     import shutil
 
-    from harness.tools.census.findings import safe_name
+    from harness.tools.census.findings import kernel_files
     shutil.rmtree(part_dir / "groups", ignore_errors=True)
     for name in (BENCH_FILE, VERSIONS_FILE, PART_FILE):
         (part_dir / name).unlink(missing_ok=True)
     if keep_repro:
         return
-    for kernel in kernels:
-        for stem in (safe_name(kernel.name), safe_name(kernel.name) + "-error"):
-            for suffix in (".py", ".md", ".txt"):
-                (repro_dir / (stem + suffix)).unlink(missing_ok=True)
+    for kernel in kernels:   # its scripts of every feature set, the error's, and their texts
+        for path in kernel_files(repro_dir, kernel.name, (".py", ".md", ".txt")):
+            path.unlink(missing_ok=True)
 
 
 # ----- bench, versions and reproducers, per isolation group ---------------------------------

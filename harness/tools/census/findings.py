@@ -1,12 +1,15 @@
 """The census's reproducers: for a kernel with a failing check, `harness repro`'s minimal script
-(its first failing case, shrunk); for a kernel that raised, a small script that calls it on the
-smallest case it raised on and exits 1 while it raises. Beside each script, `<name>.md` (a short
-upstream report: what, where, the numbers, the versions, the command) and `<name>.txt` (the
-script's output on this machine)."""
+per finding: one for each feature set among its failing cases (its first failing case of that
+set, shrunk), `<name>.py` for the cases without features and `<name>-<features>.py` for the
+others (`maxtext_cudnn_flash_jax-window.py`); for a kernel that raised, a small script that
+calls it on the smallest case it raised on and exits 1 while it raises. Beside each script,
+`<name>.md` (a short upstream report: what, where, the numbers, the versions, the command) and
+`<name>.txt` (the script's output on this machine)."""
 from __future__ import annotations
 
 import contextlib
 import io
+import re
 from pathlib import Path
 
 from harness.errors import UsageError
@@ -23,6 +26,42 @@ CRASH_TEXT = "died while running it"   # harness.engine.workers's words for a de
 def safe_name(kernel: str) -> str:
     """A kernel's name as a file name ('tokamax:triton' -> 'tokamax_triton')."""
     return kernel.replace(":", "_").replace("/", "_")
+
+
+def feature_groups(fails: list[Record]) -> dict[tuple[str, ...], list[Record]]:
+    """The failing records by the feature set of their case (`Features.names`; () for the
+    cases without features), in the order the sets first appear."""
+    from harness.model.case import Case
+    groups: dict[tuple[str, ...], list[Record]] = {}
+    for r in fails:
+        groups.setdefault(Case.from_id(r.case_id).features.names, []).append(r)
+    return groups
+
+
+def fail_stem(kernel: str, features: tuple[str, ...] = ()) -> str:
+    """A fail reproducer's file name without its suffix: `<safe_name>` for the cases without
+    features, `<safe_name>-<features joined by '-'>` for a feature set."""
+    return "-".join((safe_name(kernel), *features))
+
+
+def kernel_files(folder: Path, kernel: str, suffixes=(".py",)) -> list[Path]:
+    """The kernel's reproducer files in `folder` with these suffixes: `<name>`, then
+    `<name>-<features>` (in FEATURE_NAMES' order), then `<name>-error`."""
+    from harness.model.features import FEATURE_NAMES
+    if not folder.is_dir():
+        return []
+    feature = "|".join(map(re.escape, FEATURE_NAMES))
+    pattern = re.compile(re.escape(safe_name(kernel))
+                         + rf"(?P<features>(?:-(?:{feature}))*)(?P<error>-error)?")
+    found = []
+    for path in folder.iterdir():
+        m = pattern.fullmatch(path.stem) if path.suffix in suffixes else None
+        if m and not (m["features"] and m["error"]):
+            names = m["features"].split("-")[1:]
+            order = [FEATURE_NAMES.index(n) for n in names]
+            found.append(((bool(m["error"]), len(order), order, suffixes.index(path.suffix)),
+                          path))
+    return [path for _, path in sorted(found)]
 
 
 def versions(kernels) -> dict[str, dict[str, str | None]]:
@@ -47,8 +86,10 @@ def raised(records) -> list[Record]:
 
 def write_findings(repro_dir: Path, kernels, header: dict, records: list[Record],
                    kernel_modules: list[str], command: str, max_runs: int) -> list[dict]:
-    """Every kernel's reproducers; one dict per script written (or attempted). `header`: the
-    part's run (environment, suite); `command`: the census command of the part."""
+    """Every kernel's reproducers; one dict per script written (or attempted): a fail
+    reproducer per feature set among its failing cases (feature_groups), in the order they
+    first appear, then its error reproducer. `header`: the part's run (environment, suite);
+    `command`: the census command of the part."""
     written = []
     for kernel in kernels:
         mine = [r for r in records if r.kernel == kernel.name]
@@ -60,8 +101,9 @@ def write_findings(repro_dir: Path, kernels, header: dict, records: list[Record]
                        command=command, records=mine, max_runs=max_runs,
                        kernel_modules=kernel_modules)
         name = safe_name(kernel.name)
-        if fails:
-            written.append(fail_repro(kernel, fails, repro_dir / f"{name}.py", context))
+        for features, group in feature_groups(fails).items():
+            path = repro_dir / f"{fail_stem(kernel.name, features)}.py"
+            written.append(fail_repro(kernel, group, path, context, features))
         if errors:
             path = repro_dir / (f"{name}-error.py" if fails else f"{name}.py")
             written.append(error_repro(kernel, errors, path, kernel_modules, context))
@@ -78,14 +120,18 @@ def _run_script(path: Path, needs_harness: bool) -> tuple[int | None, str]:
     return code, output
 
 
-def fail_repro(kernel, fails: list[Record], path: Path, context: dict) -> dict:
+def fail_repro(kernel, fails: list[Record], path: Path, context: dict,
+               features: tuple[str, ...] = ()) -> dict:
     """`harness repro` on the first failing case (its first shrinkable check), then the
-    script's run and the report text."""
+    script's run and the report text. `fails`: one feature set's failing records (`features`,
+    () for the cases without any)."""
     from harness.tools.repro import main as repro_main
     from harness.tools.repro.command import reproduced
     from harness.tools.repro.source import kernel_source
     entry = {"kernel": kernel.name, "kind": "fail", "script": None, "report": None,
              "problem": None, "exit_status": None}
+    if features:
+        entry["features"] = list(features)
     from harness.model.case import Case
     from harness.tools.repro.trials import leak_script_missing
     # A leak on a case with a window, chunks or sinks: no leak script for it yet (the note).

@@ -102,6 +102,11 @@ def _cases_run(records: list[Record]) -> int:
     return len({r.case_id for r in records if r.verdict != v.SKIP})
 
 
+def _and(features) -> str:
+    """('window', 'sinks') -> 'window and sinks' (the features a reproducer's cases ask for)."""
+    return " and ".join(features)
+
+
 def _what(kernel, found: list[Record], entry: dict, context: dict) -> list[str]:
     records, suite = context["records"], context["header"].get("suite", "")
     cases = sorted({r.case_id for r in found})
@@ -118,6 +123,9 @@ def _what(kernel, found: list[Record], entry: dict, context: dict) -> list[str]:
     lines = [f"{kernel.name} fails the {', '.join(checks)} check(s) on {len(cases)} of the "
              f"{_cases_run(records)} {suite} cases it ran: {len(found)} failing records "
              f"(segments, padded rows), outcomes {outcomes}."]
+    if entry.get("features"):
+        lines.append(f"These are its failures on the cases asking for {_and(entry['features'])}"
+                     " (the census writes a reproducer per feature set a kernel fails on).")
     reasons = sorted({r.message for r in found if r.outcome == v.KNOWN and r.message})
     lines += [f"Known upstream (the kernel's expectation): {m}" for m in reasons[:3]]
     if any(r.outcome == v.CAUGHT for r in found):
@@ -185,6 +193,8 @@ def report_text(kernel, found: list[Record], entry: dict, context: dict, shown: 
         headline = f"raises `{first_line(found[0].message, 120)}`"
     else:
         headline = "wrong results on packed rows"
+        if entry.get("features"):
+            headline += f" with {_and(entry['features'])}"
     where = [f"- the call: {kernel.description or kernel.name}",
              f"- the harness's adapter: `{_adapter(kernel)}`"]
     if entry.get("case_id"):

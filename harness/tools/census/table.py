@@ -16,7 +16,7 @@ from pathlib import Path
 from harness.judge import tallies
 from harness.judge import vocabulary as v
 from harness.judge.record import Record
-from harness.tools.census.findings import safe_name
+from harness.tools.census.findings import kernel_files
 from harness.model.features import FEATURE_NAMES
 from harness.tools.census.options import census_names
 
@@ -211,9 +211,8 @@ def bench_row(kernel: str, part: Part, parts: list[Part]) -> dict[str, dict]:
 
 
 def repro_files(report_dir: Path, kernel: str) -> list[str]:
-    folder, name = report_dir / "repro", safe_name(kernel)
-    return [f"repro/{p.name}" for p in (folder / f"{name}.py", folder / f"{name}-error.py")
-            if p.exists()]
+    """Every reproducer script of the kernel: one per feature set it fails on, its error's."""
+    return [f"repro/{p.name}" for p in kernel_files(report_dir / "repro", kernel)]
 
 
 def feature_cell(records: list[Record], feature: str) -> dict:
