@@ -365,3 +365,111 @@ def test_workers_run_without_command_buffers_unless_the_user_chose():
         f"--xla_dump_to=/tmp/d {NO_COMMAND_BUFFERS}"
     mine = {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION", "OTHER": "1"}
     assert worker_environment(mine) == mine
+
+
+def test_the_main_groups_smallest_shapes_run_beside_it_as_a_group_of_their_own():
+    """On one H200 the main group's worker ran 455 s of a cold nightly while the place beside
+    it stood empty after the FlashAttention groups' 170 s: its smallest shapes now run as LIGHT
+    in that place. Whole shapes (their programs compile once), the smallest dense scores first,
+    within half of what the main group has beyond the other groups' work."""
+    from harness.engine import workers as isolation
+    from harness.model.case import Case
+    small = ["packed/random-b4-t256-h4kv4-d32-f32-s0", "unaligned/odd-b4-t256-h4kv4-d32-f32-s0"]
+    large = ["packed/random-b4-t1024-h4kv4-d32-f32-s0", "unaligned/odd-b4-t1024-h4kv4-d32-f32-s0",
+             "packed/random-b4-t1024-h4kv4-d32-f32-s1"]
+    main = [(k, c) for c in small + large for k in ("x", "y")]
+    light = isolation.light_pairs({None: main})
+    assert light == [(k, c) for c in small for k in ("x", "y")]
+    assert {Case.from_id(c).shape_key for _, c in light} == {Case.from_id(small[0]).shape_key}
+    split = isolation.with_light_part({None: main, "fa": [("f", small[0])]})
+    assert split[None] == [(k, c) for c in large for k in ("x", "y")]
+    assert split[isolation.LIGHT] == light and split["fa"] == [("f", small[0])]
+    # Other groups with as much work as the main group's: nothing to balance.
+    assert isolation.light_pairs({None: main, "fa": main}) == []
+    # One shape: it stays whole in the main group.
+    assert isolation.light_pairs({None: [("x", c) for c in small]}) == []
+    assert isolation.memory_bound("XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+                                  "trying to allocate 2.00GiB")
+    assert not isolation.memory_bound("wrong result")
+
+
+def test_light_runs_last_beside_the_main_group_with_the_small_share(tmp_path, monkeypatch):
+    """LIGHT takes its turn in the place beside the main group after the other groups, with
+    the share they had; the shares at once never pass DEVICE_SHARE. Where the user set jax's
+    memory, or off GPUs (light=False), the main group runs whole."""
+    import threading
+
+    from harness.engine import workers as isolation
+    log, lock = [], threading.Lock()
+
+    def fake_run_group(name, pairs, workdir, options, *, env, **more):
+        import time
+        with lock:
+            log.append((name, env.get(isolation.MEM_FRACTION), more.get("defer_memory")))
+        time.sleep(0.6 if name == "main" else 0.05)
+        return isolation.WorkerResult(name=name, pairs=len(pairs))
+    monkeypatch.setattr(isolation, "run_group", fake_run_group)
+    small = "packed/random-b4-t256-h4kv4-d32-f32-s0"
+    large = "packed/random-b4-t1024-h4kv4-d32-f32-s0"
+    groups = {None: [(k, c) for c in (small, large) for k in "xy"] + [("z", large)],
+              "fa": [("f", small)]}
+    pool, futures = isolation.start_groups(groups, tmp_path, [], env={}, light=True)
+    pool.shutdown(wait=True)
+    assert log == [("main", None, False), ("fa", "0.180", False),
+                   (isolation.LIGHT, "0.180", True)]
+    assert isolation.main_parts(futures) == {isolation.LIGHT: 2}
+    for env, light in (({isolation.MEM_FRACTION: ".5"}, True), ({}, False)):
+        log.clear()
+        pool, futures = isolation.start_groups(groups, tmp_path, [], env=env, light=light)
+        pool.shutdown(wait=True)
+        assert isolation.LIGHT not in [n for n, _, _ in log]
+
+
+HUNGRY = """
+import os, harness
+from harness.kernels.reference import dot_product
+
+def hungry(q, k, v, seg, *, causal, scale):
+    # Out of memory where its process has a small share of the device (LIGHT's), as a kernel
+    # whose workspace does not fit there.
+    if os.environ.get("XLA_CLIENT_MEM_FRACTION") and q.shape[1] == 256:
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 30.0GiB")
+    return dot_product(q, k, v, seg, causal=causal, scale=scale)
+
+harness.register_kernel("hungry", hungry, dtypes=("float32",))
+harness.register_kernel("plain", dot_product, dtypes=("float32",))
+"""
+
+
+def test_a_light_pair_that_lacks_memory_runs_again_with_the_main_groups_share(tmp_path,
+                                                                              monkeypatch):
+    """A pair of LIGHT that runs out of memory in its small share keeps no record there: it
+    runs again once the groups have ended, with the main group's share (DEFERRED), and its
+    records are those; the other pairs of LIGHT keep theirs."""
+    from harness.engine import workers as isolation
+    from harness.store import report_file as rec
+    # pytest's xdist workers set a share for themselves (harness.pytest_plugin): not the user's.
+    for name in isolation.USER_MEMORY:
+        monkeypatch.delenv(name, raising=False)
+    module = tmp_path / "hungry.py"
+    module.write_text(HUNGRY)
+    options = RunOptions(kernel_modules=(str(module),), leak_probe=False)
+    small, large = ONE, "packed/random-b4-t1024-h4kv4-d32-f32-s0"
+    groups = {None: [(k, c) for c in (small, large) for k in ("hungry", "plain")]}
+    pool, futures = isolation.start_groups(groups, tmp_path, options, env=None, light=True,
+                                           echo=lambda line: None)
+    pool.shutdown(wait=True)
+    light = next(f.result() for f in futures if f.result().name == isolation.LIGHT)
+    assert light.deferred == [("hungry", small)] and light.crashes == []
+    again = isolation.run_deferred(futures, tmp_path, options, echo=lambda line: None)
+    assert again.name == isolation.DEFERRED and again.crashes == []
+    records = {}
+    for name in isolation.report_names([None]):
+        for d in isolation.worker_reports(tmp_path, name):
+            for r in rec.read(d)[1]:
+                records.setdefault((name, r.kernel, r.case_id), []).append(r.outcome)
+    assert ("main.light", "hungry", small) not in records
+    assert set(records[("main.deferred", "hungry", small)]) == {"ok"}
+    assert set(records[("main.light", "plain", small)]) == {"ok"}
+    assert set(records[("main", "hungry", large)]) == {"ok"}
+    assert isolation.main_parts(futures, again) == {isolation.LIGHT: 2, isolation.DEFERRED: 1}

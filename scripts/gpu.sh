@@ -83,7 +83,7 @@ for b in fa maxtext te new; do   # the bundles carried (BUNDLES: another folder 
   [ -f "${BUNDLES:-.gpu}/$b/activate.sh" ] && { source "${BUNDLES:-.gpu}/$b/activate.sh" || exit 3; }
 done
 [ -n "${HARNESS_GIT_COMMIT:-}" ] || source scripts/gpu_stamp.sh check
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 CUDA_CACHE_PATH=/tmp/nvcache \
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 CUDA_CACHE_PATH=/tmp/nvcache CUDA_CACHE_MAXSIZE=4294967296 \
   HARNESS_COMPILATION_CACHE=${HARNESS_COMPILATION_CACHE:-/tmp/jaxcache} HARNESS_GIT_COMMIT HARNESS_GIT_DIRTY
 echo "tree: commit $HARNESS_GIT_COMMIT, dirty $HARNESS_GIT_DIRTY (scripts/gpu_stamp.sh)" >> "$r/steps.txt"
 : > "$r/packed.txt"

@@ -208,16 +208,22 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
         with crashes_lock:           # kept as it happens: a run stopped later still has it
             crashes.append((kernel, case_id, why))
 
+    from harness.engine.environment import nvidia_gpus
     pool, futures = workers.start_groups(
         {g: [(k.name, c.id) for c in selection.cases for k in members]
          for g, members in groups.items()},
-        workdir, options, on_crash=on_crash, stop=stopping)
+        workdir, options, on_crash=on_crash, stop=stopping, light=nvidia_gpus())
+    again = None
     try:
         for future in futures:
             try:
                 interrupted |= future.result().interrupted
             except workers.Stopped:
                 interrupted = True
+        if not interrupted:
+            again = workers.run_deferred(futures, workdir, options, on_crash=on_crash,
+                                         stop=stopping)
+            interrupted |= again is not None and again.interrupted
     except BaseException as exc:    # stopped (Ctrl-C, SIGTERM), or a group's usage error
         stopping.set()               # before the kill: no worker starts after it
         for sig in (signal.SIGINT, signal.SIGTERM):   # a second signal: let the merge finish
@@ -229,16 +235,18 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
         interrupted = True
     pool.shutdown(wait=True)
     # Every worker's report, in the groups' order (a worker stopped early kept what it wrote).
-    dirs = [d for g in groups for d in workers.worker_reports(workdir, g or "main")
-            if (d / rec.RECORDS_FILE).exists()]
+    dirs = [d for name in workers.report_names(groups)
+            for d in workers.worker_reports(workdir, name) if (d / rec.RECORDS_FILE).exists()]
     records = workers.crash_records(crashes, {k.name: k for k in selection.kernels})
     if records or not dirs:
         crash_dir = workdir / "crashes"
         rec.write_report(crash_dir / rec.RECORDS_FILE, {}, records, suite=options.suite)
         dirs.append(crash_dir)
+    parts = workers.main_parts(futures, again)
     merge_reports(report_dir, dirs, **run_info(
         options, selection, isolation={g or "main": [k.name for k in m]
-                                       for g, m in groups.items()}))
+                                       for g, m in groups.items()},
+        **({"main_parts": parts} if parts else {})))
     return {"wall_s": round(time.monotonic() - start, 1)}, interrupted
 
 

@@ -49,9 +49,8 @@ def split(pairs: list, lanes: int) -> list[list]:
     shares: list[list] = [[] for _ in range(lanes)]
     load = [0.0] * lanes
 
-    def cost(group):    # compiling dominates; long rows also run longer
-        case = group[0][1]
-        return len(group) * (1 + case.batch * case.seq_len / 16384)
+    def cost(group):
+        return len(group) * isolation.pair_cost(group[0][1])
     for group in sorted(by_shape.values(), key=cost, reverse=True):
         i = load.index(min(load))
         shares[i] += group
@@ -99,15 +98,24 @@ class Lanes:
         groups = isolation.groups(dict.fromkeys(k for k, _ in share))
         status: dict = {"ok": True}
         try:
-            # The groups two at a time, as the CLI runs them.
+            # The groups two at a time, as the CLI runs them (the main group's smallest shapes
+            # apart on GPUs, and what of them lacked memory again at the end).
+            from harness.engine.environment import nvidia_gpus
             pool, futures = isolation.start_groups(
                 {g: [(k.name, c.id) for k, c in share if k in members]
                  for g, members in groups.items()},
                 lane, self.options, env=env, on_crash=on_crash, stop=self.stopping,
-                echo=lambda line: None)
+                echo=lambda line: None, light=nvidia_gpus())
             pool.shutdown(wait=True)
             # Every group has ended: a group's real error wins over another's being stopped.
             errors = [f.exception() for f in futures if f.exception() is not None]
+            if not errors:
+                try:
+                    isolation.run_deferred(futures, lane, self.options, env=env,
+                                           on_crash=on_crash, stop=self.stopping,
+                                           echo=lambda line: None)
+                except isolation.Stopped as exc:
+                    errors = [exc]
             real = [e for e in errors if not isinstance(e, isolation.Stopped)]
             if real:
                 status = {"error": f"{type(real[0]).__name__}: {real[0]}"}

@@ -24,7 +24,7 @@ def run_pairs(spec: dict) -> int:
         select_kernels,
     )
     from harness.engine.runner import run_matrix
-    from harness.engine.workers import FINISHED_FILE, STARTED_FILE
+    from harness.engine.workers import DEFERRED_FILE, FINISHED_FILE, STARTED_FILE, memory_bound
     from harness.model.case import Case
     from harness.store.writer import ReportWriter
 
@@ -42,12 +42,18 @@ def run_pairs(spec: dict) -> int:
                           probe_mode=programs.probe_mode, leak_probe=options.leak_probe)
     started = (report_dir / STARTED_FILE).open("a")
     finished = (report_dir / FINISHED_FILE).open("a")
+    deferred = (report_dir / DEFERRED_FILE).open("a") if spec.get("defer_memory") else None
 
     def announce(log, kernel, case, **more):
         log.write(json.dumps({"kernel": kernel.name, "case_id": case.id, **more}) + "\n")
         log.flush()
 
     def on_result(kernel, case, result):
+        if deferred is not None and any(memory_bound(r.message) for r in result.records):
+            # Too little device memory in this worker's share (harness.engine.workers.LIGHT):
+            # no record here; the pair runs again with the main group's share.
+            announce(deferred, kernel, case)
+            return
         writer.add(result)
         # After its records, and how many: a reader takes the pair once it has read them all.
         announce(finished, kernel, case, records=len(result.records))
@@ -74,6 +80,8 @@ def run_pairs(spec: dict) -> int:
         programs.close()
         started.close()
         finished.close()
+        if deferred is not None:
+            deferred.close()
     close_report()
     return 0
 

@@ -115,17 +115,87 @@ def worker_environment(env: dict) -> dict:
     return {**env, "XLA_FLAGS": f"{flags} {NO_COMMAND_BUFFERS}".strip()}
 
 
+# The main group in two parts on one GPU. Its worker runs one pair at a time, and on the
+# H200 most of its time is the host's (Python, transfers, waits), not the device's: the second
+# of the AT_ONCE places stood empty once the other groups were done (a cold nightly at
+# 0c4e786: 455 s of the main group's work beside 170 s of the FlashAttention groups'). So the
+# main group's smallest shapes (whole shapes: their programs compile once) run as a group of
+# their own, LIGHT, in that place after the other groups, with their small share of the
+# device; its share of the main group's work is what balances the two places (`light_pairs`).
+# A pair of LIGHT that does not fit in its share (an out-of-memory error, a deterministic
+# build or dense scores larger than that share: `memory_bound`) keeps no record there: its
+# worker lists it (DEFERRED_FILE), and it runs again once every group has ended, with the main
+# group's share, as DEFERRED (`run_deferred`): every pair runs with the memory it would have
+# had in the main group.
+LIGHT = "main.light"
+DEFERRED = "main.deferred"
+DEFERRED_FILE = "deferred.jsonl"
+_MEMORY = re.compile(r"RESOURCE_EXHAUSTED|DoesNotFit|[Oo]ut of memory|ALLOC_FAILED|"
+                     r"cudaErrorMemoryAllocation|GiB this device allows")
+
+
+def pair_cost(case) -> float:
+    """A pair's estimated share of a run's time (compiling and the host's work dominate;
+    long rows also run longer)."""
+    return 1 + case.batch * case.seq_len / 16384
+
+
+def light_pairs(pairs_by_group: dict) -> list:
+    """The main group's pairs that run as LIGHT: whole shapes, those with the smallest dense
+    scores first, while their estimated work (pair_cost) stays within half of what the main
+    group has beyond the other groups' work together; the main group keeps the rest."""
+    from harness.kernels.kernel import scores_bytes
+    from harness.model.case import Case
+    main = pairs_by_group.get(None) or []
+    cases = {c: Case.from_id(c) for _, c in main}
+    others = sum(pair_cost(Case.from_id(c)) for g, ps in pairs_by_group.items()
+                 if g is not None for _, c in ps)
+    budget = (sum(pair_cost(cases[c]) for _, c in main) - others) / 2
+    by_shape: dict[tuple, list] = {}
+    for kernel, c in main:
+        by_shape.setdefault(cases[c].shape_key, []).append((kernel, c))
+    light, cost = [], 0.0
+    for group in sorted(by_shape.values(),
+                        key=lambda g: (scores_bytes(cases[g[0][1]]), str(cases[g[0][1]].shape_key))):
+        more = sum(pair_cost(cases[c]) for _, c in group)
+        if cost + more > budget:
+            break
+        light += group
+        cost += more
+    return light
+
+
+def with_light_part(pairs_by_group: dict) -> dict:
+    """The groups with the main group's LIGHT part split off (light_pairs), where it has one."""
+    light = set(light_pairs(pairs_by_group))
+    if not light:
+        return dict(pairs_by_group)
+    out = {g: ([p for p in ps if p not in light] if g is None else ps)
+           for g, ps in pairs_by_group.items()}
+    out[LIGHT] = [p for p in pairs_by_group[None] if p in light]
+    return out
+
+
+def memory_bound(text: str) -> bool:
+    """Whether a record's message (or a worker's death) says the pair lacked device memory."""
+    return bool(_MEMORY.search(text or ""))
+
+
 def start_groups(pairs_by_group: dict, workdir: Path, options, *, env=None,
-                 on_crash=None, stop=None, echo=print):
+                 on_crash=None, stop=None, echo=print, light: bool = False):
     """Starts each group's run_group in a thread, AT_ONCE groups at a time with their `shares`
     of the device (or one after another where `shares` says so), the main group first: while
     it runs, the other groups take turns beside it; a group that starts after it has finished
     takes the larger share. `pairs_by_group`: group (None: the kernels without one) -> its
     (kernel, case) pairs. Returns the pool and one future per group, in the groups' order: the
     caller waits, and on being stopped sets `stop` and calls stop_live before it shuts the
-    pool down."""
+    pool down; then it runs the pairs LIGHT could not fit (run_deferred). `light` (on GPUs,
+    where the user left jax's memory settings alone): the main group's smallest shapes run as
+    a group of their own (with_light_part), last."""
     from concurrent.futures import ThreadPoolExecutor
     env = dict(os.environ if env is None else env)
+    if light and None in pairs_by_group and not user_set_memory(env):
+        pairs_by_group = with_light_part(pairs_by_group)
     by_group = shares(pairs_by_group, env)
     futures: dict = {}
 
@@ -134,12 +204,48 @@ def start_groups(pairs_by_group: dict, workdir: Path, options, *, env=None,
         if extra and group is not None and None in futures and futures[None].done():
             extra = share(main_running=False)
         return run_group(group or "main", pairs, workdir, options, echo=echo,
-                         env={**env, **extra}, on_crash=on_crash, stop=stop)
+                         env={**env, **extra}, on_crash=on_crash, stop=stop,
+                         defer_memory=group == LIGHT)
     pool = ThreadPoolExecutor(max_workers=1 if by_group is None else AT_ONCE,
                               thread_name_prefix="group")
-    for g in sorted(pairs_by_group, key=lambda g: g is not None):    # the main group first
+    # The main group first, LIGHT last (the main group's own work, for the place the other
+    # groups leave).
+    for g in sorted(pairs_by_group, key=lambda g: (g is not None, g == LIGHT)):
         futures[g] = pool.submit(run, g, pairs_by_group[g])
     return pool, [futures[g] for g in pairs_by_group]
+
+
+def run_deferred(futures, workdir: Path, options, *, env=None, on_crash=None, stop=None,
+                 echo=print) -> WorkerResult | None:
+    """Once every group has ended: the pairs LIGHT's workers deferred for want of memory, in
+    workers with the main group's share (alone on the device), as DEFERRED; None if none."""
+    deferred = [p for f in futures if not f.cancelled() and f.exception() is None
+                for p in f.result().deferred]
+    if not deferred:
+        return None
+    echo(f"[worker {DEFERRED}] {len(deferred)} pairs of {LIGHT} did not fit in its share of "
+         "the device: again, with the main group's")
+    return run_group(DEFERRED, deferred, workdir, options, echo=echo,
+                     env=dict(os.environ if env is None else env), on_crash=on_crash,
+                     stop=stop)
+
+
+def main_parts(futures, again: WorkerResult | None = None) -> dict:
+    """The header's account of the main group's parts: how many pairs ran as LIGHT, and how
+    many of them again as DEFERRED ({} where the main group ran whole)."""
+    out = {}
+    for f in futures:
+        if f.done() and not f.cancelled() and f.exception() is None \
+                and f.result().name == LIGHT:
+            out[LIGHT] = f.result().pairs
+    if again is not None:
+        out[DEFERRED] = again.pairs
+    return out
+
+
+def report_names(groups) -> list[str]:
+    """The worker folders' names of a run's groups (None: "main"), LIGHT and DEFERRED last."""
+    return [g or "main" for g in groups] + [LIGHT, DEFERRED]
 
 
 def needs_workers(kernels) -> bool:
@@ -162,6 +268,9 @@ def mark_loaded(kernel) -> None:
 class WorkerResult:
     report_dirs: list[Path] = field(default_factory=list)
     crashes: list[tuple[str, str, str]] = field(default_factory=list)  # (kernel, case, why)
+    deferred: list[tuple[str, str]] = field(default_factory=list)   # lacked memory (LIGHT)
+    name: str = ""                 # the group's workers' name (run_group's `name`)
+    pairs: int = 0                 # how many pairs it was given
     interrupted: bool = False      # stopped by Ctrl-C / SIGTERM: what finished is kept
 
 
@@ -169,15 +278,17 @@ def worker_command(spec_file: Path) -> list[str]:
     return [sys.executable, "-m", "harness.engine.worker", str(spec_file)]
 
 
-def write_spec(path: Path, options, pairs: list, report_dir: Path) -> Path:
+def write_spec(path: Path, options, pairs: list, report_dir: Path,
+               defer_memory: bool = False) -> Path:
     """A worker's orders: the run's options (paths of kernel modules made absolute: the
-    worker may start elsewhere), its pairs and its report folder."""
+    worker may start elsewhere), its pairs and its report folder; `defer_memory`: a pair that
+    lacked device memory is listed in DEFERRED_FILE instead of recorded (LIGHT's workers)."""
     import dataclasses
     modules = tuple(str(Path(m).resolve()) if os.path.exists(m) else m
                     for m in options.kernel_modules)
     options = dataclasses.replace(options, kernel_modules=modules, source="worker")
     path.write_text(json.dumps({"options": options.to_json(), "pairs": [list(p) for p in pairs],
-                                "report_dir": str(report_dir)}))
+                                "report_dir": str(report_dir), "defer_memory": defer_memory}))
     return path
 
 
@@ -195,6 +306,14 @@ def _done_pairs(report_dir: Path) -> set[tuple[str, str]]:
         if row.get("type") == "record":
             done.add((row["kernel"], row["case_id"]))
     return done
+
+
+def _deferred_pairs(report_dir: Path) -> list[tuple[str, str]]:
+    path = report_dir / DEFERRED_FILE
+    if not path.exists():
+        return []
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [(r["kernel"], r["case_id"]) for r in rows]
 
 
 def _last_started(report_dir: Path) -> tuple[str, str] | None:
@@ -252,20 +371,23 @@ def stop_live() -> None:
 
 
 def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
-              echo=print, env: dict | None = None, on_crash=None, stop=None) -> WorkerResult:
+              echo=print, env: dict | None = None, on_crash=None, stop=None,
+              defer_memory: bool = False) -> WorkerResult:
     """Runs one process group's pairs in workers until every pair has records or an error.
     `env`: the workers' environment (default: this process's); `on_crash(kernel, case, why)`
     is told each pair a worker died on, as it happens; `stop` (a threading.Event) set: no
-    further worker starts (isolation.Stopped)."""
+    further worker starts (isolation.Stopped). `defer_memory` (LIGHT): a pair that lacked
+    device memory, recorded or died on, goes to the result's `deferred`."""
     import shutil
-    result = WorkerResult()
+    result = WorkerResult(name=name, pairs=len(pairs))
     remaining, attempt = list(pairs), 0
     while remaining:
         attempt += 1
         wdir = workdir / f"{name}-{attempt}"
         shutil.rmtree(wdir, ignore_errors=True)   # nothing of an earlier run counts as done
         wdir.mkdir(parents=True)
-        spec = write_spec(wdir / "spec.json", options, remaining, wdir / "report")
+        spec = write_spec(wdir / "spec.json", options, remaining, wdir / "report",
+                          defer_memory)
         echo(f"[worker {name}#{attempt}] {len(remaining)} kernel x case pairs")
         result.report_dirs.append(wdir / "report")
         try:
@@ -274,7 +396,9 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
             result.interrupted = True
             return result
         done = _done_pairs(wdir / "report")
-        left = [p for p in remaining if p not in done]
+        deferred = set(_deferred_pairs(wdir / "report"))
+        result.deferred += [p for p in remaining if p in deferred and p not in done]
+        left = [p for p in remaining if p not in done and p not in deferred]
         if not left:
             break
         if stop is not None and stop.is_set() or returncode in INTERRUPTED:
@@ -290,6 +414,12 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
                              f"the worker for isolation group {name!r} refused its pairs")
         crashed = _last_started(wdir / "report")
         why = death(returncode, tail)
+        if defer_memory and crashed in left and memory_bound(why):
+            echo(f"[worker {name}#{attempt}] out of memory on {crashed[0]} {crashed[1]}: "
+                 "deferred")
+            result.deferred.append(crashed)
+            remaining = [p for p in left if p != crashed]
+            continue
         if crashed not in left:
             # It died between pairs: after the records of the last pair it started, before it
             # announced the next. No pair is to blame where it finished some: a fresh worker

@@ -79,6 +79,10 @@ def run_line(header: dict, marked: bool = True) -> str:
         parts.append(f"leak probe: {header['probe_mode']} build")
     if header.get("shard"):
         parts.append(f"shard {header['shard']}")
+    main_parts = header.get("main_parts") or {}
+    if main_parts.get("main.light"):
+        parts.append(f"main group in two workers ({main_parts['main.light']} pairs beside "
+                     f"the first, {main_parts.get('main.deferred', 0)} of them again for memory)")
     notice = unfinished(header) if marked else None
     if notice:
         parts.append(f"**{notice}**")
