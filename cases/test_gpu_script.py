@@ -28,7 +28,8 @@ def _gpu_sh(*args, env=None, timeout=600):
 
 def test_the_plan_names_every_steps_command():
     out = _gpu_sh("--plan", "env", "nightly:n1", "census:te", "census:fa", "bench",
-                  "features:f", "patch-test", "repro:reports/repro/x.py", "flake:4")
+                  "features:f", "patch-test", "repro:reports/repro/x.py", "flake:4",
+                  "census:drops=maxtext:cudnn_flash_jax,te:thd")
     assert out.returncode == 0, out.stderr
     said = out.stdout
     assert "nightly:n1: python3 -m harness run --suite nightly --report-dir" in said
@@ -36,6 +37,8 @@ def test_the_plan_names_every_steps_command():
     assert "--features window,softcap,chunk,sinks,head_dim_v" in said
     assert "flake:4: python3 -m harness run --suite nightly --seeds 4" in said
     assert "patch-test: python3 scripts/maxtext_patch_test.py" in said
+    assert ("census:drops=maxtext:cudnn_flash_jax,te:thd: python3 -m harness census --part drops "
+            "--kernels maxtext:cudnn_flash_jax,te:thd --report-dir") in said
 
 
 def test_an_unknown_step_is_refused_before_anything_runs(tmp_path):

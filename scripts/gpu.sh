@@ -14,6 +14,8 @@
 #   census:PART         a census part (te: TE, MaxText, tokamax and the rest; fa: the
 #                       FlashAttention ports; new: the libraries of harness/kernels/new_libs)
 #                       into census/, its table, reproducers and bench
+#   census:PART=KERNELS the census of these kernels (comma-separated) as part PART, e.g.
+#                       census:drops=maxtext:cudnn_flash_jax with HARNESS_ARGS narrowing cases
 #   features:NAME       every kernel on the suite's feature cases (--features), into NAME/
 #   sharded:NAME        the sharded kernels (two GPUs) on their cases, into NAME/
 #   bench               python -m harness bench --shapes hopper
@@ -34,8 +36,8 @@ if [ "${1:-}" = --plan ]; then plan=1; shift; fi
 [ $# -gt 0 ] || { echo "usage: [OUT=DIR] bash scripts/gpu.sh [--plan] STEP... (see the header)" >&2; exit 2; }
 for s in "$@"; do
   case "$s" in
-    env|bench|patch-test|nightly:?*|pytest:?*|census:te|census:fa|census:new|features:?*|sharded:?*|repro:?*|flake:[0-9]*) ;;
-    *) echo "gpu.sh: unknown step '$s' (env, nightly:NAME, pytest:NAME, census:te|fa|new, features:NAME, sharded:NAME, bench, patch-test, repro:PATH, flake:SEEDS)" >&2; exit 2 ;;
+    env|bench|patch-test|nightly:?*|pytest:?*|census:te|census:fa|census:new|census:?*=?*|features:?*|sharded:?*|repro:?*|flake:[0-9]*) ;;
+    *) echo "gpu.sh: unknown step '$s' (env, nightly:NAME, pytest:NAME, census:te|fa|new|PART=KERNELS, features:NAME, sharded:NAME, bench, patch-test, repro:PATH, flake:SEEDS)" >&2; exit 2 ;;
   esac
 done
 t_start=$(date +%s)
@@ -56,6 +58,7 @@ command_of() {   # the command a step runs, one word per line (run and --plan pr
     census:te)  printf '%s\n' python3 -m harness census --part te --without 'flash_attn*' --report-dir "$r/census" "${extra[@]}" ;;
     census:fa)  printf '%s\n' python3 -m harness census --part fa --kernels "$FA" --report-dir "$r/census" "${extra[@]}" ;;
     census:new) printf '%s\n' python3 -m harness census --part new --kernels "$(new_libs)" --report-dir "$r/census" "${extra[@]}" ;;
+    census:*=*) printf '%s\n' python3 -m harness census --part "${name%%=*}" --kernels "${name#*=}" --report-dir "$r/census" "${extra[@]}" ;;
     features:*) printf '%s\n' python3 -m harness run --suite nightly --features window,softcap,chunk,sinks,head_dim_v \
                   --report-dir "$r/$name" "${extra[@]}" ;;
     sharded:*)  printf '%s\n' python3 -m harness run --suite nightly --kernels "$SHARDED" --report-dir "$r/$name" "${extra[@]}" ;;
@@ -125,7 +128,7 @@ for s in "$@"; do
       step "$s" flake; [ -f "$r/flake/report.jsonl" ] && gzip -kf "$r/flake/report.jsonl"
       echo "flake/report.jsonl.gz flake/summary.md" >> "$r/packed.txt" ;;
     census:*)
-      step "$s" "census-$name"; echo census >> "$r/packed.txt" ;;
+      step "$s" "census-${name%%=*}"; echo census >> "$r/packed.txt" ;;
     bench)
       step bench bench; echo bench.json >> "$r/packed.txt" ;;
     patch-test)
