@@ -473,3 +473,32 @@ def test_a_light_pair_that_lacks_memory_runs_again_with_the_main_groups_share(tm
     assert set(records[("main.light", "plain", small)]) == {"ok"}
     assert set(records[("main", "hungry", large)]) == {"ok"}
     assert isolation.main_parts(futures, again) == {isolation.LIGHT: 2, isolation.DEFERRED: 1}
+
+
+AVOIDS_A_CRASH = """
+import harness
+from harness.kernels.reference import dot_product
+
+def avoided(case, platform):
+    # Not run, with a reason that names the crash it avoids (as jax_nn's VALUE_HEAD_DIM_CRASH).
+    return (["a known upstream bug (CUDA_ERROR_ILLEGAL_INSTRUCTION)"]
+            if case.layout.startswith("packed") else [])
+
+harness.register_kernel("avoids", dot_product, dtypes=("float32",), isolation="careful",
+                        constraints=avoided)
+"""
+
+
+def test_a_skip_naming_a_sticky_error_does_not_end_its_worker(tmp_path):
+    """Only an error ends a worker for a lost device: a skip whose reason names the crash it
+    avoids ended the H200's main worker at each such case (three fresh workers a night)."""
+    module = tmp_path / "careful.py"
+    module.write_text(AVOIDS_A_CRASH)
+    out = _run("run", "--kernel-module", str(module), "--kernels", "avoids,dot_product",
+               "--cases", f"{ONE},{TWO}", "--report-dir", str(tmp_path / "r"), "--no-leak-probe")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    _, records = _records(tmp_path / "r")
+    mine = {r["case_id"]: r["outcome"] for r in records if r["kernel"] == "avoids"
+            and r["check"] in ("*", "out")}
+    assert mine == {ONE: "skip", TWO: "ok"}, mine
+    assert [p.name for p in (tmp_path / "r" / "workers").glob("careful-*")] == ["careful-1"]
