@@ -441,6 +441,17 @@ harness.register_kernel("plain", dot_product, dtypes=("float32",))
 """
 
 
+def test_two_main_workers_is_an_option_off_by_default():
+    """Measured slower on a cold H200 nightly (reports/nightly-h200-7b24bae/): the main group
+    runs whole unless the user asks for --two-main-workers."""
+    from harness.engine.options import RunOptions
+    assert RunOptions().one_main_worker
+    given = {"suite": "nightly", "one_main_worker": True}   # the flag given: the switch set
+    chosen = RunOptions.from_values(given.get)
+    assert not chosen.one_main_worker
+    assert RunOptions.from_json(chosen.to_json()) == chosen
+
+
 def test_a_light_pair_that_lacks_memory_runs_again_with_the_main_groups_share(tmp_path,
                                                                               monkeypatch):
     """A pair of LIGHT that runs out of memory in its small share keeps no record there: it

@@ -212,7 +212,8 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
     pool, futures = workers.start_groups(
         {g: [(k.name, c.id) for c in selection.cases for k in members]
          for g, members in groups.items()},
-        workdir, options, on_crash=on_crash, stop=stopping, light=nvidia_gpus())
+        workdir, options, on_crash=on_crash, stop=stopping,
+        light=not options.one_main_worker and bool(nvidia_gpus()))
     again = None
     try:
         for future in futures:

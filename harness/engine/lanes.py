@@ -105,7 +105,8 @@ class Lanes:
                 {g: [(k.name, c.id) for k, c in share if k in members]
                  for g, members in groups.items()},
                 lane, self.options, env=env, on_crash=on_crash, stop=self.stopping,
-                echo=lambda line: None, light=nvidia_gpus())
+                echo=lambda line: None,
+                light=not self.options.one_main_worker and bool(nvidia_gpus()))
             pool.shutdown(wait=True)
             # Every group has ended: a group's real error wins over another's being stopped.
             errors = [f.exception() for f in futures if f.exception() is not None]
