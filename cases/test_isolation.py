@@ -391,6 +391,15 @@ def test_the_main_groups_smallest_shapes_run_beside_it_as_a_group_of_their_own()
     assert isolation.memory_bound("XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
                                   "trying to allocate 2.00GiB")
     assert not isolation.memory_bound("wrong result")
+    # What would not fit in the main group's share either is not worth running again there.
+    too_big = ("deterministic build failed (DoesNotFit: needs 1024.8 GiB of device memory "
+               "(workspace included), more than the 25.3 GiB this device has)")
+    main = isolation.main_share_bytes(int(25.3 * 2**30), {isolation.MEM_FRACTION: "0.180"})
+    assert 100 * 2**30 < main < 110 * 2**30
+    assert not isolation.memory_bound(too_big, main) and isolation.memory_bound(too_big)
+    assert isolation.memory_bound(too_big.replace("1024.8", "40.0"), main)
+    assert isolation.main_share_bytes(None) is None
+    assert isolation.main_share_bytes(2**30, {}) is None
 
 
 def test_light_runs_last_beside_the_main_group_with_the_small_share(tmp_path, monkeypatch):
@@ -402,11 +411,15 @@ def test_light_runs_last_beside_the_main_group_with_the_small_share(tmp_path, mo
     from harness.engine import workers as isolation
     log, lock = [], threading.Lock()
 
+    light_started = threading.Event()
+
     def fake_run_group(name, pairs, workdir, options, *, env, **more):
-        import time
         with lock:
             log.append((name, env.get(isolation.MEM_FRACTION), more.get("defer_memory")))
-        time.sleep(0.6 if name == "main" else 0.05)
+        if name == isolation.LIGHT:
+            light_started.set()
+        elif name == "main":   # the main group runs until LIGHT has started beside it
+            light_started.wait(timeout=30)
         return isolation.WorkerResult(name=name, pairs=len(pairs))
     monkeypatch.setattr(isolation, "run_group", fake_run_group)
     small = "packed/random-b4-t256-h4kv4-d32-f32-s0"
@@ -417,12 +430,14 @@ def test_light_runs_last_beside_the_main_group_with_the_small_share(tmp_path, mo
     pool.shutdown(wait=True)
     assert log == [("main", None, False), ("fa", "0.180", False),
                    (isolation.LIGHT, "0.180", True)]
-    assert isolation.main_parts(futures) == {isolation.LIGHT: 2}
+    assert isolation.main_parts(futures) == {isolation.LIGHT: 2, isolation.DEFERRED: 0}
     for env, light in (({isolation.MEM_FRACTION: ".5"}, True), ({}, False)):
         log.clear()
+        light_started.set()
         pool, futures = isolation.start_groups(groups, tmp_path, [], env=env, light=light)
         pool.shutdown(wait=True)
         assert isolation.LIGHT not in [n for n, _, _ in log]
+        assert isolation.main_parts(futures) == {}
 
 
 HUNGRY = """
@@ -445,10 +460,10 @@ def test_two_main_workers_is_an_option_off_by_default():
     """Measured slower on a cold H200 nightly (reports/nightly-h200-7b24bae/): the main group
     runs whole unless the user asks for --two-main-workers."""
     from harness.engine.options import RunOptions
-    assert RunOptions().one_main_worker
-    given = {"suite": "nightly", "one_main_worker": True}   # the flag given: the switch set
+    assert RunOptions().main_whole
+    given = {"suite": "nightly", "main_whole": True}   # the flag given: the switch set
     chosen = RunOptions.from_values(given.get)
-    assert not chosen.one_main_worker
+    assert not chosen.main_whole
     assert RunOptions.from_json(chosen.to_json()) == chosen
 
 
@@ -483,7 +498,7 @@ def test_a_light_pair_that_lacks_memory_runs_again_with_the_main_groups_share(tm
     assert set(records[("main.deferred", "hungry", small)]) == {"ok"}
     assert set(records[("main.light", "plain", small)]) == {"ok"}
     assert set(records[("main", "hungry", large)]) == {"ok"}
-    assert isolation.main_parts(futures, again) == {isolation.LIGHT: 2, isolation.DEFERRED: 1}
+    assert isolation.main_parts(futures) == {isolation.LIGHT: 2, isolation.DEFERRED: 1}
 
 
 AVOIDS_A_CRASH = """
@@ -513,3 +528,54 @@ def test_a_skip_naming_a_sticky_error_does_not_end_its_worker(tmp_path):
             and r["check"] in ("*", "out")}
     assert mine == {ONE: "skip", TWO: "ok"}, mine
     assert [p.name for p in (tmp_path / "r" / "workers").glob("careful-*")] == ["careful-1"]
+
+
+def test_two_main_workers_end_to_end_on_a_gpu_machine(tmp_path, monkeypatch):
+    """The engine's own path with --two-main-workers where a GPU is seen (nvidia-smi's count
+    stood in for): the pair main.light lacked memory for runs again, the merged report holds
+    each pair once with its records from the worker that ran it whole, and the header line
+    says how many pairs ran beside the main worker and how many again."""
+    from harness.engine import environment
+    from harness.engine import workers as isolation
+    from harness.engine.engine import run
+    from harness.store import report_file as rec
+    from harness.views.markdown import run_line
+    for name in isolation.USER_MEMORY:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(environment, "nvidia_gpus", lambda: 1)
+    module = tmp_path / "hungry.py"
+    module.write_text(HUNGRY)
+    small, large = ONE, "unaligned/long-edges-b4-t1152-h2kv2-d32-f32-s0"   # smoke's cases
+    report = tmp_path / "r"
+    options = RunOptions(kernel_modules=(str(module),), leak_probe=False, main_whole=False,
+                         kernels=("hungry", "plain"), cases=(small, large),
+                         report_dir=str(report), use_compilation_cache=False)
+    assert run(options) == 0
+    header, records = rec.read(report)
+    pairs = {}
+    for r in records:
+        pairs.setdefault(r.pair, set()).add(r.outcome)
+    assert set(pairs) == {(k, c) for k in ("hungry", "plain") for c in (small, large)}
+    assert all(outcomes == {"ok"} for outcomes in pairs.values()), pairs
+    assert header["main_parts"] == {isolation.LIGHT: 2, isolation.DEFERRED: 1}
+    assert "main group in two workers (2 pairs beside the first, 1 of them again" \
+        in run_line(header)
+    merged = [m["path"].split("/workers/")[-1] for m in header["merged_from"]]
+    assert merged == ["main-1/report", "main.light-1/report", "main.deferred-1/report"]
+
+
+def test_a_worker_stopped_by_sigterm_is_a_stop_not_its_pairs_crash(tmp_path, monkeypatch):
+    """`timeout` signals the whole process group: a worker killed by SIGTERM (or exiting 143)
+    was being stopped with its run; no pair is blamed and no fresh worker starts (the H200's
+    first try at 0cfdd4f blamed te:thd and started main.light#2)."""
+    import pytest
+
+    from harness.engine import workers as isolation
+    for status in (-15, 143):
+        def fake_stream(command, echo, env=None, stop=None, status=status):
+            Path(json.loads(Path(command[-1]).read_text())["report_dir"]).mkdir(parents=True)
+            return status, "Terminated"
+        monkeypatch.setattr(isolation, "_stream", fake_stream)
+        with pytest.raises(isolation.Stopped):
+            isolation.run_group("g", [("k", "a")], tmp_path / str(status), RunOptions(),
+                                echo=lambda line: None)

@@ -31,4 +31,11 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("report", help="a report.jsonl (or report.jsonl.gz)")
+    path = parser.parse_args().report
+    try:
+        main(path)
+    except (OSError, ValueError, KeyError) as exc:
+        sys.exit(f"report_pairs: {path}: not a readable report ({type(exc).__name__}: {exc})")

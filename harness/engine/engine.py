@@ -213,7 +213,7 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
         {g: [(k.name, c.id) for c in selection.cases for k in members]
          for g, members in groups.items()},
         workdir, options, on_crash=on_crash, stop=stopping,
-        light=not options.one_main_worker and bool(nvidia_gpus()))
+        light=not options.main_whole and bool(nvidia_gpus()))
     again = None
     try:
         for future in futures:
@@ -243,7 +243,7 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
         crash_dir = workdir / "crashes"
         rec.write_report(crash_dir / rec.RECORDS_FILE, {}, records, suite=options.suite)
         dirs.append(crash_dir)
-    parts = workers.main_parts(futures, again)
+    parts = workers.main_parts(futures)
     merge_reports(report_dir, dirs, **run_info(
         options, selection, isolation={g or "main": [k.name for k in m]
                                        for g, m in groups.items()},

@@ -106,7 +106,7 @@ class Lanes:
                  for g, members in groups.items()},
                 lane, self.options, env=env, on_crash=on_crash, stop=self.stopping,
                 echo=lambda line: None,
-                light=not self.options.one_main_worker and bool(nvidia_gpus()))
+                light=not self.options.main_whole and bool(nvidia_gpus()))
             pool.shutdown(wait=True)
             # Every group has ended: a group's real error wins over another's being stopped.
             errors = [f.exception() for f in futures if f.exception() is not None]

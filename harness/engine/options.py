@@ -172,9 +172,10 @@ OPTIONS = (
            metavar="DIR"),
     Option("use_compilation_cache", "--no-compilation-cache", "compile everything afresh and "
            "keep nothing on disk", switch=True),
-    Option("one_main_worker", "--two-main-workers", "on GPUs, run the smallest shapes of the "
-           "kernels without an isolation group in a second worker beside the first (not "
-           "faster on a cold H200 nightly: reports/nightly-h200-7b24bae/)", switch=True),
+    Option("main_whole", "--two-main-workers", "on GPUs, run the smallest shapes of the "
+           "kernels without an isolation group in a second worker beside the first (no effect "
+           "on CPUs, or where XLA_CLIENT_MEM_FRACTION or the like is set; not faster on a cold "
+           "H200 nightly: reports/nightly-h200-7b24bae/)", switch=True),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -196,7 +197,7 @@ class RunOptions:
     deterministic_probe: bool = True
     compilation_cache: str = DEFAULT_CACHE_DIR
     use_compilation_cache: bool = True
-    one_main_worker: bool = True
+    main_whole: bool = True
     # Not options of a user: where the run comes from ("cli", "pytest", "census", "worker").
     source: str = field(default="cli", compare=False)
 

@@ -25,7 +25,14 @@ def run_pairs(spec: dict) -> int:
     )
     from harness.engine.runner import run_matrix
     from harness.judge.vocabulary import ERROR
-    from harness.engine.workers import DEFERRED_FILE, FINISHED_FILE, STARTED_FILE, memory_bound
+    from harness.engine.programs import device_memory_bytes
+    from harness.engine.workers import (
+        DEFERRED_FILE,
+        FINISHED_FILE,
+        STARTED_FILE,
+        main_share_bytes,
+        memory_bound,
+    )
     from harness.model.case import Case
     from harness.store.writer import ReportWriter
 
@@ -49,23 +56,27 @@ def run_pairs(spec: dict) -> int:
         log.write(json.dumps({"kernel": kernel.name, "case_id": case.id, **more}) + "\n")
         log.flush()
 
+    main_bytes = main_share_bytes(device_memory_bytes()) if deferred is not None else None
+
     def on_result(kernel, case, result):
-        if deferred is not None and any(memory_bound(r.message) for r in result.records):
-            # Too little device memory in this worker's share (harness.engine.workers.LIGHT):
-            # no record here; the pair runs again with the main group's share.
-            announce(deferred, kernel, case)
-            return
-        writer.add(result)
-        # After its records, and how many: a reader takes the pair once it has read them all.
-        announce(finished, kernel, case, records=len(result.records))
         # An error's message only: a skip's reason may name a crash it avoids (jax_nn's
         # VALUE_HEAD_DIM_CRASH names CUDA_ERROR_ILLEGAL_INSTRUCTION), and on the H200 at
         # 0cfdd4f that ended the main group's worker at each such case, three times a night.
-        if any(r.verdict == ERROR and device_lost(r.message) for r in result.records):
+        lost = [r for r in result.records if r.verdict == ERROR and device_lost(r.message)]
+        if deferred is not None and any(memory_bound(r.message, main_bytes)
+                                        for r in result.records):
+            # Too little device memory in this worker's share (harness.engine.workers.LIGHT):
+            # no record here; the pair runs again with the main group's share.
+            announce(deferred, kernel, case)
+        else:
+            writer.add(result)
+            # After its records, and how many: a reader takes the pair once it has read them.
+            announce(finished, kernel, case, records=len(result.records))
+        if lost:
             # The device context is gone for this process (a kernel's illegal instruction or
             # address is sticky): every later pair would fail here. The pair keeps its error;
             # the worker ends, and its controller starts a fresh one for the rest.
-            raise DeviceLost(result.records[0].message)
+            raise DeviceLost(lost[0].message)
     from harness.engine.compilation_cache import cache_stats
 
     def close_report():

@@ -37,8 +37,10 @@ LIVE: set = set()              # worker processes running now (stopped with thei
 _LIVE_LOCK = threading.Lock()   # starting a worker and stopping them all exclude each other
 
 
-# A worker's exit status when it was interrupted (SIGINT as a signal, or Python's exit 130).
-INTERRUPTED = (-signal.SIGINT, 130)
+# A worker's exit status when it was interrupted (SIGINT or SIGTERM as a signal, or Python's
+# exit 130 or 143): `timeout` signals the whole process group, and a group's thread may see its
+# worker gone before the run is marked stopping (the H200's first try at 0cfdd4f blamed a pair).
+INTERRUPTED = (-signal.SIGINT, 130, -signal.SIGTERM, 143)   # SIGTERM: `timeout`, a CI cancel
 
 
 class Stopped(Exception):
@@ -132,6 +134,8 @@ DEFERRED = "main.deferred"
 DEFERRED_FILE = "deferred.jsonl"
 _MEMORY = re.compile(r"RESOURCE_EXHAUSTED|DoesNotFit|[Oo]ut of memory|ALLOC_FAILED|"
                      r"cudaErrorMemoryAllocation|GiB this device allows")
+_AMOUNT = re.compile(r"(?:needs?|allocate)\s+([0-9.]+)\s*(B|KiB|MiB|GiB|TiB)")
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 def pair_cost(case) -> float:
@@ -176,9 +180,24 @@ def with_light_part(pairs_by_group: dict) -> dict:
     return out
 
 
-def memory_bound(text: str) -> bool:
-    """Whether a record's message (or a worker's death) says the pair lacked device memory."""
-    return bool(_MEMORY.search(text or ""))
+def memory_bound(text: str, main_bytes: int | None = None) -> bool:
+    """Whether a record's message (or a worker's death) says the pair lacked device memory,
+    and (where `main_bytes`, the main group's share, is known) no more than that share would
+    give it: what would not fit there either is not worth running again."""
+    if not _MEMORY.search(text or ""):
+        return False
+    amount = _AMOUNT.search(text)
+    return main_bytes is None or amount is None or \
+        float(amount.group(1)) * _UNITS[amount.group(2)] <= main_bytes
+
+
+def main_share_bytes(limit: int | None, environ=os.environ) -> int | None:
+    """The main group's share of the device, from a LIGHT worker's own allocator limit and its
+    share (MEM_FRACTION); None where either is unknown."""
+    try:
+        return int(limit / float(environ[MEM_FRACTION]) * MAIN_SHARE) if limit else None
+    except (KeyError, ValueError, ZeroDivisionError):
+        return None
 
 
 def start_groups(pairs_by_group: dict, workdir: Path, options, *, env=None,
@@ -212,6 +231,7 @@ def start_groups(pairs_by_group: dict, workdir: Path, options, *, env=None,
     # groups leave).
     for g in sorted(pairs_by_group, key=lambda g: (g is not None, g == LIGHT)):
         futures[g] = pool.submit(run, g, pairs_by_group[g])
+        futures[g].group, futures[g].pairs = g, len(pairs_by_group[g])   # main_parts
     return pool, [futures[g] for g in pairs_by_group]
 
 
@@ -230,16 +250,17 @@ def run_deferred(futures, workdir: Path, options, *, env=None, on_crash=None, st
                      stop=stop)
 
 
-def main_parts(futures, again: WorkerResult | None = None) -> dict:
+def main_parts(futures) -> dict:
     """The header's account of the main group's parts: how many pairs ran as LIGHT, and how
-    many of them again as DEFERRED ({} where the main group ran whole)."""
+    many of them LIGHT's workers deferred to DEFERRED ({} where the main group ran whole).
+    From the split start_groups made (each future's `group` and `pairs`), so that a run
+    stopped early still says it."""
     out = {}
     for f in futures:
-        if f.done() and not f.cancelled() and f.exception() is None \
-                and f.result().name == LIGHT:
-            out[LIGHT] = f.result().pairs
-    if again is not None:
-        out[DEFERRED] = again.pairs
+        if getattr(f, "group", None) == LIGHT:
+            out[LIGHT] = f.pairs
+            if f.done() and not f.cancelled() and f.exception() is None:
+                out[DEFERRED] = len(f.result().deferred)
     return out
 
 
@@ -425,13 +446,14 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
             # announced the next. No pair is to blame where it finished some: a fresh worker
             # takes the rest (each pair then dies, if it does, while announced). One that
             # finished none (it died starting up) blames the pair it would have run first.
-            if done:
+            if done or deferred:
                 echo(f"[worker {name}#{attempt}] died between pairs: {why}")
                 remaining = left
                 continue
             crashed = left[0]
-        result.crashes.append((*crashed, f"the worker process for isolation group {name!r} "
-                                         f"died while running it ({why})"))
+        whose = ("the main group's second worker" if name in (LIGHT, DEFERRED)
+                 else f"the worker process for isolation group {name!r}")
+        result.crashes.append((*crashed, f"{whose} died while running it ({why})"))
         if on_crash:
             on_crash(*result.crashes[-1])
         echo(f"[worker {name}#{attempt}] died on {crashed[0]} {crashed[1]}: {why}")
