@@ -117,7 +117,10 @@ for s in "$@"; do
     env)
       { nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv 2>&1
         for m in transformer_engine maxtext tokamax flash_attn_jax flash_attn3_jax dew_flash_attn fa4_jax; do
-          python3 -c "import $m" > /dev/null 2>&1 && echo "import $m: ok" || echo "import $m: no"
+          # The import's last line where it fails (flash_attn_jax read "no" on runs whose
+          # kernels then ran: the reason was never kept).
+          if why=$(python3 -c "import $m" 2>&1); then echo "import $m: ok"
+          else echo "import $m: no ($(printf '%s\n' "$why" | grep -v '^\s*$' | tail -1 | cut -c1-200))"; fi
         done; } > "$r/env.txt"
       cat "$r/env.txt"; echo env.txt >> "$r/packed.txt" ;;
     nightly:*|pytest:*|features:*|sharded:*)
