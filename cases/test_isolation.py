@@ -420,7 +420,7 @@ def test_light_runs_last_beside_the_main_group_with_the_small_share(tmp_path, mo
             light_started.set()
         elif name == "main":   # the main group runs until LIGHT has started beside it
             light_started.wait(timeout=30)
-        return isolation.WorkerResult(name=name, pairs=len(pairs))
+        return isolation.WorkerResult(name=name)
     monkeypatch.setattr(isolation, "run_group", fake_run_group)
     small = "packed/random-b4-t256-h4kv4-d32-f32-s0"
     large = "packed/random-b4-t1024-h4kv4-d32-f32-s0"

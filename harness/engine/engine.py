@@ -208,12 +208,11 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
         with crashes_lock:           # kept as it happens: a run stopped later still has it
             crashes.append((kernel, case_id, why))
 
-    from harness.engine.environment import nvidia_gpus
     pool, futures = workers.start_groups(
         {g: [(k.name, c.id) for c in selection.cases for k in members]
          for g, members in groups.items()},
         workdir, options, on_crash=on_crash, stop=stopping,
-        light=not options.main_whole and bool(nvidia_gpus()))
+        light=workers.light_wanted(options))
     again = None
     try:
         for future in futures:

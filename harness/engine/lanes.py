@@ -100,13 +100,11 @@ class Lanes:
         try:
             # The groups two at a time, as the CLI runs them (the main group's smallest shapes
             # apart on GPUs, and what of them lacked memory again at the end).
-            from harness.engine.environment import nvidia_gpus
             pool, futures = isolation.start_groups(
                 {g: [(k.name, c.id) for k, c in share if k in members]
                  for g, members in groups.items()},
                 lane, self.options, env=env, on_crash=on_crash, stop=self.stopping,
-                echo=lambda line: None,
-                light=not self.options.main_whole and bool(nvidia_gpus()))
+                echo=lambda line: None, light=isolation.light_wanted(self.options))
             pool.shutdown(wait=True)
             # Every group has ended: a group's real error wins over another's being stopped.
             errors = [f.exception() for f in futures if f.exception() is not None]

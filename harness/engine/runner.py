@@ -30,6 +30,7 @@ from harness.engine.programs import (
     Programs,
     device_memory_bytes,
 )
+from harness.engine.memory import requested_bytes
 from harness.judge import judging, leak_probe
 from harness.judge.metrics import token_errors
 from harness.judge.oracle import jvp_reference_for, reference_for
@@ -323,16 +324,6 @@ def _probe_deterministic(program, inputs, case, confirm, reproducible=None, disa
     reference_for.cache_clear()
     gc.collect()
     return attempt()
-
-
-_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-
-
-def requested_bytes(message: str) -> int | None:
-    """The allocation an XLA out-of-memory error asked for ("...allocate 128.07GiB..")."""
-    import re
-    found = re.search(r"allocate ([0-9.]+)\s*(B|KiB|MiB|GiB|TiB)", message)
-    return int(float(found.group(1)) * _UNITS[found.group(2)]) if found else None
 
 
 _PROGRAMS: Programs | None = None

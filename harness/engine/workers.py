@@ -29,6 +29,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.engine.memory import memory_bound
+
 STARTED_FILE = "started.jsonl"
 FINISHED_FILE = "finished.jsonl"   # pairs whose records are all written (harness.engine.lanes)
 MAX_TAIL = 1500
@@ -125,17 +127,19 @@ def worker_environment(env: dict) -> dict:
 # their own, LIGHT, in that place after the other groups, with their small share of the
 # device; its share of the main group's work is what balances the two places (`light_pairs`).
 # A pair of LIGHT that does not fit in its share (an out-of-memory error, a deterministic
-# build or dense scores larger than that share: `memory_bound`) keeps no record there: its
+# build or dense scores larger than that share: harness.engine.memory) keeps no record there: its
 # worker lists it (DEFERRED_FILE), and it runs again once every group has ended, with the main
 # group's share, as DEFERRED (`run_deferred`): every pair runs with the memory it would have
 # had in the main group.
 LIGHT = "main.light"
 DEFERRED = "main.deferred"
 DEFERRED_FILE = "deferred.jsonl"
-_MEMORY = re.compile(r"RESOURCE_EXHAUSTED|DoesNotFit|[Oo]ut of memory|ALLOC_FAILED|"
-                     r"cudaErrorMemoryAllocation|GiB this device allows")
-_AMOUNT = re.compile(r"(?:needs?|allocate)\s+([0-9.]+)\s*(B|KiB|MiB|GiB|TiB)")
-_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def light_wanted(options) -> bool:
+    """Whether a run splits off LIGHT: asked for (--two-main-workers) where a GPU is seen."""
+    from harness.engine.environment import nvidia_gpus
+    return not options.main_whole and bool(nvidia_gpus())
 
 
 def pair_cost(case) -> float:
@@ -178,17 +182,6 @@ def with_light_part(pairs_by_group: dict) -> dict:
            for g, ps in pairs_by_group.items()}
     out[LIGHT] = [p for p in pairs_by_group[None] if p in light]
     return out
-
-
-def memory_bound(text: str, main_bytes: int | None = None) -> bool:
-    """Whether a record's message (or a worker's death) says the pair lacked device memory,
-    and (where `main_bytes`, the main group's share, is known) no more than that share would
-    give it: what would not fit there either is not worth running again."""
-    if not _MEMORY.search(text or ""):
-        return False
-    amount = _AMOUNT.search(text)
-    return main_bytes is None or amount is None or \
-        float(amount.group(1)) * _UNITS[amount.group(2)] <= main_bytes
 
 
 def main_share_bytes(limit: int | None, environ=os.environ) -> int | None:
@@ -291,7 +284,6 @@ class WorkerResult:
     crashes: list[tuple[str, str, str]] = field(default_factory=list)  # (kernel, case, why)
     deferred: list[tuple[str, str]] = field(default_factory=list)   # lacked memory (LIGHT)
     name: str = ""                 # the group's workers' name (run_group's `name`)
-    pairs: int = 0                 # how many pairs it was given
     interrupted: bool = False      # stopped by Ctrl-C / SIGTERM: what finished is kept
 
 
@@ -329,8 +321,8 @@ def _done_pairs(report_dir: Path) -> set[tuple[str, str]]:
     return done
 
 
-def _deferred_pairs(report_dir: Path) -> list[tuple[str, str]]:
-    path = report_dir / DEFERRED_FILE
+def _announced(path: Path) -> list[tuple[str, str]]:
+    """The pairs a worker's log of pairs (STARTED_FILE, DEFERRED_FILE) names, in order."""
     if not path.exists():
         return []
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
@@ -338,11 +330,8 @@ def _deferred_pairs(report_dir: Path) -> list[tuple[str, str]]:
 
 
 def _last_started(report_dir: Path) -> tuple[str, str] | None:
-    path = report_dir / STARTED_FILE
-    if not path.exists():
-        return None
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return (lines[-1]["kernel"], lines[-1]["case_id"]) if lines else None
+    started = _announced(report_dir / STARTED_FILE)
+    return started[-1] if started else None
 
 
 def death(returncode: int, tail: str) -> str:
@@ -400,7 +389,7 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
     further worker starts (isolation.Stopped). `defer_memory` (LIGHT): a pair that lacked
     device memory, recorded or died on, goes to the result's `deferred`."""
     import shutil
-    result = WorkerResult(name=name, pairs=len(pairs))
+    result = WorkerResult(name=name)
     remaining, attempt = list(pairs), 0
     while remaining:
         attempt += 1
@@ -417,7 +406,7 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
             result.interrupted = True
             return result
         done = _done_pairs(wdir / "report")
-        deferred = set(_deferred_pairs(wdir / "report"))
+        deferred = set(_announced(wdir / "report" / DEFERRED_FILE))
         result.deferred += [p for p in remaining if p in deferred and p not in done]
         left = [p for p in remaining if p not in done and p not in deferred]
         if not left:
