@@ -124,7 +124,12 @@ if "," not in os.environ.get("CUDA_VISIBLE_DEVICES", ","):  # a worker: the GPU 
         f.write(os.environ["PYTEST_XDIST_WORKER"] + " " + os.environ["CUDA_VISIBLE_DEVICES"] + "\\n")
 def crash_on_many(q, k, v, seg, *, causal, scale):
     if q.shape[1] == 256 and seg.shape[0] == 4 and os.environ.get("CRASH_NOW") == "1":
-        os._exit(3)  # the worker process dies mid-run
+        try:  # once per session: two workers dying together trip a race inside xdist itself
+            os.close(os.open(os.environ["CRASH_MARK"], os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            os._exit(3)  # the worker process dies mid-run
     return dot_product(q, k, v, seg, causal=causal, scale=scale)
 harness.register_kernel("crasher", crash_on_many, dtypes=("bfloat16",))
 """
@@ -150,7 +155,8 @@ def test_xdist_parts_survive_a_crashed_worker_and_junit_has_properties(tmp_path)
                   "--kernels", "crasher,dot_product",
                   "--cases", "packed/random-*-bf16-*,unpacked/full-*-bf16-*", "--no-leak-probe",
                   "--report-dir", str(tmp_path / "r"), f"--junitxml={junit}",
-                  env={"CRASH_NOW": "1", "GPU_LOG": str(gpu_log), "CUDA_VISIBLE_DEVICES": "5,7"})
+                  env={"CRASH_NOW": "1", "GPU_LOG": str(gpu_log), "CUDA_VISIBLE_DEVICES": "5,7",
+                       "CRASH_MARK": str(tmp_path / "crashed")})
     assert out.returncode != 0
     assert "replacing crashed worker" in out.stdout, out.stdout[-2000:]
     gpus = dict(line.split() for line in gpu_log.read_text().splitlines())
