@@ -292,26 +292,41 @@ def test_a_padding_failure_gets_a_script_that_shows_it(tmp_path):
     assert "dk at" in output and "non-finite" in output and "FAILED:" in output
 
 
-def test_a_leak_on_a_window_case_gets_a_note_not_a_census_problem(tmp_path):
-    """repro writes no leak script for a case with a window, chunks or sinks: the census notes
-    such a failure instead of calling repro (whose refusal would count as a census problem)."""
-    from harness.engine.registry import select_kernels
+WINDOW_WIDE = """
+import harness
+from harness.tools.zoo.feature_bugs import bug
+harness.register_kernel("census_window_one_too_wide", bug(window_extra=1), dtypes=("float32",),
+                        features=("window", "softcap", "chunk", "sinks", "head_dim_v"),
+                        padding_anywhere=True)
+"""
+
+
+def test_a_leak_beyond_the_window_alone_gets_a_leak_script(tmp_path):
+    """A kernel whose failures on a window case are leaks (a window one key too wide; its
+    tolerance records are left out here, as where the extra key hides in the tolerance): the
+    census's reproducer is a leak script (blocks inside each segment redrawn) that exits 1,
+    not a note that no script could be written."""
+    from harness.engine.registry import load_kernel_module, select_kernels
     from harness.engine.runner import run_kernel_case
     from harness.kernels.kernel import Platform
     from harness.model.case import Case
-    from harness.model.features import Features
     from harness.tools.census.findings import write_findings
 
-    kernel = select_kernels("dot_product")[0]
-    case = Case("packed/random", 2, 64, 2, 2, 16, "float32", 6, features=Features(window=(7, 0)))
+    module = tmp_path / "window_wide.py"
+    module.write_text(WINDOW_WIDE)
+    load_kernel_module(module)
+    kernel = select_kernels("census_window_one_too_wide")[0]
+    case = Case.from_id("packed/random-b2-t64-h2kv1-d8-f32-s6-w7.0")
     records = run_kernel_case(kernel, case, Platform("cpu"), leak=True).records
-    # As if the probe had caught a read beyond the window (the kernel itself is correct).
-    records = [r.replace(verdict="fail", outcome="fail") if r.check == "leak" else r
-               for r in records]
+    leaks = [r for r in records if r.outcome == "fail" and r.check == "leak"]
+    assert leaks
     (entry,) = write_findings(tmp_path / "repro", [kernel], {"suite": "smoke", "environment": {}},
-                              records, [], "python -m harness census ...", 5)
-    assert entry["problem"] is None and entry["script"] is None
-    assert "no leak script for yet" in entry["note"] and "window" in entry["note"]
+                              leaks, [str(module)],
+                              "python -m harness census ...", 5)
+    assert entry["problem"] is None and entry["check"] == "leak", entry
+    assert entry["reproduced"] and entry["exit_status"] == 1
+    output = (tmp_path / "repro" / entry["script"]).with_suffix(".txt").read_text()
+    assert "(window)" in output and "FAILED:" in output
 
 
 FEATURE_DROPS = """

@@ -6,6 +6,7 @@ import io
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +17,8 @@ from harness.cli import main as cli_main
 from harness.kernels.kernel import Platform
 from harness.engine.registry import select_kernels
 from harness.engine.runner import run_kernel_case
+
+ROOT = Path(__file__).resolve().parent.parent
 
 ORIGINAL = "packed/random-b4-t256-h4kv2-d64-bf16-s0"
 CPU = Platform("cpu")
@@ -339,8 +342,78 @@ def test_a_feature_cases_script_hands_over_the_features_and_its_reference_applie
     assert np.abs(got - want).max() < 1e-5
 
 
-def test_a_leak_on_a_feature_case_is_refused_before_any_work():
-    code, _, err = _repro("dot_product", "packed/random-b4-t256-h4kv2-d64-bf16-s6-sink",
-                          "--check", "leak")
-    assert code == 2 and err.count("\n") == 1
-    assert "no leak script for a case with sinks yet" in err
+LEAK_KERNELS = '''
+import harness
+from harness.tools.zoo.feature_bugs import bug
+
+EVERY = ("window", "softcap", "chunk", "sinks", "head_dim_v")
+harness.register_kernel("repro_test_window_wide", bug(window_extra=1), dtypes=("float32",),
+                        features=EVERY, padding_anywhere=True)
+harness.register_kernel("repro_test_window_from_row", bug(window_from_row=True),
+                        dtypes=("float32",), features=EVERY, padding_anywhere=True)
+harness.register_kernel("repro_test_chunk_dropped", bug(drop_chunk=True), dtypes=("float32",),
+                        features=EVERY, padding_anywhere=True)
+'''
+
+
+@pytest.fixture(scope="module")
+def leak_kernels(tmp_path_factory):
+    """One file for the module: a process registers its kernels once."""
+    module = tmp_path_factory.mktemp("leak_kernels") / "leak_kernels.py"
+    module.write_text(LEAK_KERNELS)
+    return module
+
+
+def test_a_leak_beyond_the_window_gets_a_script_that_fails_with_plain_python(tmp_path,
+                                                                              leak_kernels):
+    """A window one key too wide, on a case with a soft cap and sinks too: the leak script
+    redraws blocks inside the segment (the probe's window groups), holds the sinks, and fails;
+    the same script with the window right exits 0."""
+    script = tmp_path / "wide.py"
+    code, out, err = _repro("repro_test_window_wide", FEATURE_CASE, "--check", "leak",
+                            "--kernel-module", str(leak_kernels), "--output", str(script))
+    assert code == 0, err + out
+    assert "check leak" in out and "exits 1" in out
+    text = script.read_text()
+    assert "SINKS = True" in text and "WINDOW = (7, 0)" in text
+    done = _plain_python(script, tmp_path / "elsewhere", pythonpath=ROOT)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "(window)" in done.stdout and "FAILED: repro_test_window_wide reads tokens" in done.stdout
+    broken = "functools.partial(_kernel_fn, window_extra=1)"
+    assert broken in text
+    fixed = script.with_name("fixed.py")
+    fixed.write_text(text.replace(broken, "_kernel_fn"))
+    done = _plain_python(fixed, tmp_path / "elsewhere", pythonpath=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASSED" in done.stdout and "not compared" not in done.stdout
+
+
+@pytest.mark.parametrize("kernel_name,case_id", [
+    # One key past the window, padding between segments: segments longer than the window
+    # leak, shorter ones do not.
+    ("repro_test_window_wide", "padded/between-b2-t256-h2kv1-d8-f32-s6-w7.0-sink"),
+    ("repro_test_chunk_dropped", "packed/random-b2-t128-h2kv1-d8-f32-s6-bidir-ch16"),
+])
+def test_a_leak_script_judges_each_segment_as_the_harness_does(tmp_path, leak_kernels,
+                                                               kernel_name, case_id):
+    """The leak script on an unshrunk case with several segments, padding and a window or
+    chunks: the segments it finds leaking are the ones the harness's probe fails, no more."""
+    from harness.engine.registry import load_kernel_module
+    from harness.tools.repro.script import script_text
+    from harness.tools.repro.trials import Trial
+    load_kernel_module(leak_kernels)
+    kernel = select_kernels([kernel_name])[0]
+    case = Case.from_id(case_id)
+    trial = Trial(case, run_kernel_case(kernel, case, CPU, leak=True).records)
+    failing = {(r.row, r.segment) for r in trial.failing("leak")}
+    assert failing and len(failing) < len(case.segments), failing
+    script = tmp_path / "leak.py"
+    script.write_text(script_text(kernel, case, trial, "leak", 1, script)[0])
+    done = _plain_python(script, tmp_path / "elsewhere", pythonpath=ROOT)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("r") and " tokens " in ln]
+    assert len(lines) == len(case.segments)
+    for seg, line in zip(case.segments, lines):
+        assert line.startswith(f"r{seg.row}s{seg.number} ")
+        assert ("LEAK" in line) == ((seg.row, seg.number) in failing), line
+        assert ("LEAK" in line) == ("harness: fail" in line), line

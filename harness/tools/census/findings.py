@@ -132,11 +132,7 @@ def fail_repro(kernel, fails: list[Record], path: Path, context: dict,
              "problem": None, "exit_status": None}
     if features:
         entry["features"] = list(features)
-    from harness.model.case import Case
-    from harness.tools.repro.trials import leak_script_missing
-    # A leak on a case with a window, chunks or sinks: no leak script for it yet (the note).
-    shrinkable = [r for r in fails if r.check in SHRINKABLE and not (
-        r.check == v.LEAK.name and leak_script_missing(Case.from_id(r.case_id)))]
+    shrinkable = [r for r in fails if r.check in SHRINKABLE]
     # The padding script runs the default program (out, dq, dk, dv): a row whose only
     # violation is the output's tangent (jvp) gets the no-script note below.
     padding = [r for r in fails if r.check == v.PADDING.name
@@ -152,9 +148,8 @@ def fail_repro(kernel, fails: list[Record], path: Path, context: dict,
         if not entry["reproduced"]:
             entry["problem"] = f"the script did not show the failure (exit status {code})"
     elif not shrinkable:
-        entry["note"] = ("its failures are in checks `harness repro` does not shrink, or leaks on "
-                         "cases with a window, chunks or sinks, which it writes no leak script "
-                         "for yet (" + ", ".join(sorted({r.check for r in fails})) + "): no script")
+        entry["note"] = ("its failures are in checks `harness repro` does not shrink ("
+                         + ", ".join(sorted({r.check for r in fails})) + "): no script")
     else:
         case_id = shrinkable[0].case_id
         on_case = [r for r in shrinkable if r.case_id == case_id]

@@ -1,6 +1,7 @@
 """The script for a leak-probe failure: the inputs drawn as the harness draws them, the kernel's
-out, dq, dk and dv, then the same with the other segments' and the padding's inputs redrawn (the
-harness's groups): a segment whose results change at all reads tokens that are not its own."""
+out, dq, dk and dv, then the same with the other segments' and the padding's inputs redrawn, and
+with a window or chunks blocks inside each segment (the harness's groups): a token whose results
+change at all although nothing it may depend on was redrawn reads tokens outside its mask."""
 from __future__ import annotations
 
 from harness.judge import judging, leak_probe
@@ -11,18 +12,19 @@ from harness.tools.repro.trials import Trial
 
 _LEAK_MAIN = '''
 
-def program(q, k, v, segment_ids, cotangent):
-    """The kernel's out and, with a backward pass, dq, dk, dv (jax.vjp)."""
+def program(q, k, v, segment_ids, cotangent, sinks):
+    \"\"\"The kernel's out and, with a backward pass, dq, dk, dv (jax.vjp; the sinks, one logit per
+    head shared by every token, are held as they are).\"\"\"
     if not BACKWARD:
-        return (kernel_under_test(q, k, v, segment_ids),)
-    out, vjp = jax.vjp(lambda q, k, v: kernel_under_test(q, k, v, segment_ids), q, k, v)
+        return (kernel_under_test(q, k, v, segment_ids, sinks),)
+    out, vjp = jax.vjp(lambda q, k, v: kernel_under_test(q, k, v, segment_ids, sinks), q, k, v)
     return (out, *vjp(cotangent.astype(out.dtype)))
 
 
 def perturbed(inputs, index, redraw):
-    """The inputs with the `redraw` tokens' q, k, v and cotangent drawn afresh (standard normal,
+    \"\"\"The inputs with the `redraw` tokens' q, k, v and cotangent drawn afresh (standard normal,
     jax.random from the key of the seed, the probe's salt and the group's index; the cotangent
-    zero at padding), every other token's as it was."""
+    zero at padding), every other token's as it was.\"\"\"
     key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(SEED), @PERTURB_SALT@), index)
     valid = (SEGMENT_IDS > 0)[:, :, None, None]
     arrays = []
@@ -34,18 +36,84 @@ def perturbed(inputs, index, redraw):
     return arrays
 
 
+def positions_in_segments(segment_ids):
+    \"\"\"[batch, seq]: each token's position within its segment (its index in padding runs).\"\"\"
+    seg = np.asarray(segment_ids)
+    idx = np.broadcast_to(np.arange(seg.shape[1]), seg.shape)
+    new = np.concatenate([np.ones((seg.shape[0], 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    return idx - np.maximum.accumulate(np.where(new, idx, 0), axis=1)
+
+
+def redrawn_groups():
+    \"\"\"(name, [batch, seq] tokens redrawn) for each run, as the harness's probe groups them:
+    segments by colour (number + row modulo COLOURS: 2, or 6 in the four groups of
+    GROUPS_OF_COLOUR), the padding, then with WINDOW blocks of left + right + 1 tokens inside
+    each segment every 3 (left + right + 1) positions, at two phases, and with CHUNK every other
+    chunk of each segment, then the others.\"\"\"
+    valid = SEGMENT_IDS > 0
+    colour = (SEGMENT_IDS + np.arange(SEGMENT_IDS.shape[0])[:, None]) % COLOURS
+    if COLOURS == 2:
+        groups = [("segments of one colour", valid & (colour == 1)),
+                  ("segments of the other colour", valid & (colour == 0))]
+    else:
+        groups = [(f"group {g + 1} of 4", valid & np.isin(
+            colour, [c for c, pair in enumerate(GROUPS_OF_COLOUR) if g in pair])) for g in range(4)]
+    groups.append(("padding", ~valid))
+    pos = positions_in_segments(SEGMENT_IDS)
+    if WINDOW is not None:
+        block = WINDOW[0] + WINDOW[1] + 1
+        for phase in (0, 3 * block // 2):
+            groups.append((f"blocks of {block} inside each segment, every {3 * block} from "
+                           f"position {phase} (window)", valid & ((pos - phase) % (3 * block) < block)))
+    if CHUNK is not None:
+        at = pos if CHUNKS_FROM == "segment" else np.broadcast_to(
+            np.arange(SEGMENT_IDS.shape[1]), pos.shape)
+        for parity, name in ((1, "odd"), (0, "even")):
+            groups.append((f"the {name} chunks of each segment ({CHUNKS_FROM} convention)",
+                           valid & ((at // CHUNK) % 2 == parity)))
+    return [g for g in groups if g[1].any()]
+
+
+def depends_on():
+    \"\"\"Per tensor class ("query": out and dq; "key": dk and dv), [batch, seq] first and last
+    token that each token's values depend on, from the mask (same segment, causal, WINDOW, CHUNK:
+    intervals): a query on the keys it reads and itself, a key on the queries that read it and
+    the keys those read.\"\"\"
+    batch, seq = SEGMENT_IDS.shape
+    q_lo, q_hi = np.tile(np.arange(seq), (batch, 1)), np.tile(np.arange(seq), (batch, 1))
+    k_lo, k_hi = q_lo.copy(), q_hi.copy()
+    for row, _, start, stop, _ in SEGMENTS:
+        i = np.arange(start, stop)
+        lo, hi = np.full(stop - start, start), np.full(stop - start, stop - 1)
+        if CAUSAL:
+            hi = np.minimum(hi, i)
+        if WINDOW is not None:
+            lo, hi = np.maximum(lo, i - WINDOW[0]), np.minimum(hi, i + WINDOW[1])
+        if CHUNK is not None:
+            base = start if CHUNKS_FROM == "segment" else 0
+            first = base + (i - base) // CHUNK * CHUNK
+            lo, hi = np.maximum(lo, first), np.minimum(hi, first + CHUNK - 1)
+        q_lo[row, i], q_hi[row, i] = np.minimum(lo, i), np.maximum(hi, i)
+        readers_from = start + np.searchsorted(hi, i, side="left")
+        readers_to = start + np.searchsorted(lo, i, side="right") - 1
+        k_lo[row, i] = np.minimum(np.minimum(lo[readers_from - start], readers_from), i)
+        k_hi[row, i] = np.maximum(np.maximum(hi[readers_to - start], readers_to), i)
+    return {"query": (q_lo, q_hi), "key": (k_lo, k_hi)}
+
+
 def main():
     names = ["out", "dq", "dk", "dv"] if BACKWARD else ["out"]
-    q, k, v, cotangent, _ = draw_inputs()
+    q, k, v, cotangent, sinks = draw_inputs()
     segment_ids = jnp.asarray(SEGMENT_IDS)
-    lowered = jax.jit(program).lower(q, k, v, segment_ids, cotangent)
+    lowered = jax.jit(program).lower(q, k, v, segment_ids, cotangent, sinks)
     device = jax.devices()[0]
     # Bitwise comparisons need a reproducible build: XLA's deterministic ops on GPUs.
     compiled = (lowered.compile(compiler_options={"xla_gpu_deterministic_ops": True})
                 if device.platform == "gpu" else lowered.compile())
 
     def run(q, k, v, ct):
-        return [np.asarray(jnp.asarray(x, jnp.float32)) for x in compiled(q, k, v, segment_ids, ct)]
+        return [np.asarray(jnp.asarray(x, jnp.float32))
+                for x in compiled(q, k, v, segment_ids, ct, sinks)]
 
     def changed(a, b):  # [B, T]: any value of the token differs (NaN equal to NaN)
         return ((a != b) & ~(np.isnan(a) & np.isnan(b))).any(axis=(2, 3))
@@ -57,18 +125,15 @@ def main():
         again = run(q, k, v, cotangent)
         unstable |= {n for n, a, b in zip(names, base, again) if (changed(a, b) & valid).any()}
     probed = [i for i, n in enumerate(names) if n not in unstable]
-    # The harness's groups (harness.judge.leak_probe.groups): segments by colour, number + row
-    # modulo COLOURS (2, or 6 in the four groups of GROUPS_OF_COLOUR), then the padding.
-    colour = (SEGMENT_IDS + np.arange(SEGMENT_IDS.shape[0])[:, None]) % COLOURS
-    if COLOURS == 2:
-        groups = [("segments of one colour", valid & (colour == 1)),
-                  ("segments of the other colour", valid & (colour == 0))]
-    else:
-        groups = [(f"group {g + 1} of 4", valid & np.isin(
-            colour, [c for c, pair in enumerate(GROUPS_OF_COLOUR) if g in pair])) for g in range(4)]
-    groups.append(("padding", ~valid))
     runs = [(group, redraw, run(*perturbed((q, k, v, cotangent), index, redraw)))
-            for index, (group, redraw) in enumerate(g for g in groups if g[1].any())]
+            for index, (group, redraw) in enumerate(redrawn_groups())]
+    # In each run, the tokens none of whose dependencies was redrawn must not move.
+    deps, rows = depends_on(), np.arange(SEGMENT_IDS.shape[0])[:, None]
+    still = []
+    for _, redraw, _ in runs:
+        count = np.concatenate([np.zeros((redraw.shape[0], 1), np.int64),
+                                np.cumsum(redraw, axis=1)], axis=1)
+        still.append({c: count[rows, hi + 1] == count[rows, lo] for c, (lo, hi) in deps.items()})
 
     print(f"{KERNEL_NAME}: leak probe on {CASE_ID}")
     print(f"jax {jax.__version__}, {device.platform} ({device.device_kind})")
@@ -76,17 +141,19 @@ def main():
         print(f"not reproducible run to run, not probed: {', '.join(sorted(unstable))}")
     failing = []
     for row, number, start, stop, harness_verdict in SEGMENTS:
-        leaked, first, biggest, by = set(), [], 0.0, []
-        for group, redraw, other in runs:
-            if redraw[row, start:stop].any():
-                continue  # this segment was redrawn in that run
+        leaked, first, biggest, by, compared = set(), [], 0.0, [], False
+        for (group, _, other), must in zip(runs, still):
+            if not any(m[row, start:stop].any() for m in must.values()):
+                continue  # every token of this segment read a redrawn token in that run
+            compared = True
             for i in probed:
-                tokens = np.flatnonzero(changed(base[i], other[i])[row, start:stop])
+                kept = must["query" if names[i] in ("out", "dq") else "key"][row, start:stop]
+                tokens = np.flatnonzero(changed(base[i], other[i])[row, start:stop] & kept)
                 if tokens.size:
                     leaked.add(names[i])
                     first.append(start + int(tokens[0]))
-                    change = np.abs(base[i] - other[i])[row, start:stop]
-                    biggest = max(biggest, float(np.nanmax(change)))
+                    change = np.abs(base[i] - other[i])[row, start:stop].max(axis=(1, 2))
+                    biggest = max(biggest, float(np.nanmax(np.where(kept, change, 0.0))))
                     by.append(group)
         label = f"r{row}s{number}"
         if leaked:
@@ -94,14 +161,18 @@ def main():
             print(f"{label:8s} tokens {start}..{stop - 1}: LEAK in {', '.join(n for n in names if n in leaked)} "
                   f"(first token {min(first)}, max change {biggest:.4g}, redrawn: "
                   f"{', '.join(dict.fromkeys(by))}); harness: {harness_verdict}")
-        else:
+        elif compared:
             print(f"{label:8s} tokens {start}..{stop - 1}: bitwise unchanged; "
                   f"harness: {harness_verdict}")
+        else:
+            print(f"{label:8s} tokens {start}..{stop - 1}: not compared (no run left a token of it "
+                  f"untouched); harness: {harness_verdict}")
     if failing:
-        print(f"@FAILED@ {KERNEL_NAME} leaks across segments on {len(failing)} of {len(SEGMENTS)}"
-              f" segments: {', '.join(failing)}")
+        print(f"@FAILED@ {KERNEL_NAME} reads tokens outside its mask (other segments', the padding's"
+              f"{', or its own beyond the window or chunk' if WINDOW or CHUNK else ''}) on "
+              f"{len(failing)} of {len(SEGMENTS)} segments: {', '.join(failing)}")
         return 1
-    print(f"PASSED: no segment of {KERNEL_NAME} moves when the rest of its row is redrawn")
+    print(f"PASSED: no segment of {KERNEL_NAME} moves when tokens outside its mask are redrawn")
     return 0
 '''
 
@@ -131,8 +202,9 @@ def parts(kernel: Kernel, trial: Trial, check: str) -> ScriptParts:
         found=found(trial.failing(check)[0]),
         method=("The script draws the case's inputs from its seed with numpy (the harness's own "
                 "draw), runs the kernel's out, dq, dk and dv, then runs it again with the other "
-                "segments' and the padding's inputs redrawn: a segment whose results change at "
-                "all reads tokens that are not its own."),
+                "segments' and the padding's inputs redrawn (and, with a window or chunks, "
+                "blocks inside each segment): a token whose results change at all although "
+                "nothing its mask lets it depend on was redrawn reads tokens outside its mask."),
         imports=["import os", "import sys", "",
                  "# Transformer Engine reads this while tracing: its deterministic algorithms, "
                  "for bitwise\n# comparisons.",

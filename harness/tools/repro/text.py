@@ -15,7 +15,8 @@ CHECK_WORDS = {
     "dk": "the key gradient dk (jax.vjp, random output cotangent, zero at padding)",
     "dv": "the value gradient dv (jax.vjp, random output cotangent, zero at padding)",
     "leak": ("the leak probe: a segment's out, dq, dk and dv must stay bitwise the same when "
-             "the rest of its row is redrawn"),
+             "the tokens outside its mask (other segments, padding, keys beyond a window or "
+             "chunk) are redrawn"),
 }
 
 

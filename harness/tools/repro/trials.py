@@ -74,17 +74,6 @@ class Trials:
         return self._seen[key]
 
 
-# What the leak script (harness.tools.repro.leak_script) cannot do yet: the probe's window and
-# chunk groups (blocks inside a segment) and a sinks input. A soft cap or a value head dim of
-# its own it hands over as is.
-NO_LEAK_SCRIPT = ("window", "chunk", "sinks")
-
-
-def leak_script_missing(case: Case) -> list[str]:
-    """The case's features the leak script cannot take ([]: it can write one)."""
-    return [name for name in case.features.names if name in NO_LEAK_SCRIPT]
-
-
 def target_check(trials: Trials, case: Case, check: str | None) -> Trial:
     """Runs the original case; returns its trial, with `check` resolved (trials.check)."""
     kernel = trials.kernel
@@ -102,11 +91,6 @@ def target_check(trials: Trials, case: Case, check: str | None) -> Trial:
     if not check:
         trial = trials.run(case, leak=True)
         refuse_errors(kernel, trial)
-        if trial.failing(LEAK.name) and leak_script_missing(case):
-            raise UsageError(f"{kernel.name} fails only the leak probe on {case.id}, a case with "
-                             f"{', '.join(leak_script_missing(case))}, which repro writes no leak "
-                             "script for yet (the leak records name the segment and its first "
-                             "changed token)")
         if trial.failing(LEAK.name):
             trials.check = LEAK.name
             return trial
