@@ -127,3 +127,32 @@ def test_oracle_attends_within_segment_only():
     for s in case.segments:
         same = np.array_equal(a[s.row, s.start:s.stop], b[s.row, s.start:s.stop])
         assert same == (s != seg), s.label
+
+
+def test_a_drops_prediction_compiles_each_shape_once_in_the_runs_programs(monkeypatch):
+    """A kernel's expectation that predicts a dropped feature (harness.judge.prediction) takes
+    its references from the run's compiled programs: the second case of a shape compiles
+    nothing (a fresh jit per case compiled on the run's thread every time: most of MaxText
+    cudnn_flash_jax's 64 s of host time in the H200 nightly), and predicts what plain jit does."""
+    import dataclasses
+
+    from harness.engine.programs import ORACLE, Programs
+    from harness.judge import oracle
+    from harness.judge.prediction import prediction
+
+    def both(case):
+        return case, dataclasses.replace(case, features=case.features.without("window"))
+    first = both(Case("packed/random", 2, 64, 2, 1, 16, "bfloat16", 0,
+                      features=Features(window=(7, 0))))
+    second = both(Case("extremes/single-tokens", 2, 64, 2, 1, 16, "bfloat16", 1,
+                       features=Features(window=(7, 0))))
+    monkeypatch.setattr(oracle, "_shared_programs", None)
+    plain = [prediction(*pair, "row") for pair in (first, second)]
+    programs = Programs(platform="cpu")
+    assert oracle._shared_programs is programs
+    shared = [prediction(*first, "row")]
+    compiled = programs.timing[ORACLE].programs
+    shared.append(prediction(*second, "row"))
+    assert compiled == 3, "the truth and peer of the case, the truth without the window"
+    assert programs.timing[ORACLE].programs == compiled, "nothing compiled for the second case"
+    assert shared == plain

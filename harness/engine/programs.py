@@ -39,6 +39,7 @@ from harness.judge.oracle import (
     gradient_inputs,
     reference_fn,
     reference_jvp_fn,
+    share_programs,
     with_gradients,
     with_tangents,
 )
@@ -289,6 +290,8 @@ class Programs:
         self.timing: dict[str, Timing] = defaultdict(Timing)
         # Compiler options of the harness's own programs (see NO_AUTOTUNING).
         self._own = NO_AUTOTUNING if self.platform == "gpu" else {}
+        # References asked for outside the runner's calls (a drop's prediction) come from here.
+        share_programs(self)
 
     # ----- kernels ----------------------------------------------------------------------------
 

@@ -295,17 +295,38 @@ class Reference:
     dsinks_scale: float | None = None
 
 
+# The compiled programs of the run in this process (harness.engine.programs.Programs shares
+# itself when made): the source of the references asked for without programs, such as a
+# kernel's expectation that predicts what a dropped feature moves (harness.judge.prediction).
+# From there each shape compiles once (on GPUs without autotuning) and is timed in the oracle's
+# row; a fresh jit per case compiled every case again on the run's thread (on the H200 nightly,
+# most of MaxText cudnn_flash_jax's 64 s of host time).
+_shared_programs = None
+
+
+def share_programs(programs) -> None:
+    """Makes `programs` the source of references computed without programs (above)."""
+    global _shared_programs
+    _shared_programs = programs
+
+
+def oracle_program(case: Case, truth: bool, chunk_convention: str = "segment", programs=None):
+    """(q, k, v, seg[, sinks], cotangent) -> (out, dq, dk, dv[, dsinks]) of the case's truth or
+    peer: `programs`' (or the shared programs') compiled program, else a plain jit."""
+    programs = programs if programs is not None else _shared_programs
+    if programs is not None:
+        return programs.oracle(case, truth, chunk_convention)
+    return jax.jit(reference_fn(case, truth, chunk_convention))
+
+
 @functools.lru_cache(maxsize=2)
 def reference_for(case: Case, programs=None, chunk_convention: str = "segment") -> Reference:
     """The case's reference, from `programs` (harness.engine.programs.Programs: compiled ahead,
-    timed) or from plain jit; chunks by the kernel's convention (harness.model.features)."""
+    timed; by default the shared ones) or from plain jit; chunks by the kernel's convention
+    (harness.model.features)."""
     args = make_inputs(case).device_args
-    if programs is not None:
-        truth = programs.oracle(case, True, chunk_convention)(*args)
-        peer = programs.oracle(case, False, chunk_convention)(*args)
-    else:
-        truth = jax.jit(reference_fn(case, True, chunk_convention))(*args)
-        peer = jax.jit(reference_fn(case, False, chunk_convention))(*args)
+    truth = oracle_program(case, True, chunk_convention, programs)(*args)
+    peer = oracle_program(case, False, chunk_convention, programs)(*args)
     errors, biggest = jax.device_get((token_errors(peer[:4], truth[:4]),
                                       scales(truth[:4], args[3])))
     out = Reference(truth=truth,

@@ -20,16 +20,16 @@ KNOWN_ABOVE, PASS_BELOW = 1.5, 0.5
 
 def prediction(case, without, convention: str) -> dict:
     """Per check (and segment) what computing `without` in place of `case` moves (docstring)."""
-    import jax
     import numpy as np
 
     from harness.judge import judging, leak_probe, oracle
     from harness.judge.metrics import segment_error, token_errors
     from harness.model.case import make_inputs
 
-    # Uncached: the runner's own references stay in reference_for's cache.
+    # Uncached: the runner's own references stay in reference_for's cache. Both from the run's
+    # compiled programs (oracle.share_programs), each shape compiled once.
     ref = oracle.reference_for.__wrapped__(case, None, convention)
-    got = jax.jit(oracle.reference_fn(without, True, convention))(*make_inputs(case).device_args)
+    got = oracle.oracle_program(without, True, convention)(*make_inputs(case).device_args)
     out = {}
     for chk, errors in zip(v.TENSORS, token_errors(got[:4], ref.truth[:4])):
         for seg in case.segments:
