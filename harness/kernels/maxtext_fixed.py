@@ -77,12 +77,7 @@ class PatchError(RuntimeError):
     """The patch is missing, or does not apply to the installed maxtext."""
 
 
-def version_text() -> str | None:
-    import importlib.metadata
-    try:
-        return importlib.metadata.version("maxtext").split("+")[0]
-    except importlib.metadata.PackageNotFoundError:
-        return None
+version_text = maxtext_known.version_text
 
 
 def patch_path(version: str | None = None) -> Path:

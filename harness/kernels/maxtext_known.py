@@ -31,13 +31,21 @@ IGNORES_SEGMENTS_UP_TO = (0, 2, 5)
 
 
 @functools.lru_cache(maxsize=1)
-def installed_version() -> tuple[int, ...] | None:
+def version_text() -> str | None:
+    """The installed maxtext's version, without a local part ("0.2.5"); None without maxtext."""
     import importlib.metadata
     try:
-        text = importlib.metadata.version("maxtext")
+        return importlib.metadata.version("maxtext").split("+")[0]
     except importlib.metadata.PackageNotFoundError:
         return None
-    return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
+
+
+def installed_version() -> tuple[int, ...] | None:
+    """version_text as numbers ((0, 2, 5)), for comparing with the releases named here."""
+    text = version_text()
+    if text is None:
+        return None
+    return tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
 
 
 def known_bug_expectation(case, check, segment):
