@@ -156,3 +156,9 @@ def test_a_drops_prediction_compiles_each_shape_once_in_the_runs_programs(monkey
     assert compiled == 3, "the truth and peer of the case, the truth without the window"
     assert programs.timing[ORACLE].programs == compiled, "nothing compiled for the second case"
     assert shared == plain
+    assert programs.timing[ORACLE].wall_s > 0, "the prediction's time is the oracle's"
+    # Closed (a repro or selftest that ended earlier in the process): plain jit again, never
+    # a closed pool's error, nor a program left waiting for a compile that will not come.
+    programs.close()
+    assert oracle._shared_programs is None
+    assert prediction(*second, "row") == plain[1]

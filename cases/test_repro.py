@@ -417,3 +417,65 @@ def test_a_leak_script_judges_each_segment_as_the_harness_does(tmp_path, leak_ke
         assert line.startswith(f"r{seg.row}s{seg.number} ")
         assert ("LEAK" in line) == ((seg.row, seg.number) in failing), line
         assert ("LEAK" in line) == ("harness: fail" in line), line
+
+
+@pytest.mark.parametrize("case_id,convention", [
+    ("padded/between-b2-t256-h2kv1-d8-f32-s0-bidir-w5.3", "segment"),     # a window ahead
+    ("packed/random-b2-t128-h2kv1-d8-bf16-s5-w3.0-ch5-sink", "segment"),
+    ("packed/random-b2-t128-h2kv1-d8-f32-s0-ch16-dv4", "row"),             # chunks from the row
+    ("unaligned/odd-b2-t200-h2kv1-d8-f32-s5-bidir-w2.0-ch7", "row"),
+    ("extremes/single-tokens-b2-t64-h2kv1-d8-f32-s0-w0.0", "segment"),
+])
+def test_a_leak_scripts_groups_dependencies_and_draws_are_the_probes(tmp_path, case_id,
+                                                                       convention):
+    """The leak script's own code against the harness's probe, without running a kernel: the
+    same redrawn groups in the same order (their index keys the draw), the same dependency
+    intervals (either chunk convention, windows with keys ahead), the same inputs, sinks and
+    perturbations, bit for bit."""
+    import runpy
+    from types import SimpleNamespace
+
+    import harness
+    from harness.judge import leak_probe
+    from harness.model.case import make_inputs
+    from harness.tools.repro.script import script_text
+    from harness.tools.repro.trials import Trial
+    from harness.tools.zoo.feature_bugs import features_dense
+
+    case = Case.from_id(case_id)
+    kernel = harness.register_kernel(f"repro_test_structure_{convention}", features_dense,
+                                     replace=True, dtypes=("float32", "bfloat16"),
+                                     features=("window", "softcap", "chunk", "sinks",
+                                               "head_dim_v"),
+                                     padding_anywhere=True, conventions={"chunk": convention})
+
+    class Written(Trial):   # the header needs a failing record; this one is made up
+        def failing(self, check, evidence=False):
+            s = self.case.segments[0]
+            return [SimpleNamespace(verdict="fail", message="", max_abs_err=1.0,
+                                    worst_token=s.start, row=s.row, segment=s.number,
+                                    start=s.start, length=s.length)]
+
+        def record(self, check, row, segment):
+            return SimpleNamespace(verdict="pass", message="")
+    script = tmp_path / "leak.py"
+    script.write_text(script_text(kernel, case, Written(case, []), "leak", 1, script)[0])
+    ns = runpy.run_path(str(script), run_name="not_main")
+    assert ns["CHUNKS_FROM"] == convention
+    mine, theirs = ns["redrawn_groups"](), leak_probe.groups(case, convention)
+    assert [name for name, _ in mine] == [name for name, _ in theirs]
+    for (_, a), (_, b) in zip(mine, theirs):
+        assert np.array_equal(a, b)
+    script_deps, probe_deps = ns["depends_on"](), leak_probe.dependencies(case, convention)
+    for cls in ("query", "key"):
+        for bound in (0, 1):
+            assert np.array_equal(script_deps[cls][bound], probe_deps[cls][bound]), (cls, bound)
+    q, k, v, cotangent, sinks = ns["draw_inputs"]()
+    device = make_inputs(case).device_args
+    if case.features.sinks:
+        assert np.array_equal(sinks, np.asarray(device[4]))
+    for index, (_, redraw) in enumerate(mine):
+        script_arrays = ns["perturbed"]((q, k, v, cotangent), index, redraw)
+        probe_arrays = leak_probe.perturbed(case, index, 1.0, convention)
+        for a, b in zip(script_arrays, (*probe_arrays[:3], probe_arrays[-1])):
+            assert np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32)), index

@@ -407,7 +407,10 @@ class Programs:
 
     def _submit(self, program: Program, lowered, options) -> None:
         program.timing.programs += 1
-        self._pool.submit(self._compile, program, lowered, options)
+        try:
+            self._pool.submit(self._compile, program, lowered, options)
+        except RuntimeError as exc:   # closed: the program fails, it never stays pending
+            program.compiled.set_exception(exc)
 
     def _compile(self, program: Program, lowered, options) -> None:
         start = time.perf_counter()
@@ -429,12 +432,19 @@ class Programs:
             program.timing.compile_s += seconds
         outcome[0](outcome[1])
 
+    def add_oracle_wall(self, seconds: float) -> None:
+        """Oracle work done outside the runner's own calls (harness.judge.oracle
+        .charged_to_oracle): the oracle's wall time, which the runner takes out of the
+        kernel's."""
+        self.timing[ORACLE].wall_s += seconds
+
     def report(self) -> dict:
         return {name: t.as_dict() for name, t in sorted(self.timing.items())}
 
     def close(self) -> None:
         self._tracer.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        share_programs(None, closing=self)   # references asked for later: plain jit
 
 
 def usable_cores() -> int:

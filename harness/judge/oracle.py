@@ -19,7 +19,9 @@ here and are never compared.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import time
 from dataclasses import dataclass
 
 import jax
@@ -304,10 +306,25 @@ class Reference:
 _shared_programs = None
 
 
-def share_programs(programs) -> None:
-    """Makes `programs` the source of references computed without programs (above)."""
+def share_programs(programs, closing=None) -> None:
+    """Makes `programs` the source of references computed without programs (above); with
+    `closing` (programs being closed), only if those are the ones shared now."""
     global _shared_programs
-    _shared_programs = programs
+    if closing is None or _shared_programs is closing:
+        _shared_programs = programs
+
+
+@contextlib.contextmanager
+def charged_to_oracle():
+    """The block's wall time counted in the shared programs' oracle row (the runner takes it
+    out of the kernel's own): references computed for a kernel's expectation are the
+    oracle's work, not the kernel's host time."""
+    programs, start = _shared_programs, time.perf_counter()
+    try:
+        yield
+    finally:
+        if programs is not None:
+            programs.add_oracle_wall(time.perf_counter() - start)
 
 
 def oracle_program(case: Case, truth: bool, chunk_convention: str = "segment", programs=None):

@@ -28,8 +28,9 @@ def prediction(case, without, convention: str) -> dict:
 
     # Uncached: the runner's own references stay in reference_for's cache. Both from the run's
     # compiled programs (oracle.share_programs), each shape compiled once.
-    ref = oracle.reference_for.__wrapped__(case, None, convention)
-    got = oracle.oracle_program(without, True, convention)(*make_inputs(case).device_args)
+    with oracle.charged_to_oracle():
+        ref = oracle.reference_for.__wrapped__(case, None, convention)
+        got = oracle.oracle_program(without, True, convention)(*make_inputs(case).device_args)
     out = {}
     for chk, errors in zip(v.TENSORS, token_errors(got[:4], ref.truth[:4])):
         for seg in case.segments:

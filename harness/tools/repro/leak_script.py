@@ -56,8 +56,11 @@ def redrawn_groups():
         groups = [("segments of one colour", valid & (colour == 1)),
                   ("segments of the other colour", valid & (colour == 0))]
     else:
-        groups = [(f"group {g + 1} of 4", valid & np.isin(
-            colour, [c for c, pair in enumerate(GROUPS_OF_COLOUR) if g in pair])) for g in range(4)]
+        groups = []
+        for g in range(4):
+            members = [c for c, pair in enumerate(GROUPS_OF_COLOUR) if g in pair]
+            groups.append((f"segments of colours {', '.join(str(c + 1) for c in members)} of 6",
+                           valid & np.isin(colour, members)))
     groups.append(("padding", ~valid))
     pos = positions_in_segments(SEGMENT_IDS)
     if WINDOW is not None:
