@@ -434,6 +434,7 @@ def test_a_leak_scripts_groups_dependencies_and_draws_are_the_probes(tmp_path, c
     perturbations, bit for bit."""
     import runpy
     from types import SimpleNamespace
+    from unittest import mock
 
     import harness
     from harness.judge import leak_probe
@@ -460,7 +461,8 @@ def test_a_leak_scripts_groups_dependencies_and_draws_are_the_probes(tmp_path, c
             return SimpleNamespace(verdict="pass", message="")
     script = tmp_path / "leak.py"
     script.write_text(script_text(kernel, case, Written(case, []), "leak", 1, script)[0])
-    ns = runpy.run_path(str(script), run_name="not_main")
+    with mock.patch.dict(os.environ):   # the script sets TE's NVTE_ variable on import
+        ns = runpy.run_path(str(script), run_name="not_main")
     assert ns["CHUNKS_FROM"] == convention
     mine, theirs = ns["redrawn_groups"](), leak_probe.groups(case, convention)
     assert [name for name, _ in mine] == [name for name, _ in theirs]
