@@ -327,13 +327,16 @@ def charged_to_oracle():
             programs.add_oracle_wall(time.perf_counter() - start)
 
 
-def oracle_program(case: Case, truth: bool, chunk_convention: str = "segment", programs=None):
+def oracle_program(case: Case, truth: bool, chunk_convention: str = "segment", programs=None,
+                   forward: bool = False):
     """(q, k, v, seg[, sinks], cotangent) -> (out, dq, dk, dv[, dsinks]) of the case's truth or
-    peer: `programs`' (or the shared programs') compiled program, else a plain jit."""
+    peer (`forward`: its forward mode, reference_jvp_fn): `programs`' (or the shared
+    programs') compiled program, else a plain jit."""
     programs = programs if programs is not None else _shared_programs
     if programs is not None:
-        return programs.oracle(case, truth, chunk_convention)
-    return jax.jit(reference_fn(case, truth, chunk_convention))
+        return (programs.oracle_jvp if forward else programs.oracle)(case, truth,
+                                                                     chunk_convention)
+    return jax.jit((reference_jvp_fn if forward else reference_fn)(case, truth, chunk_convention))
 
 
 @functools.lru_cache(maxsize=2)
@@ -364,12 +367,8 @@ def jvp_reference_for(case: Case, programs=None, chunk_convention: str = "segmen
     peer's lands from it per token (a Reference whose one tensor is the tangent)."""
     from harness.model.case import make_tangents
     args = make_inputs(case).device_args[:-1] + make_tangents(case)
-    if programs is not None:
-        truth = programs.oracle_jvp(case, True, chunk_convention)(*args)
-        peer = programs.oracle_jvp(case, False, chunk_convention)(*args)
-    else:
-        truth = jax.jit(reference_jvp_fn(case, True, chunk_convention))(*args)
-        peer = jax.jit(reference_jvp_fn(case, False, chunk_convention))(*args)
+    truth = oracle_program(case, True, chunk_convention, programs, forward=True)(*args)
+    peer = oracle_program(case, False, chunk_convention, programs, forward=True)(*args)
     errors, biggest = jax.device_get((token_errors(peer, truth), scales(truth, args[3])))
     return Reference(truth=truth, peer_token_err={JVP.name: errors[0][0]},
                      scale={JVP.name: float(biggest[0])})

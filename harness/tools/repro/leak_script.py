@@ -13,8 +13,8 @@ from harness.tools.repro.trials import Trial
 _LEAK_MAIN = '''
 
 def program(q, k, v, segment_ids, cotangent, sinks):
-    \"\"\"The kernel's out and, with a backward pass, dq, dk, dv (jax.vjp; the sinks, one logit per
-    head shared by every token, are held as they are).\"\"\"
+    """The kernel's out and, with a backward pass, dq, dk, dv (jax.vjp; the sinks, one logit per
+    head shared by every token, are held as they are)."""
     if not BACKWARD:
         return (kernel_under_test(q, k, v, segment_ids, sinks),)
     out, vjp = jax.vjp(lambda q, k, v: kernel_under_test(q, k, v, segment_ids, sinks), q, k, v)
@@ -22,9 +22,9 @@ def program(q, k, v, segment_ids, cotangent, sinks):
 
 
 def perturbed(inputs, index, redraw):
-    \"\"\"The inputs with the `redraw` tokens' q, k, v and cotangent drawn afresh (standard normal,
+    """The inputs with the `redraw` tokens' q, k, v and cotangent drawn afresh (standard normal,
     jax.random from the key of the seed, the probe's salt and the group's index; the cotangent
-    zero at padding), every other token's as it was.\"\"\"
+    zero at padding), every other token's as it was."""
     key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(SEED), @PERTURB_SALT@), index)
     valid = (SEGMENT_IDS > 0)[:, :, None, None]
     arrays = []
@@ -36,20 +36,12 @@ def perturbed(inputs, index, redraw):
     return arrays
 
 
-def positions_in_segments(segment_ids):
-    \"\"\"[batch, seq]: each token's position within its segment (its index in padding runs).\"\"\"
-    seg = np.asarray(segment_ids)
-    idx = np.broadcast_to(np.arange(seg.shape[1]), seg.shape)
-    new = np.concatenate([np.ones((seg.shape[0], 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
-    return idx - np.maximum.accumulate(np.where(new, idx, 0), axis=1)
-
-
 def redrawn_groups():
-    \"\"\"(name, [batch, seq] tokens redrawn) for each run, as the harness's probe groups them:
+    """(name, [batch, seq] tokens redrawn) for each run, as the harness's probe groups them:
     segments by colour (number + row modulo COLOURS: 2, or 6 in the four groups of
     GROUPS_OF_COLOUR), the padding, then with WINDOW blocks of left + right + 1 tokens inside
     each segment every 3 (left + right + 1) positions, at two phases, and with CHUNK every other
-    chunk of each segment, then the others.\"\"\"
+    chunk of each segment, then the others."""
     valid = SEGMENT_IDS > 0
     colour = (SEGMENT_IDS + np.arange(SEGMENT_IDS.shape[0])[:, None]) % COLOURS
     if COLOURS == 2:
@@ -78,10 +70,10 @@ def redrawn_groups():
 
 
 def depends_on():
-    \"\"\"Per tensor class ("query": out and dq; "key": dk and dv), [batch, seq] first and last
+    """Per tensor class ("query": out and dq; "key": dk and dv), [batch, seq] first and last
     token that each token's values depend on, from the mask (same segment, causal, WINDOW, CHUNK:
     intervals): a query on the keys it reads and itself, a key on the queries that read it and
-    the keys those read.\"\"\"
+    the keys those read."""
     batch, seq = SEGMENT_IDS.shape
     q_lo, q_hi = np.tile(np.arange(seq), (batch, 1)), np.tile(np.arange(seq), (batch, 1))
     k_lo, k_hi = q_lo.copy(), q_hi.copy()

@@ -51,6 +51,14 @@ def draw_inputs():
 def kernel_under_test(q, k, v, segment_ids, sinks=None):
     extra = {} if sinks is None else {"sinks": sinks}
     return kernel(q, k, v, segment_ids, causal=CAUSAL, scale=SCALE, **KERNEL_KWARGS, **extra)
+
+
+def positions_in_segments(segment_ids):
+    """[batch, seq]: each token's position within its segment (its index in padding runs)."""
+    seg = np.asarray(segment_ids)
+    idx = np.broadcast_to(np.arange(seg.shape[1]), seg.shape)
+    new = np.concatenate([np.ones((seg.shape[0], 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    return idx - np.maximum.accumulate(np.where(new, idx, 0), axis=1)
 '''
 
 _FOOTER = '''

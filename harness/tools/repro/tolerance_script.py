@@ -11,14 +11,6 @@ from harness.tools.repro.text import ScriptParts, comment_lines, number_literal
 from harness.tools.repro.trials import Trial
 
 _REFERENCE = '''
-def positions_in_segments(segment_ids):
-    """[batch, seq]: each token's position within its segment (its index in padding runs)."""
-    seg = np.asarray(segment_ids)
-    idx = np.broadcast_to(np.arange(seg.shape[1]), seg.shape)
-    new = np.concatenate([np.ones((seg.shape[0], 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
-    return idx - np.maximum.accumulate(np.where(new, idx, 0), axis=1)
-
-
 def reference_attention(q, k, v, segment_ids, sinks=None):
     """The float32 truth: dense softmax over the tokens of the same segment (and, causal, not
     after the query; within WINDOW and CHUNK, by position in the segment), scores soft-capped
