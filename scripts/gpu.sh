@@ -23,6 +23,10 @@
 #   repro:PATH          a committed reproducer script, its output beside it in repro/
 #   flake:SEEDS         every kernel on the main nightly shapes under SEEDS seeds, into flake/
 #
+# PYSPY (optional): a py-spy binary; each run step then runs under `py-spy record --nonblocking
+# --idle --threads --subprocesses --rate 20 --format raw` (sampling without pausing the run),
+# its raw profile packed beside the step's log as NAME.pyspy.txt.xz (scripts/pyspy_digest.py
+# reads it).
 # HARNESS_ARGS (optional) is appended to every harness command (e.g. `--suite smoke` to try a
 # step on a CPU, as cases/test_gpu_script.py does). Each step runs under what is left of the
 # call (CALL_S seconds, default 570, so that a call of the device tool ends inside its ten
@@ -96,6 +100,12 @@ step() {   # step NAME: its command under the time left, its log, its line in st
   if [ "$(left)" -lt "${MIN_LEFT:-240}" ]; then
     echo "$s not started: $(left)s left" | tee -a "$r/steps.txt"; return; fi
   mapfile -t cmd < <(command_of "$s")
+  local prof=""
+  if [ -n "${PYSPY:-}" ]; then
+    prof=$log.pyspy.txt
+    cmd=("$PYSPY" record --nonblocking --idle --threads --subprocesses --rate 20 --format raw
+         -o "$r/$prof" -- "${cmd[@]}")
+  fi
   if command -v nvidia-smi > /dev/null; then
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 500 \
       > "$r/$log.mem.txt" 2> /dev/null & mon=$!
@@ -110,6 +120,7 @@ step() {   # step NAME: its command under the time left, its log, its line in st
     | awk -F, '{printf " peak memory %d of %d MiB", $1, $2}')
   echo "$s rc=$rc wall=$(( $(date +%s) - t0 ))s${peak}" | tee -a "$r/steps.txt"
   echo "$log.log.txt $log.alloc.txt $log.mem.txt" >> "$r/packed.txt"
+  if [ -n "$prof" ] && [ -f "$r/$prof" ]; then xz -T0 -f "$r/$prof"; echo "$prof.xz" >> "$r/packed.txt"; fi
 }
 for s in "$@"; do
   name=${s#*:}
