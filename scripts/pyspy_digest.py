@@ -1,7 +1,9 @@
 """One thread's time from a py-spy raw profile (`py-spy record --idle --threads --subprocesses
---format raw`): seconds inclusive and self per frame, most first.
+--format raw`): seconds inclusive and self per frame, most first; or, with --under FRAME, the
+seconds spent under FRAME (a frame's text, e.g. backend_compile_and_load) by the harness code
+that called it (its three nearest harness frames).
 
-    python scripts/pyspy_digest.py PROFILE PID THREAD [RATE] [TOP]
+    python scripts/pyspy_digest.py PROFILE PID THREAD [RATE] [TOP] [--under FRAME]
 
 PID: the process (as py-spy names it: "process PID:..."), THREAD: a thread name (MainThread),
 RATE: the sampling rate the profile was taken at (default 20), TOP: lines (default 60)."""
@@ -9,18 +11,23 @@ import collections
 import sys
 
 
-def digest(path: str, pid: str, thread: str, rate: float, top: int) -> str:
-    inclusive, own, total = collections.Counter(), collections.Counter(), 0
+def _stacks(path: str, pid: str, thread: str):
+    """(the thread's frame and those below it, samples) of the thread's stacks."""
     for line in open(path, encoding="utf-8", errors="replace"):
         stack, _, count = line.rstrip("\n").rpartition(" ")
         frames, n = stack.split(";"), int(count)
         if not any(f.startswith(f"process {pid}:") for f in frames[:3]):
             continue
         at = next(i for i, f in enumerate(frames) if f.startswith("thread"))
-        if thread not in frames[at]:
-            continue
+        if thread in frames[at]:
+            yield frames[at:], n
+
+
+def digest(path: str, pid: str, thread: str, rate: float, top: int) -> str:
+    inclusive, own, total = collections.Counter(), collections.Counter(), 0
+    for frames, n in _stacks(path, pid, thread):
         total += n
-        for frame in dict.fromkeys(frames[at + 1:]):
+        for frame in dict.fromkeys(frames[1:]):
             inclusive[frame] += n
         own[frames[-1]] += n
     out = [f"process {pid}, thread {thread}: {total / rate:.1f} s sampled", "", "inclusive s:"]
@@ -29,9 +36,37 @@ def digest(path: str, pid: str, thread: str, rate: float, top: int) -> str:
     return "\n".join(out) + "\n"
 
 
+def _short(frame: str) -> str:   # "probe (harness/judge/leak_probe.py:465)" -> "probe:465"
+    return frame.split(" (")[0] + ":" + frame.rsplit(":", 1)[-1].rstrip(")")
+
+
+def under(path: str, pid: str, thread: str, rate: float, top: int, target: str) -> str:
+    callers, total = collections.Counter(), 0
+    for frames, n in _stacks(path, pid, thread):
+        at = next((i for i, f in enumerate(frames) if target in f), None)
+        if at is None:
+            continue
+        total += n
+        ours = [f for f in frames[:at] if "harness/" in f][-3:][::-1]
+        callers[" < ".join(_short(f) for f in ours) or "(no harness frame)"] += n
+    out = [f"process {pid}, thread {thread}: {total / rate:.1f} s under {target!r}, by the "
+           "harness code that called it (nearest first):", ""]
+    out += [f"{n / rate:8.1f}  {c}" for c, n in callers.most_common(top)]
+    return "\n".join(out) + "\n"
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    target = None
+    if "--under" in args:
+        i = args.index("--under")
+        if i + 1 >= len(args):
+            sys.exit("pyspy_digest.py: --under needs a frame's text")
+        target = args[i + 1]
+        del args[i:i + 2]
     if len(args) < 3:
         sys.exit(__doc__)
-    print(digest(args[0], args[1], args[2], float(args[3]) if len(args) > 3 else 20.0,
-                 int(args[4]) if len(args) > 4 else 60), end="")
+    rate = float(args[3]) if len(args) > 3 else 20.0
+    top = int(args[4]) if len(args) > 4 else 60
+    print(under(args[0], args[1], args[2], rate, top, target) if target
+          else digest(args[0], args[1], args[2], rate, top), end="")
