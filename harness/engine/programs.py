@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from harness.engine import unwritten
+from harness.judge import leak_probe, metrics
 from harness.judge.oracle import (
     gradient_inputs,
     reference_fn,
@@ -44,7 +45,8 @@ from harness.judge.oracle import (
     with_tangents,
 )
 from harness.kernels.kernel import Kernel
-from harness.model.case import Case
+from harness.judge.vocabulary import TENSORS
+from harness.model.case import Case, tangents_program, tangent_statics
 
 DEFAULT = "default"
 DETERMINISTIC = "deterministic"
@@ -58,6 +60,9 @@ DETERMINISTIC_COMPILER_OPTIONS = {"xla_gpu_deterministic_ops": True}
 # speed does not matter. Kernels' default builds compile as users compile them.
 NO_AUTOTUNING = {"xla_gpu_autotune_level": 0}
 ORACLE = "oracle"
+# The harness's own small programs (harness.ahead), compiled ahead: their row of the timing
+# table (programs and compile seconds; waited: the run's waits for one still compiling).
+OWN = "harness's own programs"
 SWITCH_INTERVAL_S = 0.0005
 # Fills and runs of a kernel's checked run until its outputs sit in the filled blocks
 # (harness.engine.unwritten.landed); after that the last run counts as it is.
@@ -303,10 +308,11 @@ class Programs:
             self._build_kernel(program, kernel, case)
         return program
 
-    def prefetch(self, pairs) -> None:
+    def prefetch(self, pairs, probe: bool = True) -> None:
         """Starts tracing and compiling, in order, what (kernel, case) pairs will run: each
         case's oracle, each kernel's default build and, where the probe needs one, its
-        deterministic build."""
+        deterministic build; then the harness's own programs the pair calls (metrics, and with
+        `probe` the leak probe's), from those programs' output shapes."""
         modes = [DEFAULT] + ([self.probe_mode] if self.probe_mode != DEFAULT else [])
         for kernel, case in pairs:
             convention = kernel.chunk_convention
@@ -324,6 +330,8 @@ class Programs:
                                              bool(kernel.deterministic_env))
                 if fresh:
                     self._tracer.submit(self._build_kernel, program, kernel, case)
+                if mode != DETERMINISTIC:   # its outputs are the default build's
+                    self._tracer.submit(self._build_own, kernel, case, mode, probe)
 
     def _entry(self, key, name, markers, mode, reads_environment=False) -> tuple[Program, bool]:
         with self._lock:
@@ -364,6 +372,43 @@ class Programs:
             return
         self._submit(program, lowered, {**DETERMINISTIC_COMPILER_OPTIONS, **self._own}
                      if deterministic else None)
+
+    def _build_own(self, kernel: Kernel, case: Case, mode: str, probe: bool) -> None:
+        """Compiles ahead (harness.ahead) the harness's own programs that the runner, the
+        oracle and the probe call on this pair in `mode` (DEFAULT: the checks and the probe;
+        FORWARD: the jvp check), at the signatures of their calls there: from the lowered
+        outputs of the oracle's and the kernel's programs (a program that failed to lower has
+        no signature: its calls, if any, compile when made)."""
+        def ahead(fn, *shapes, **static):
+            fn.compile_ahead(self._pool.submit, self.timing[OWN], *shapes, **static)
+
+        def outputs(key):
+            lowered = self._lowered.get(key)
+            return None if lowered is None else lowered.out_info
+        convention = kernel.chunk_convention
+        args = argument_shapes(case)
+        seg, flags = args[3], jax.ShapeDtypeStruct((case.batch, case.seq_len), jnp.bool_)
+        n = 1 if mode == FORWARD else len(TENSORS)
+        if mode == FORWARD:                               # make_tangents
+            ahead(tangents_program, jax.ShapeDtypeStruct((), jnp.uint32), flags,
+                  **tangent_statics(case))
+        truth = outputs(self._oracle_key(case, True, convention, mode))
+        peer = outputs(self._oracle_key(case, False, convention, mode))
+        mine = outputs((kernel, _shape(kernel, case), (), mode))
+        if truth is not None and peer is not None:       # reference_for, jvp_reference_for
+            ahead(metrics.stacked_token_errors, peer[:n], truth[:n])
+            ahead(metrics.scales, truth[:n], seg)
+        if mine is None or truth is None:
+            return
+        got = mine[:n]                                    # the runner's per-token errors
+        ahead(metrics.stacked_token_errors, got, truth[:len(got)])
+        if probe and mode == DEFAULT:                     # leak_probe.probe
+            ahead(leak_probe.stacked_changes, got, got)
+            ahead(leak_probe.nonfinite_tokens, got)
+            ahead(metrics.scales, got, seg)
+            ahead(leak_probe.redrawn, jax.ShapeDtypeStruct((), jnp.uint32),
+                  jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.float32),
+                  *args[:3], args[-1], flags, flags)
 
     # ----- the oracle -------------------------------------------------------------------------
 

@@ -356,7 +356,7 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
         return pairs is None or (k.name, c.id) in pairs
     supported = [(k, c) for c in cases for k in kernels
                  if chosen(k, c) and not k.unsupported_reasons(c, platform)]
-    programs.prefetch(supported)
+    programs.prefetch(supported, probe=leak)
     total = KernelCaseResult()
     # The next cases' inputs are drawn while this one runs (numpy draws without the GIL); the
     # leak probe draws its perturbations on the device.

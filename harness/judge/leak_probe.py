@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from harness.ahead import ahead
 from harness.judge.metrics import scales
 from harness.judge.vocabulary import TENSORS
 from harness.model.case import Case, Inputs, device_seed, make_inputs
@@ -83,8 +84,8 @@ TAIL_QUANTILE = 0.99
 GROUPS_CACHE = 16
 
 
-@jax.jit
-def _stacked_changes(base, other):
+@ahead
+def stacked_changes(base, other):
     def one(a, b):
         differs = (a != b) & ~(jnp.isnan(a) & jnp.isnan(b))
         # NaN against NaN is no change; NaN against a number is an infinite one (so that it
@@ -98,12 +99,12 @@ def _stacked_changes(base, other):
 def _changes(base, other) -> list:
     """For each tensor (numpy): [B, T] bool, any value of the token differs (NaN equal to NaN,
     -0 equal to +0); and [B, T] the largest change. One transfer for all tensors."""
-    stacked = np.asarray(jax.device_get(_stacked_changes(base, other)))
+    stacked = np.asarray(jax.device_get(stacked_changes(base, other)))
     return [(d > 0, c) for d, c in stacked]
 
 
-@jax.jit
-def _nonfinite(tensors):
+@ahead
+def nonfinite_tokens(tensors):
     return jnp.stack([(~jnp.isfinite(t.astype(jnp.float32))).any(axis=(2, 3)) for t in tensors])
 
 
@@ -233,8 +234,8 @@ def untouched(deps: dict[str, tuple], redraw: np.ndarray) -> dict[str, np.ndarra
     return {cls: (count[rows, hi + 1] - count[rows, lo]) == 0 for cls, (lo, hi) in deps.items()}
 
 
-@jax.jit
-def _redrawn(seed, index, amplitude, q, k, v, cotangent, redraw, valid):
+@ahead
+def redrawn(seed, index, amplitude, q, k, v, cotangent, redraw, valid):
     """q, k, v and the cotangent with the `redraw` tokens drawn afresh, on the device: standard
     normal from the key of (seed, PERTURB_SALT, index), the values and the cotangent
     `amplitude` times larger, the cotangent zero at padding; every other token's bitwise as
@@ -275,7 +276,7 @@ class _OnDevice:
         if key not in self._args:
             fixed = make_inputs(case).device_args
             redraw = _groups(case, convention)[index][1]
-            q, k, v, ct = _redrawn(device_seed(case), np.int32(index),
+            q, k, v, ct = redrawn(device_seed(case), np.int32(index),
                                    np.float32(amplitude), *fixed[:3], fixed[-1], redraw,
                                    case.segment_ids > 0)
             self._args[key] = (q, k, v, *fixed[3:-1], ct)
@@ -465,7 +466,7 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     runs = [(group, redraw, _perturbation(program, base, case, index, bitwise, thresholds, names,
                                           confirm, convention))
             for index, (group, redraw) in enumerate(groups_)]
-    nonfinite = np.asarray(jax.device_get(_nonfinite(base)))
+    nonfinite = np.asarray(jax.device_get(nonfinite_tokens(base)))
     tokens = int(valid.sum()) * len(groups_)
     return ProbeResult(
         _segment_leaks(case, runs, names, nonfinite, convention),

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from harness.ahead import ahead
 from harness.model.layouts import Segment
 
 
@@ -19,8 +20,8 @@ def _token_errors(x, ref):
             (~finite).sum(axis=(2, 3)))
 
 
-@jax.jit
-def _stacked_token_errors(results, truth):
+@ahead
+def stacked_token_errors(results, truth):
     return jnp.stack([jnp.stack([m, s, n.astype(jnp.float32)])
                       for m, s, n in (_token_errors(x, ref) for x, ref in zip(results, truth))])
 
@@ -30,11 +31,11 @@ def token_errors(results, truth) -> tuple:
     abs error (inf where non-finite), summed abs error, and the count of non-finite values,
     over heads and head dims. One program and one transfer for all: the run waits on the
     device once, not once per array."""
-    stacked = np.asarray(jax.device_get(_stacked_token_errors(results, truth)))
+    stacked = np.asarray(jax.device_get(stacked_token_errors(results, truth)))
     return tuple((m, s, n.astype(np.int64)) for m, s, n in stacked)
 
 
-@jax.jit
+@ahead
 def scales(tensors, segment_ids):
     """Max |x| over valid tokens, for each tensor (stacked, float32: one transfer)."""
     valid = (segment_ids > 0)[:, :, None, None]

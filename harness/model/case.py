@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from harness.ahead import ahead
 from harness.model.features import Features
 from harness.model.layouts import (
     CUSTOM,
@@ -239,14 +240,17 @@ def make_tangents(case: Case) -> tuple:
     kernel's tangent at valid tokens never sees them), and for the sinks (float32) where the
     case has them; drawn on the device (jax.random) from the case's seed. (Drawn with numpy on
     the host, they cost the H200 nightly's worker 9 s on the run's thread.)"""
-    return _tangents(device_seed(case), case.segment_ids == 0, heads=case.heads,
-                     kv_heads=case.kv_heads, head_dim=case.head_dim, value_dim=case.value_dim,
-                     dtype=case.dtype, sinks=bool(case.features.sinks))
+    return tangents_program(device_seed(case), case.segment_ids == 0, **tangent_statics(case))
 
 
-@functools.partial(jax.jit, static_argnames=("heads", "kv_heads", "head_dim", "value_dim",
-                                             "dtype", "sinks"))
-def _tangents(seed, pad, *, heads, kv_heads, head_dim, value_dim, dtype, sinks):
+def tangent_statics(case: Case) -> dict:
+    """tangents_program's static arguments for the case."""
+    return dict(heads=case.heads, kv_heads=case.kv_heads, head_dim=case.head_dim,
+                value_dim=case.value_dim, dtype=case.dtype, sinks=bool(case.features.sinks))
+
+
+@ahead(static_argnames=("heads", "kv_heads", "head_dim", "value_dim", "dtype", "sinks"))
+def tangents_program(seed, pad, *, heads, kv_heads, head_dim, value_dim, dtype, sinks):
     keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), TANGENT_SALT), 4)
     b, t = pad.shape
     scale = jnp.where(pad, PADDING_POISON_SCALE, 1.0)[:, :, None, None]

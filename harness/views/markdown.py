@@ -108,7 +108,10 @@ def timing_lines(header: dict) -> list[str]:
                    f"| {t.get('host_s', 0):.1f} |")
     out += ["", "host: the run's own work on the kernel beside the device and the compiler "
             "(per-token metrics, judging, the leak probe's comparisons, transfers, Python): "
-            "wall less execute and waited."]
+            "wall less execute and waited. The harness's own programs (per-token metrics, the "
+            "probe's perturbations and comparisons, the jvp check's tangents) compile ahead, "
+            "beside the kernels' (their row: waited is the run's wait for one still "
+            "compiling; their runs count in the kernel's host time)."]
     cache = header.get("compilation_cache")
     if cache:
         out += ["", f"compilation cache `{cache.get('dir')}`: {cache.get('hits', 0)} programs "

@@ -1,0 +1,109 @@
+"""The harness's own programs compiled ahead (harness.ahead): the same results as jax.jit, a
+queued signature compiled by its caller, a failed compile raising where jax.jit raises; and a
+run of the matrix compiling none of them on the run's thread."""
+from concurrent.futures import ThreadPoolExecutor
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from harness.ahead import Ahead, ahead
+from harness.engine.programs import OWN, Programs
+from harness.engine.runner import run_matrix
+from harness.judge import leak_probe, metrics
+from harness.kernels.kernel import Kernel, Platform
+from harness.kernels.reference import dot_product
+from harness.model import case as case_module
+from harness.model.case import Case
+from harness.model.features import Features
+from harness.engine.programs import Timing
+
+
+def _shapes(*arrays):
+    return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays)
+
+
+def test_a_signature_compiled_ahead_runs_that_program_and_gives_what_jit_gives():
+    @ahead(static_argnames=("power",))
+    def f(x, y, *, power):
+        return (x * y) ** power
+
+    x, y = jnp.arange(6.0).reshape(2, 3), jnp.ones((2, 3))
+    timing = Timing()
+    with ThreadPoolExecutor(1) as pool:
+        assert f.compile_ahead(pool.submit, timing, *_shapes(x, y), power=2)
+        assert not f.compile_ahead(pool.submit, timing, *_shapes(x, y), power=2), "once"
+    got = f(x, y, power=2)
+    np.testing.assert_array_equal(got, jax.jit(lambda a, b: (a * b) ** 2)(x, y))
+    assert timing.programs == 1 and timing.compile_s > 0
+    assert not f.unforeseen
+    f(x, y, power=3)   # another static argument: not compiled ahead, plain jit
+    assert len(f.unforeseen) == 1
+
+
+def test_a_queued_signature_is_compiled_by_its_caller_and_never_twice():
+    compiled = []
+
+    def f(x):
+        compiled.append(1)   # runs once per trace
+        return x + 1
+
+    g = Ahead(f)
+    queue = []
+    x = jnp.zeros(4)
+    g.compile_ahead(queue.append, Timing(), *_shapes(x))   # queued, not started
+    np.testing.assert_array_equal(g(x), np.ones(4))
+    queue[0]()   # the compile thread comes later: nothing left to do
+    assert len(compiled) == 1 and not g.unforeseen
+
+
+def test_a_signature_that_fails_to_compile_raises_at_the_call_as_jit_does():
+    g = Ahead(lambda x: jnp.reshape(x, (5,)))
+    x = jnp.zeros(4)
+    with ThreadPoolExecutor(1) as pool:
+        g.compile_ahead(pool.submit, Timing(), *_shapes(x))
+    with pytest.raises(TypeError):
+        g(x)
+
+
+def test_a_closed_pool_leaves_the_signature_to_its_caller():
+    g = Ahead(lambda x: x * 2)
+    pool = ThreadPoolExecutor(1)
+    pool.shutdown()
+    x = jnp.ones(3)
+    g.compile_ahead(pool.submit, Timing(), *_shapes(x))
+    np.testing.assert_array_equal(g(x), 2 * np.ones(3))
+
+
+def test_a_matrix_run_compiles_none_of_the_harness_programs_on_its_thread():
+    """Every call the runner, the oracle, the jvp check and the leak probe make was foreseen by
+    Programs.prefetch, at its exact signature: a signature missed there compiles on the run's
+    thread (the H200 cold nightly: 69 s of its worker's 350)."""
+    own = [metrics.stacked_token_errors, metrics.scales, leak_probe.stacked_changes,
+           leak_probe.nonfinite_tokens, leak_probe.redrawn, case_module.tangents_program]
+    assert all(isinstance(f, Ahead) for f in own)
+    before = [set(f.unforeseen) for f in own]
+    kernel = Kernel("dp_ahead", dot_product, forward_mode=True,
+                    features=("window", "softcap", "chunk", "sinks", "head_dim_v"))
+    # Shapes no other test uses, so that their signatures are new to this process.
+    cases = [Case("packed/random", 2, 40, 3, 1, 8, "bfloat16", 3),
+             Case("unpacked/pad-tail", 2, 40, 3, 1, 8, "float16", 4,
+                  features=Features(window=(5, 0), sinks=True)),
+             Case("packed/random", 1, 40, 3, 3, 8, "float32", 5, causal=False,
+                  features=Features(head_dim_v=4))]
+    programs = Programs()
+    try:
+        # Announced and traced first: a call the run makes before the tracer has come to its
+        # pair compiles on the run's thread as it always did (no harm, but not what this
+        # test looks for: signatures that were never foreseen).
+        programs.prefetch([(kernel, c) for c in cases])
+        programs._tracer.submit(lambda: None).result()
+        result = run_matrix([kernel], cases, Platform("cpu"), programs=programs)
+    finally:
+        programs.close()
+    assert not [r for r in result.records if r.verdict in ("error", "skip")]
+    new = {f.__name__: f.unforeseen - b for f, b in zip(own, before)}
+    assert not any(new.values()), f"compiled on the run's thread: {new}"
+    row = programs.report()[OWN]
+    assert row["programs"] >= len(own), row

@@ -1,0 +1,113 @@
+"""The harness's own small device programs (per-token metrics, the leak probe's perturbations
+and comparisons, the jvp check's tangents), compiled ahead of their first call.
+
+Each is a jitted function, `ahead(fn)`: called with a signature (argument shapes and dtypes,
+static arguments) that was compiled ahead, it runs that compiled program; with one that was
+not, it is plain jax.jit and compiles on the caller's thread. harness.engine.programs compiles
+the signatures a case will need in its compile pool, beside the kernels' programs, from the
+lowered programs whose outputs they take. On the H200, compiled on the run's thread, they took
+69 s of the cold nightly worker's 350 (reports/nightly-h200-c9725fe/).
+
+A signature still queued when it is called is compiled by the caller (a queue of kernel
+compiles ahead of it must not hold the run up); one compiling is waited for.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import jax
+import numpy as np
+
+QUEUED, COMPILING = "queued", "compiling"
+
+
+def signature(args, static: dict) -> tuple:
+    """What picks a compiled program: each argument leaf's shape and dtype, the tree, the
+    static arguments."""
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    return (tree, tuple((tuple(np.shape(x)), np.dtype(x.dtype).name if hasattr(x, "dtype")
+                         else type(x).__name__) for x in leaves),
+            tuple(sorted(static.items())))
+
+
+class _Entry:
+    """One signature compiled ahead: compiled by a compile thread, or by its first caller if
+    that comes while it is still queued."""
+
+    def __init__(self, shapes: tuple, static: dict, timing):
+        self.shapes, self.static, self.timing = shapes, static, timing
+        self.state = QUEUED
+        self.compiled: Future = Future()
+
+
+class Ahead:
+    """A jitted function whose signatures can be compiled ahead (`compile_ahead`)."""
+
+    def __init__(self, fn: Callable, static_argnames: tuple[str, ...] = ()):
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", "ahead")
+        self.__doc__ = fn.__doc__
+        self._jit = jax.jit(fn, static_argnames=static_argnames)
+        self._entries: dict[tuple, _Entry] = {}
+        self._lock = threading.Lock()
+        # Calls whose signature had not been compiled ahead (they compiled on their caller's
+        # thread, as jax.jit does): what a test of the prediction counts.
+        self.unforeseen: set[tuple] = set()
+
+    def __call__(self, *args, **static):
+        key = signature(args, static)
+        entry = self._entries.get(key)
+        if entry is None:
+            self.unforeseen.add(key)
+            return self._jit(*args, **static)
+        if not self._compile(entry) and not entry.compiled.done():
+            start = time.perf_counter()
+            entry.compiled.exception()
+            entry.timing.wait_s += time.perf_counter() - start
+        if entry.compiled.exception() is not None:
+            return self._jit(*args, **static)   # raises where it raises, as jax.jit would
+        return entry.compiled.result()(*args)
+
+    def compile_ahead(self, submit: Callable[[Callable[[], None]], object], timing, *shapes,
+                      **static) -> bool:
+        """Compiles the signature of `shapes` (jax.ShapeDtypeStruct trees) and `static` through
+        `submit` (which runs a callable on a compile thread), once; its seconds go to `timing`
+        (harness.engine.programs.Timing). False where it was compiled ahead already."""
+        key = signature(shapes, static)
+        with self._lock:
+            if key in self._entries:
+                return False
+            entry = self._entries[key] = _Entry(shapes, static, timing)
+        timing.programs += 1
+        try:
+            submit(lambda: self._compile(entry))
+        except RuntimeError:   # a closed pool: its first caller compiles it
+            pass
+        return True
+
+    def _compile(self, entry: _Entry) -> bool:
+        """Compiles `entry` here if nobody has begun to; False where somebody had."""
+        with self._lock:
+            if entry.state != QUEUED:
+                return False
+            entry.state = COMPILING
+        start = time.perf_counter()
+        try:
+            compiled = self._jit.lower(*entry.shapes, **entry.static).compile()
+        except BaseException as exc:   # noqa: BLE001 - its caller runs plain jit, raising there
+            entry.compiled.set_exception(exc)
+        else:
+            entry.compiled.set_result(compiled)
+        with self._lock:
+            entry.timing.compile_s += time.perf_counter() - start
+        return True
+
+
+def ahead(fn: Callable | None = None, *, static_argnames: tuple[str, ...] = ()):
+    """`@ahead` or `@ahead(static_argnames=...)`: `fn` jitted, compilable ahead."""
+    if fn is None:
+        return lambda f: Ahead(f, static_argnames)
+    return Ahead(fn, static_argnames)
