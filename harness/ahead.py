@@ -33,6 +33,12 @@ def signature(args, static: dict) -> tuple:
             tuple(sorted(static.items())))
 
 
+def _spread(args) -> bool:
+    """Some argument is an array sharded over several devices (a sharded kernel's outputs)."""
+    return any(len(getattr(getattr(x, "sharding", None), "device_set", ())) > 1
+               for x in jax.tree_util.tree_leaves(args))
+
+
 class _Entry:
     """One signature compiled ahead: compiled by a compile thread, or by its first caller if
     that comes while it is still queued."""
@@ -58,6 +64,8 @@ class Ahead:
         self.unforeseen: set[tuple] = set()
 
     def __call__(self, *args, **static):
+        if _spread(args):   # compiled ahead for one device: arrays over several run plain jit
+            return self._jit(*args, **static)
         key = signature(args, static)
         entry = self._entries.get(key)
         if entry is None:
