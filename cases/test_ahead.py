@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harness.ahead import Ahead, ahead
-from harness.engine.programs import OWN, Programs
+from harness.engine.programs import OWN, Programs, Timing
 from harness.engine.runner import run_matrix
 from harness.judge import leak_probe, metrics
 from harness.kernels.kernel import Kernel, Platform
@@ -17,7 +17,6 @@ from harness.kernels.reference import dot_product
 from harness.model import case as case_module
 from harness.model.case import Case
 from harness.model.features import Features
-from harness.engine.programs import Timing
 
 
 def _shapes(*arrays):

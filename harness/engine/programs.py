@@ -34,8 +34,7 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 
-from harness.engine import unwritten
-from harness.judge import leak_probe, metrics
+from harness.engine import own_programs, unwritten
 from harness.judge.oracle import (
     gradient_inputs,
     reference_fn,
@@ -45,8 +44,7 @@ from harness.judge.oracle import (
     with_tangents,
 )
 from harness.kernels.kernel import Kernel
-from harness.judge.vocabulary import TENSORS
-from harness.model.case import Case, tangents_program, tangent_statics
+from harness.model.case import Case
 
 DEFAULT = "default"
 DETERMINISTIC = "deterministic"
@@ -374,41 +372,18 @@ class Programs:
                      if deterministic else None)
 
     def _build_own(self, kernel: Kernel, case: Case, mode: str, probe: bool) -> None:
-        """Compiles ahead (harness.ahead) the harness's own programs that the runner, the
-        oracle and the probe call on this pair in `mode` (DEFAULT: the checks and the probe;
-        FORWARD: the jvp check), at the signatures of their calls there: from the lowered
-        outputs of the oracle's and the kernel's programs (a program that failed to lower has
-        no signature: its calls, if any, compile when made)."""
-        def ahead(fn, *shapes, **static):
-            fn.compile_ahead(self._pool.submit, self.timing[OWN], *shapes, **static)
-
+        """Compiles ahead the harness's own programs this pair calls in `mode`
+        (harness.engine.own_programs), from the outputs of the programs lowered so far."""
         def outputs(key):
             lowered = self._lowered.get(key)
             return None if lowered is None else lowered.out_info
         convention = kernel.chunk_convention
-        args = argument_shapes(case)
-        seg, flags = args[3], jax.ShapeDtypeStruct((case.batch, case.seq_len), jnp.bool_)
-        n = 1 if mode == FORWARD else len(TENSORS)
-        if mode == FORWARD:                               # make_tangents
-            ahead(tangents_program, jax.ShapeDtypeStruct((), jnp.uint32), flags,
-                  **tangent_statics(case))
-        truth = outputs(self._oracle_key(case, True, convention, mode))
-        peer = outputs(self._oracle_key(case, False, convention, mode))
-        mine = outputs((kernel, _shape(kernel, case), (), mode))
-        if truth is not None and peer is not None:       # reference_for, jvp_reference_for
-            ahead(metrics.stacked_token_errors, peer[:n], truth[:n])
-            ahead(metrics.scales, truth[:n], seg)
-        if mine is None or truth is None:
-            return
-        got = mine[:n]                                    # the runner's per-token errors
-        ahead(metrics.stacked_token_errors, got, truth[:len(got)])
-        if probe and mode == DEFAULT:                     # leak_probe.probe
-            ahead(leak_probe.stacked_changes, got, got)
-            ahead(leak_probe.nonfinite_tokens, got)
-            ahead(metrics.scales, got, seg)
-            ahead(leak_probe.redrawn, jax.ShapeDtypeStruct((), jnp.uint32),
-                  jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.float32),
-                  *args[:3], args[-1], flags, flags)
+        own_programs.compile_ahead(
+            case, mode == FORWARD, probe, argument_shapes(case),
+            outputs(self._oracle_key(case, True, convention, mode)),
+            outputs(self._oracle_key(case, False, convention, mode)),
+            outputs((kernel, _shape(kernel, case), (), mode)), self._pool.submit,
+            self.timing[OWN])
 
     # ----- the oracle -------------------------------------------------------------------------
 

@@ -277,8 +277,8 @@ class _OnDevice:
             fixed = make_inputs(case).device_args
             redraw = _groups(case, convention)[index][1]
             q, k, v, ct = redrawn(device_seed(case), np.int32(index),
-                                   np.float32(amplitude), *fixed[:3], fixed[-1], redraw,
-                                   case.segment_ids > 0)
+                                  np.float32(amplitude), *fixed[:3], fixed[-1], redraw,
+                                  case.segment_ids > 0)
             self._args[key] = (q, k, v, *fixed[3:-1], ct)
         return self._args[key]
 

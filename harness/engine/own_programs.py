@@ -1,0 +1,42 @@
+"""Which of the harness's own small programs (harness.ahead) a (kernel, case) pair will call,
+at which signatures: read from the lowered outputs of the oracle's and the kernel's programs,
+so that harness.engine.programs compiles them ahead in its pool, beside the kernels'."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from harness.judge import leak_probe, metrics
+from harness.judge.vocabulary import TENSORS
+from harness.model.case import Case, tangent_statics, tangents_program
+
+def compile_ahead(case: Case, forward: bool, probe: bool, args: tuple, truth, peer, mine,
+                  submit, timing) -> None:
+    """Compiles ahead the programs the runner, the oracle and the probe call on a pair, at the
+    signatures of their calls there: for its checks and probe, or with `forward` its jvp check.
+    `args`: the kernel program's argument shapes; `truth`, `peer`, `mine`: the output shapes
+    of the oracle's programs and the kernel's (None for one that failed to lower: its calls,
+    if any, compile when made); `submit` runs a callable on a compile thread; `timing` takes
+    the seconds (harness.engine.programs.Timing)."""
+    def ahead(fn, *shapes, **static):
+        fn.compile_ahead(submit, timing, *shapes, **static)
+
+    seg, flags = args[3], jax.ShapeDtypeStruct((case.batch, case.seq_len), jnp.bool_)
+    n = 1 if forward else len(TENSORS)
+    if forward:                                       # make_tangents
+        ahead(tangents_program, jax.ShapeDtypeStruct((), jnp.uint32), flags,
+              **tangent_statics(case))
+    if truth is not None and peer is not None:       # reference_for, jvp_reference_for
+        ahead(metrics.stacked_token_errors, peer[:n], truth[:n])
+        ahead(metrics.scales, truth[:n], seg)
+    if mine is None or truth is None:
+        return
+    got = mine[:n]                                    # the runner's per-token errors
+    ahead(metrics.stacked_token_errors, got, truth[:len(got)])
+    if probe and not forward:                         # leak_probe.probe
+        ahead(leak_probe.stacked_changes, got, got)
+        ahead(leak_probe.nonfinite_tokens, got)
+        ahead(metrics.scales, got, seg)
+        ahead(leak_probe.redrawn, jax.ShapeDtypeStruct((), jnp.uint32),
+              jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.float32),
+              *args[:3], args[-1], flags, flags)
