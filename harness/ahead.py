@@ -21,6 +21,8 @@ from concurrent.futures import Future
 import jax
 import numpy as np
 
+from harness.compiling import compile_lowered
+
 QUEUED, COMPILING = "queued", "compiling"
 
 
@@ -104,7 +106,7 @@ class Ahead:
             entry.state = COMPILING
         start = time.perf_counter()
         try:
-            compiled = self._jit.lower(*entry.shapes, **entry.static).compile()
+            compiled = compile_lowered(self._jit.lower(*entry.shapes, **entry.static))
         except BaseException as exc:   # noqa: BLE001 - its caller runs plain jit, raising there
             entry.compiled.set_exception(exc)
         else:

@@ -365,8 +365,8 @@ def pytest_collection_finish(session):
 
 
 def _stop_lanes(config, parts: Path) -> list[dict]:
-    """Controller: the lanes stopped (pytest may stop early); each lane worker's probe mode and
-    timing, for the report's header."""
+    """Controller: the lanes stopped (pytest may stop early); each lane worker's probe mode,
+    timing and compilation-cache lookups, for the report's header."""
     lanes = getattr(config, "_harness_lanes", None)
     if not lanes:
         return []
@@ -381,7 +381,8 @@ def _stop_lanes(config, parts: Path) -> list[dict]:
         except Exception:  # a worker killed before its header was written
             continue
         runs.append({"probe_mode": header.get("probe_mode", "default"),
-                     "timing": header.get("timing", {})})
+                     "timing": header.get("timing", {}),
+                     "compilation_cache": header.get("compilation_cache")})
     return runs
 
 
@@ -403,7 +404,9 @@ def record_sink(request):
     if writer is not None:
         from harness.engine.compilation_cache import cache_stats
         programs = getattr(request.config, "_harness_programs", None)
-        writer.close(probe_mode=programs.probe_mode if programs else "default",
+        # A part whose tests all took their records from the lanes ran no probe: it names no
+        # probe mode (the lanes name theirs).
+        writer.close(probe_mode=programs.probe_mode if programs else None,
                      timing=programs.report() if programs else {},
                      compilation_cache={"dir": _options(request.config).cache_dir,
                                         **cache_stats()})
@@ -435,12 +438,12 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
     from harness.engine import engine
     from harness.engine.environment import describe_host
     from harness.store import report_file as rec
-    from harness.store.merge import merge_reports, merge_timing
+    from harness.store.merge import merge_cache, merge_reports, merge_timing
     from harness.store.writer import FINISHED, INTERRUPTED
     options = _options(config)
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop is not False
     runs = [rec.read(s)[0] for s in sources] + lane_runs
-    modes = sorted({r.get("probe_mode") or "default" for r in runs})
+    modes = sorted({r["probe_mode"] for r in runs if r.get("probe_mode")}) or ["default"]
     report_dir = _report_dir(config)
     info = engine.run_info(options, config._harness_selection)
     if sources:
@@ -454,6 +457,8 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
         report_dir, options, state=INTERRUPTED if interrupted else FINISHED, console=False,
         wall_s=round(time.monotonic() - config._harness_start, 1),
         timing=merge_timing([r.get("timing") for r in runs]),
+        # The lanes compiled (or read from the cache) what the tests' own processes did not.
+        compilation_cache=merge_cache(runs),
         probe_mode=modes[0] if len(modes) == 1 else modes, environment=environment)
     header, records = rec.read(report_dir)
     print(f"\nharness report: {report_dir}/ ({len(records)} records, wall time "

@@ -1,7 +1,8 @@
 """jax's persistent compilation cache: turned on in a folder (`enable_compilation_cache`, the
 option --compilation-cache or HARNESS_COMPILATION_CACHE; its default is
 harness.engine.options.DEFAULT_CACHE_DIR), and this process's hits and misses as jax reports
-them (`cache_stats`: a run's header keeps them)."""
+them, with the compiles tried again after a host failure (harness.compiling) where there were
+any (`cache_stats`: a run's header keeps them)."""
 from __future__ import annotations
 
 import os
@@ -50,5 +51,10 @@ jax.monitoring.register_event_listener(_count_cache_event)
 
 def cache_stats() -> dict:
     """This process's compilation-cache lookups: hits (compiled programs read from disk) and
-    misses (compiled here, then written)."""
-    return {"hits": _CACHE_EVENTS["cache_hits"], "misses": _CACHE_EVENTS["cache_misses"]}
+    misses (compiled here, then written); `retried`, where any compile was tried again after
+    the host could not start the compiler (harness.compiling)."""
+    from harness.compiling import retried
+    stats = {"hits": _CACHE_EVENTS["cache_hits"], "misses": _CACHE_EVENTS["cache_misses"]}
+    if retried():
+        stats["retried"] = retried()
+    return stats

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 
+from harness.compiling import compile_lowered
 from harness.engine import own_programs, unwritten
 from harness.judge.oracle import (
     gradient_inputs,
@@ -435,7 +436,7 @@ class Programs:
     def _compile(self, program: Program, lowered, options) -> None:
         start = time.perf_counter()
         try:
-            compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
+            compiled = compile_lowered(lowered, options)
         except BaseException as exc:
             seconds = time.perf_counter() - start
             outcome = program.compiled.set_exception, exc

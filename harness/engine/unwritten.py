@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from harness.compiling import compile_lowered
+
 POISON_BYTE = 0xFF
 _FILLS: dict[int, object] = {}     # bytes -> the compiled fill of that many bytes
 _LOCK = threading.Lock()
@@ -40,7 +42,8 @@ def _fill(nbytes: int):
     with _LOCK:
         fill = _FILLS.get(nbytes)
     if fill is None:
-        fill = jax.jit(lambda: jnp.full((nbytes,), POISON_BYTE, jnp.uint8)).lower().compile()
+        fill = compile_lowered(
+            jax.jit(lambda: jnp.full((nbytes,), POISON_BYTE, jnp.uint8)).lower())
         with _LOCK:
             fill = _FILLS.setdefault(nbytes, fill)
     return fill

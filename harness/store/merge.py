@@ -37,14 +37,19 @@ def merged_environment(environments: list[dict]) -> dict:
 
 
 def merge_cache(headers: list[dict]) -> dict | None:
-    """The compilation cache's hits and misses summed over the sources' processes."""
+    """The compilation cache's hits and misses (and compiles retried) summed over the sources'
+    processes."""
     seen = [h["compilation_cache"] for h in headers if h.get("compilation_cache")]
     if not seen:
         return None
     dirs = sorted({str(c.get("dir")) for c in seen})
-    return {"dir": dirs[0] if len(dirs) == 1 else dirs,
-            "hits": sum(c.get("hits", 0) for c in seen),
-            "misses": sum(c.get("misses", 0) for c in seen)}
+    out = {"dir": dirs[0] if len(dirs) == 1 else dirs,
+           "hits": sum(c.get("hits", 0) for c in seen),
+           "misses": sum(c.get("misses", 0) for c in seen)}
+    retried = sum(c.get("retried", 0) for c in seen)
+    if retried:
+        out["retried"] = retried
+    return out
 
 
 def merged_selection(headers: list[dict]) -> dict | None:

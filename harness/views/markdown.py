@@ -73,6 +73,9 @@ def run_line(header: dict, marked: bool = True) -> str:
             "cold" if not cache.get("hits") else "partly warm")
         parts.append(f"compilation cache {warmth} ({cache.get('hits', 0)} hits, "
                      f"{cache.get('misses', 0)} misses)")
+        if cache.get("retried"):
+            parts.append(f"{cache['retried']} compile(s) tried again after the host could not "
+                         "start the compiler")
     if header.get("leak_probe") is False:
         parts.append("leak probe off (--no-leak-probe)")
     elif header.get("probe_mode"):
