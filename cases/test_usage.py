@@ -190,6 +190,18 @@ def test_a_run_stopped_by_sigterm_keeps_its_report(tmp_path):
     assert "interrupted" in (tmp_path / "r" / "summary.md").read_text()
 
 
+def test_the_readme_commands_script_answers_help_and_refuses_what_it_does_not_know():
+    """`--help` prints its usage and runs no block; an unknown option is a usage error (it ran
+    every block before, taking --help for no option at all)."""
+    script = [sys.executable, str(ROOT / "scripts" / "readme_commands.py")]
+    helped = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and "--python312" in helped.stdout, helped.stdout
+    assert "$ " not in helped.stdout, "a block ran"
+    wrong = subprocess.run([*script, "--bogus"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "unrecognized arguments: --bogus" in wrong.stderr
+    assert not wrong.stdout
+
+
 def test_every_command_block_runs_in_ci_or_says_why_not():
     """README.md and docs/*.md: every ```sh block runs in CI as written, or says why not (it
     needs a GPU, or CI's Python 3.12 stage runs it); the two commands run first, by name."""

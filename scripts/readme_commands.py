@@ -16,6 +16,7 @@ A ```sh block runs unless the line before it (blank lines aside) marks it:
 """
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
@@ -69,17 +70,35 @@ def _run(label: str, commands: str) -> int:
     return done.returncode
 
 
+def _arguments(argv: list[str]) -> argparse.Namespace:
+    """The options; --help prints this script's doc and runs nothing."""
+    parser = argparse.ArgumentParser(prog="readme_commands.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--run", metavar="NAME",
+                       help="the one block marked <!-- CI's first stage: NAME -->, timed")
+    which.add_argument("--python312", action="store_true",
+                       help="the blocks marked <!-- CI's Python 3.12 stage -->")
+    parser.add_argument("--list", action="store_true",
+                        help="say which blocks run and which not (and why); run none")
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str]) -> int:
+    args = _arguments(argv)
     found = all_blocks()
-    if "--run" in argv:
-        name = argv[argv.index("--run") + 1]
+    if args.run is not None:
+        name = args.run
         marked = [(page, c) for page, c, why in found if why and f"--run {name})" in why]
         if len(marked) != 1:
             print(f"readme_commands: error: {len(marked)} blocks marked "
                   f"<!-- CI's first stage: {name} -->, not one", file=sys.stderr)
             return 2
+        if args.list:
+            print(f"[{marked[0][0]} {name}] runs: {marked[0][1].splitlines()[0]}")
+            return 0
         return 1 if _run(f"{marked[0][0]} {name}", marked[0][1]) else 0
-    python312 = "--python312" in argv
+    python312 = args.python312
     for n, (page, commands, why) in enumerate(found, 1):
         head = commands.splitlines()[0]
         label = f"{n}/{len(found)} {page}"
@@ -87,7 +106,7 @@ def main(argv: list[str]) -> int:
             why = None if why == PY312 else "not the Python 3.12 stage's"
         elif why == PY312:
             why = "CI's Python 3.12 stage runs it"
-        if why or "--list" in argv:
+        if why or args.list:
             print(f"[{label}] {'skip: ' + why if why else 'runs'}: {head}", flush=True)
             continue
         if _run(label, commands):
