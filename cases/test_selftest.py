@@ -1,6 +1,5 @@
 """The harness's bug zoo (python -m harness selftest): every bug caught, exactly where it lives,
 no correct kernel flagged; an uncatchable entry or a flagged correct kernel turns it red."""
-import argparse
 import io
 
 import pytest

@@ -56,7 +56,7 @@ def check_backend() -> None:
             + (f"; is there a {chosen} device and jax's plugin for it (for cuda: "
                "pip install -e '.[gpu]')? JAX_PLATFORMS=cpu, or unset, runs on the CPU"
                if chosen else ""))
-        raise UsageError(f"jax cannot start its backend"
+        raise UsageError("jax cannot start its backend"
                          + (f" (JAX_PLATFORMS={chosen})" if chosen else "")
                          + f": {why}") from None
 
