@@ -156,3 +156,50 @@ def test_behaviour_unchanged_sees_equal_records_and_one_changed_error(tmp_path):
     other = check(changed)
     assert other.returncode == 1, other.stdout + other.stderr
     assert "differ: 1" in other.stdout and "only after: 1" in other.stdout, other.stdout
+
+
+def test_a_baseline_file_keeps_only_what_the_gate_reads_and_judges_as_the_whole_records(
+        runs, tmp_path):
+    """`harness baseline` cuts each record to regression.BASELINE_FIELDS (the full records of
+    two nightlies with the feature cases: 5.2 MB, cut 2.1 MB): against the file, a run with a
+    planted growth, a flip, an error and a lost check regresses exactly as against the
+    baseline's whole records."""
+    import json
+
+    from harness.views.compare import write_baseline
+    first, second = runs
+    for name, records in (("a", first), ("b", second)):
+        rec.write_report(tmp_path / name / rec.RECORDS_FILE, {"platform": "gpu"}, records,
+                         suite="nightly")
+    out = tmp_path / "base.jsonl.gz"
+    assert write_baseline(out, [tmp_path / "a", tmp_path / "b"]) == 0
+    header, cut = rec.read(out)
+    assert header["baseline_fields"] == list(regression.BASELINE_FIELDS)
+    import gzip
+    rows = [json.loads(line) for line in gzip.open(out, "rt").read().splitlines()[1:]]
+    assert all(set(row) <= {"type", *regression.BASELINE_FIELDS} for row in rows)
+    whole = regression.baseline_from_runs([first, second])
+    assert [b.key for b in cut] == [b.key for b in whole]
+    stable = next(b for b in whole if b.outcome == "ok" and b.ratio and b.max_abs_err
+                  and regression.err_range(b)[0] == regression.err_range(b)[1])
+    leak = next(r for r in second if r.check == "leak" and r.verdict == "pass")
+    errs = next(r for r in second if r.check == "contract")
+    lost = next(r for r in second if r.check == "dq")
+    planted = []
+    for r in second:
+        if r.key == stable.key:
+            r = r.replace(max_abs_err=r.max_abs_err * 3, ratio=r.ratio * 3)
+        elif r.key == leak.key:
+            r = r.replace(verdict="fail", outcome="fail")
+        elif r.key == errs.key:
+            r = r.replace(verdict="error", outcome="error", message="boom")
+        elif r.key == lost.key:
+            continue
+        planted.append(r)
+    against_file = regression.compare(planted, cut)
+    against_whole = regression.compare(planted, whole)
+    assert against_file.regressions == against_whole.regressions
+    assert len(against_file.grown) == 1 and len(against_file.flips) == 2   # leak, contract
+    assert any("now errors: boom" in line for line in against_file.regressions)
+    assert any("ran in the baseline and not now (dq)" in line
+               for line in against_file.regressions)

@@ -31,9 +31,11 @@ def write_header(path: Path, environment: dict, **run_info) -> None:
                             **run_info}) + "\n")
 
 
-def write_report(path: str | Path, environment: dict, records: list, **run_info) -> Path:
+def write_report(path: str | Path, environment: dict, records: list,
+                 fields: tuple[str, ...] | None = None, **run_info) -> Path:
     """A whole report in one go (header and records), gzip-compressed where the name ends in
-    .gz: the form committed baselines take."""
+    .gz: the form committed baselines take; `fields`: each record's JSON keeps only these
+    (harness.judge.regression.BASELINE_FIELDS; reading fills the rest with their defaults)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -41,7 +43,10 @@ def write_report(path: str | Path, environment: dict, records: list, **run_info)
         f.write(json.dumps({"type": "run", "schema": SCHEMA, "environment": environment,
                             **run_info}) + "\n")
         for r in records:
-            f.write(json.dumps({"type": "record", **r.to_json()}) + "\n")
+            row = r.to_json()
+            if fields is not None:
+                row = {k: x for k, x in row.items() if k in fields}
+            f.write(json.dumps({"type": "record", **row}) + "\n")
     return path
 
 

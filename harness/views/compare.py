@@ -120,7 +120,8 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
 
 def write_baseline(out_path, sources) -> int:
     """`python -m harness baseline OUT RUN...`: one baseline from several runs of the same
-    selection, with each check's error range over them (regression.baseline_from_runs)."""
+    selection, with each check's error range over them (regression.baseline_from_runs), each
+    record cut to what the gate reads (regression.BASELINE_FIELDS)."""
     headers, runs = [], []
     for src in sources:
         header, records = rec.read(src)
@@ -130,6 +131,8 @@ def write_baseline(out_path, sources) -> int:
     header = {k: x for k, x in headers[0].items() if k not in ("type", "schema", "environment")}
     header["baseline_of"] = [{"path": str(s), "environment": h.get("environment"),
                               "wall_s": h.get("wall_s")} for s, h in zip(sources, headers)]
-    rec.write_report(out_path, headers[0].get("environment", {}), records, **header)
+    header["baseline_fields"] = list(regression.BASELINE_FIELDS)
+    rec.write_report(out_path, headers[0].get("environment", {}), records,
+                     fields=regression.BASELINE_FIELDS, **header)
     print(f"baseline of {len(sources)} runs: {len(records)} records -> {out_path}")
     return 0
