@@ -161,7 +161,7 @@ def test_behaviour_unchanged_sees_equal_records_and_one_changed_error(tmp_path):
 def test_a_baseline_file_keeps_only_what_the_gate_reads_and_judges_as_the_whole_records(
         runs, tmp_path):
     """`harness baseline` cuts each record to regression.BASELINE_FIELDS (the full records of
-    two nightlies with the feature cases: 5.2 MB, cut 2.1 MB): against the file, a run with a
+    two nightlies with the feature cases: 5.2 MB, cut 2.0 MB): against the file, a run with a
     planted growth, a flip, an error and a lost check regresses exactly as against the
     baseline's whole records."""
     import json

@@ -434,6 +434,12 @@ def pytest_sessionfinish(session, exitstatus):
             lock.release()
 
 
+def probe_modes(runs: list[dict]) -> list[str]:
+    """The probe modes the run's processes name: a process that ran no probe (its tests took
+    their records from the lanes) names none, so it adds no "default" beside the lanes' mode."""
+    return sorted({r["probe_mode"] for r in runs if r.get("probe_mode")}) or ["default"]
+
+
 def _finish(config, session, exitstatus, sources, lane_runs) -> None:
     from harness.engine import engine
     from harness.engine.environment import describe_host
@@ -443,7 +449,7 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
     options = _options(config)
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop is not False
     runs = [rec.read(s)[0] for s in sources] + lane_runs
-    modes = sorted({r["probe_mode"] for r in runs if r.get("probe_mode")}) or ["default"]
+    modes = probe_modes(runs)
     report_dir = _report_dir(config)
     info = engine.run_info(options, config._harness_selection)
     if sources:

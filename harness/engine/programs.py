@@ -436,7 +436,7 @@ class Programs:
     def _compile(self, program: Program, lowered, options) -> None:
         start = time.perf_counter()
         try:
-            compiled = compile_lowered(lowered, options)
+            compiled = compile_lowered(lowered, options, what=f"{program.name} ({program.mode})")
         except BaseException as exc:
             seconds = time.perf_counter() - start
             outcome = program.compiled.set_exception, exc

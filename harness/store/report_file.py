@@ -32,9 +32,9 @@ def write_header(path: Path, environment: dict, **run_info) -> None:
 
 
 def write_report(path: str | Path, environment: dict, records: list,
-                 fields: tuple[str, ...] | None = None, **run_info) -> Path:
+                 keep_fields: tuple[str, ...] | None = None, **run_info) -> Path:
     """A whole report in one go (header and records), gzip-compressed where the name ends in
-    .gz: the form committed baselines take; `fields`: each record's JSON keeps only these
+    .gz: the form committed baselines take; `keep_fields`: each record's JSON keeps only these
     (harness.judge.regression.BASELINE_FIELDS; reading fills the rest with their defaults)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,8 +44,8 @@ def write_report(path: str | Path, environment: dict, records: list,
                             **run_info}) + "\n")
         for r in records:
             row = r.to_json()
-            if fields is not None:
-                row = {k: x for k, x in row.items() if k in fields}
+            if keep_fields is not None:
+                row = {k: x for k, x in row.items() if k in keep_fields}
             f.write(json.dumps({"type": "record", **row}) + "\n")
     return path
 

@@ -133,6 +133,6 @@ def write_baseline(out_path, sources) -> int:
                               "wall_s": h.get("wall_s")} for s, h in zip(sources, headers)]
     header["baseline_fields"] = list(regression.BASELINE_FIELDS)
     rec.write_report(out_path, headers[0].get("environment", {}), records,
-                     fields=regression.BASELINE_FIELDS, **header)
+                     keep_fields=regression.BASELINE_FIELDS, **header)
     print(f"baseline of {len(sources)} runs: {len(records)} records -> {out_path}")
     return 0
