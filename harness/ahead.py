@@ -26,19 +26,20 @@ from harness.compiling import compile_lowered
 QUEUED, COMPILING = "queued", "compiling"
 
 
-def signature(args, static: dict) -> tuple:
+def signature(args, static: dict, flat: tuple | None = None) -> tuple:
     """What picks a compiled program: each argument leaf's shape and dtype, the tree, the
-    static arguments."""
-    leaves, tree = jax.tree_util.tree_flatten(args)
+    static arguments. `flat`: `args` already flattened (jax.tree_util.tree_flatten)."""
+    leaves, tree = flat if flat is not None else jax.tree_util.tree_flatten(args)
     return (tree, tuple((tuple(np.shape(x)), np.dtype(x.dtype).name if hasattr(x, "dtype")
                          else type(x).__name__) for x in leaves),
             tuple(sorted(static.items())))
 
 
-def _spread(args) -> bool:
-    """Some argument is an array sharded over several devices (a sharded kernel's outputs)."""
+def _spread(leaves) -> bool:
+    """Some argument leaf is an array sharded over several devices (a sharded kernel's
+    outputs)."""
     return any(len(getattr(getattr(x, "sharding", None), "device_set", ())) > 1
-               for x in jax.tree_util.tree_leaves(args))
+               for x in leaves)
 
 
 class _Entry:
@@ -66,9 +67,10 @@ class Ahead:
         self.unforeseen: set[tuple] = set()
 
     def __call__(self, *args, **static):
-        if _spread(args):   # compiled ahead for one device: arrays over several run plain jit
+        flat = jax.tree_util.tree_flatten(args)   # once: the spread check and the signature
+        if _spread(flat[0]):   # compiled ahead for one device: arrays over several run plain jit
             return self._jit(*args, **static)
-        key = signature(args, static)
+        key = signature(args, static, flat)
         entry = self._entries.get(key)
         if entry is None:
             self.unforeseen.add(key)

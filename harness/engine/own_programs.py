@@ -10,6 +10,7 @@ from harness.judge import leak_probe, metrics
 from harness.judge.vocabulary import TENSORS
 from harness.model.case import Case, tangent_statics, tangents_program
 
+
 def compile_ahead(case: Case, forward: bool, probe: bool, args: tuple, truth, peer, mine,
                   submit, timing) -> None:
     """Compiles ahead the programs the runner, the oracle and the probe call on a pair, at the
