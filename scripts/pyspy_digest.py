@@ -7,8 +7,8 @@ that called it (its three nearest harness frames).
 
 PID: the process (as py-spy names it: "process PID:..."), THREAD: a thread name (MainThread),
 RATE: the sampling rate the profile was taken at (default 20), TOP: lines (default 60)."""
+import argparse
 import collections
-import sys
 
 
 def _stacks(path: str, pid: str, thread: str):
@@ -56,17 +56,14 @@ def under(path: str, pid: str, thread: str, rate: float, top: int, target: str) 
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    target = None
-    if "--under" in args:
-        i = args.index("--under")
-        if i + 1 >= len(args):
-            sys.exit("pyspy_digest.py: --under needs a frame's text")
-        target = args[i + 1]
-        del args[i:i + 2]
-    if len(args) < 3:
-        sys.exit(__doc__)
-    rate = float(args[3]) if len(args) > 3 else 20.0
-    top = int(args[4]) if len(args) > 4 else 60
-    print(under(args[0], args[1], args[2], rate, top, target) if target
-          else digest(args[0], args[1], args[2], rate, top), end="")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("profile")
+    parser.add_argument("pid")
+    parser.add_argument("thread")
+    parser.add_argument("rate", nargs="?", type=float, default=20.0)
+    parser.add_argument("top", nargs="?", type=int, default=60)
+    parser.add_argument("--under", metavar="FRAME", help="a frame's text")
+    a = parser.parse_intermixed_args()
+    print(under(a.profile, a.pid, a.thread, a.rate, a.top, a.under) if a.under
+          else digest(a.profile, a.pid, a.thread, a.rate, a.top), end="")
