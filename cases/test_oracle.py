@@ -162,3 +162,31 @@ def test_a_drops_prediction_compiles_each_shape_once_in_the_runs_programs(monkey
     programs.close()
     assert oracle._shared_programs is None
     assert prediction(*second, "row") == plain[1]
+
+
+def test_each_reference_computed_once_per_case():
+    """The runner computes a case's references once for all its kernels: a kernel whose
+    failing checks are diagnosed (the case held without each of its features) does not push
+    the case's own reference out for the next kernel. On a case with two droppable features,
+    the old two-entry cache computed the case's reference again for the kernel after the
+    broken one."""
+    from harness.engine.programs import ORACLE, Programs
+    from harness.engine.runner import run_matrix
+    from harness.judge.oracle import forget_references
+    from harness.kernels.kernel import Platform
+    from harness.tools.zoo import entries
+
+    by_name = {e.name: e.kernel for e in entries()}
+    kernels = [by_name["window_dropped"], by_name["ok_features_dense"]]
+    case = Case("packed/random", 2, 128, 2, 2, 16, "float32", seed=3,
+                features=Features(window=(7, 0), softcap=2.0))
+    forget_references()
+    programs = Programs()
+    try:
+        out = run_matrix(kernels, [case], Platform("cpu"), programs=programs, leak=False)
+    finally:
+        programs.close()
+    assert any(r.diagnosis for r in out.records if r.kernel == "window_dropped")
+    # Truth and peer: of the case, of the case without the window, without the soft cap; and
+    # the jvp check's (the correct kernel has forward mode).
+    assert programs.timing[ORACLE].runs == 2 * 3 + 2

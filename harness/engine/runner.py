@@ -33,7 +33,7 @@ from harness.engine.programs import (
 from harness.engine.memory import requested_bytes
 from harness.judge import judging, leak_probe
 from harness.judge.metrics import token_errors
-from harness.judge.oracle import jvp_reference_for, reference_for
+from harness.judge.oracle import forget_references, jvp_reference_for, reference_for
 from harness.judge.record import Record, Trace
 from harness.judge.tallies import ratio_text
 from harness.judge import vocabulary as v
@@ -321,7 +321,7 @@ def _probe_deterministic(program, inputs, case, confirm, reproducible=None, disa
     import gc
     leak_probe.perturbed.cache_clear()
     make_inputs.cache_clear()
-    reference_for.cache_clear()
+    forget_references()
     gc.collect()
     return attempt()
 
@@ -388,9 +388,10 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
                 total.traces += result.traces
                 if on_result:
                     on_result(kernel, case, result)
-            # The case's perturbations go before the next case's oracle and kernels need the
-            # device's memory (a long row's are GiBs).
+            # The case's perturbations and references go before the next case's oracle and
+            # kernels need the device's memory (a long row's are GiBs).
             leak_probe.perturbed.cache_clear()
+            forget_references()
     finally:
         drawing.shutdown(wait=False, cancel_futures=True)
     return total

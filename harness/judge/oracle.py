@@ -339,11 +339,39 @@ def oracle_program(case: Case, truth: bool, chunk_convention: str = "segment", p
     return jax.jit((reference_jvp_fn if forward else reference_fn)(case, truth, chunk_convention))
 
 
-@functools.lru_cache(maxsize=2)
+# The references computed for the case the runner is on, and for the cases made from it (the
+# case less a feature: a diagnosis, a kernel's prediction), under each chunk convention asked:
+# kept until the runner moves to the next case (forget_references), so that no kernel of the
+# case computes one again. (Two kept, the nightly computed its 65 cases' references 717 times:
+# a diagnosis or a prediction pushed the case's own out for the next kernel.)
+REFERENCES_KEPT = 16
+
+
+def forget_references() -> None:
+    """Lets go of every reference kept (the runner, when it moves to the next case)."""
+    _kept_reference.cache_clear()
+    _kept_jvp_reference.cache_clear()
+
+
 def reference_for(case: Case, programs=None, chunk_convention: str = "segment") -> Reference:
     """The case's reference, from `programs` (harness.engine.programs.Programs: compiled ahead,
     timed; by default the shared ones) or from plain jit; chunks by the kernel's convention
-    (harness.model.features)."""
+    (harness.model.features). Kept (REFERENCES_KEPT)."""
+    return _kept_reference(case, programs if programs is not None else _shared_programs,
+                      chunk_convention)
+
+
+def jvp_reference_for(case: Case, programs=None, chunk_convention: str = "segment"
+                      ) -> Reference:
+    """The forward-mode check's reference for the case's input tangents
+    (harness.model.case.make_tangents): the truth's output tangent, and how far the same-dtype
+    peer's lands from it per token (a Reference whose one tensor is the tangent). Kept."""
+    return _kept_jvp_reference(case, programs if programs is not None else _shared_programs,
+                          chunk_convention)
+
+
+@functools.lru_cache(maxsize=REFERENCES_KEPT)
+def _kept_reference(case: Case, programs, chunk_convention: str) -> Reference:
     args = make_inputs(case).device_args
     truth = oracle_program(case, True, chunk_convention, programs)(*args)
     peer = oracle_program(case, False, chunk_convention, programs)(*args)
@@ -359,12 +387,8 @@ def reference_for(case: Case, programs=None, chunk_convention: str = "segment") 
     return out
 
 
-@functools.lru_cache(maxsize=2)
-def jvp_reference_for(case: Case, programs=None, chunk_convention: str = "segment"
-                      ) -> Reference:
-    """The forward-mode check's reference for the case's input tangents
-    (harness.model.case.make_tangents): the truth's output tangent, and how far the same-dtype
-    peer's lands from it per token (a Reference whose one tensor is the tangent)."""
+@functools.lru_cache(maxsize=REFERENCES_KEPT)
+def _kept_jvp_reference(case: Case, programs, chunk_convention: str) -> Reference:
     from harness.model.case import make_tangents
     args = make_inputs(case).device_args[:-1] + make_tangents(case)
     truth = oracle_program(case, True, chunk_convention, programs, forward=True)(*args)

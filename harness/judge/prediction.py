@@ -26,10 +26,11 @@ def prediction(case, without, convention: str) -> dict:
     from harness.judge.metrics import segment_error, token_errors
     from harness.model.case import make_inputs
 
-    # Uncached: the runner's own references stay in reference_for's cache. Both from the run's
-    # compiled programs (oracle.share_programs), each shape compiled once.
+    # The case's reference as the runner computed it (kept while it is on the case), and the
+    # truth of `without` on the case's inputs, from the run's compiled programs
+    # (oracle.share_programs), each shape compiled once.
     with oracle.charged_to_oracle():
-        ref = oracle.reference_for.__wrapped__(case, None, convention)
+        ref = oracle.reference_for(case, None, convention)
         got = oracle.oracle_program(without, True, convention)(*make_inputs(case).device_args)
     out = {}
     for chk, errors in zip(v.TENSORS, token_errors(got[:4], ref.truth[:4])):
