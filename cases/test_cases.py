@@ -55,3 +55,23 @@ def test_a_glob_over_a_cases_own_id_takes_every_seed():
     assert [c.id for c in one] == ["packed/random-b4-t2048-h8kv2-d128-bf16-s2"]
     picked = suite_cases("nightly", "packed/random-b4-t2048-h8kv2-d128-bf16-s[2]", seeds=3)
     assert [c.seed for c in picked] == [2]
+
+
+def test_mask_only_features_share_one_draw():
+    """A case and the case less its window, soft cap or chunks (a diagnosis's reference) draw
+    the same inputs, once: the one Inputs object. Sinks and a value head dim change what is
+    drawn, so they draw their own."""
+    import dataclasses
+
+    from harness.model.features import Features
+    case = Case("packed/random", 2, 64, 2, 1, 8, "bfloat16", 5,
+                features=Features(window=(7, 0), softcap=2.0, chunk=16, sinks=True))
+    drawn = make_inputs(case)
+    for name in ("window", "softcap", "chunk"):
+        without = dataclasses.replace(case, features=case.features.without(name))
+        assert make_inputs(without) is drawn, name
+    no_sinks = make_inputs(dataclasses.replace(case, features=case.features.without("sinks")))
+    assert no_sinks is not drawn and no_sinks.sinks is None and drawn.sinks is not None
+    # What the shared draw holds is what the case's own draw holds.
+    fresh = Case("packed/random", 2, 64, 2, 1, 8, "bfloat16", 5, features=Features(sinks=True))
+    assert all(np.array_equal(a, b) for a, b in zip(make_inputs(fresh).args, drawn.args))

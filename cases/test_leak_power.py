@@ -216,3 +216,24 @@ def test_a_default_build_probed_for_a_deterministic_one_decides_its_gradients_st
     packed = [r for r in leaky if CASE.segments_in_row(r.row) > 1]
     assert packed and all(r.outcome == "caught" and "dq" in r.message for r in packed), \
         [r.message for r in packed][:2]
+
+
+@pytest.mark.parametrize("features", [None, "window", "chunk"])
+def test_kept_tokens_worked_out_once_per_case(features):
+    """The tokens each perturbation group leaves untouched are worked out once per case (all
+    its kernels read them), in the groups' order, read only, and equal to working them out
+    afresh."""
+    from harness.model.case import Case
+    from harness.model.features import Features
+    extra = {None: Features(), "window": Features(window=(5, 0)), "chunk": Features(chunk=8)}
+    case = Case("packed/random", 2, 64, 2, 1, 8, "float32", 4, features=extra[features])
+    kept = leak_probe._kept_per_group(case, "segment")
+    assert kept is leak_probe._kept_per_group(case, "segment")
+    deps = leak_probe.dependencies(case, "segment")
+    groups = leak_probe.groups(case, "segment")
+    assert len(kept) == len(groups)
+    for mine, (_, redraw) in zip(kept, groups):
+        fresh = leak_probe.untouched(deps, redraw)
+        assert mine.keys() == fresh.keys()
+        for cls in fresh:
+            assert np.array_equal(mine[cls], fresh[cls]) and not mine[cls].flags.writeable

@@ -39,7 +39,7 @@ from harness.judge.tallies import ratio_text
 from harness.judge import vocabulary as v
 from harness.judge.vocabulary import JVP, LEAK, PASS, TENSORS
 from harness.kernels.kernel import Kernel, Platform
-from harness.model.case import Case, make_inputs, make_tangents
+from harness.model.case import Case, forget_inputs, make_inputs, make_tangents
 
 # Cases whose inputs are drawn ahead of the one running (make_inputs keeps 8).
 INPUTS_AHEAD = 4
@@ -320,7 +320,7 @@ def _probe_deterministic(program, inputs, case, confirm, reproducible=None, disa
             raise  # more than the whole device (TE asked for 128 GiB): letting go cannot help
     import gc
     leak_probe.perturbed.cache_clear()
-    make_inputs.cache_clear()
+    forget_inputs()
     forget_references()
     gc.collect()
     return attempt()
