@@ -579,3 +579,61 @@ def test_a_worker_stopped_by_sigterm_is_a_stop_not_its_pairs_crash(tmp_path, mon
         with pytest.raises(isolation.Stopped):
             isolation.run_group("g", [("k", "a")], tmp_path / str(status), RunOptions(),
                                 echo=lambda line: None)
+
+
+BREAKS_A_CAPTURE = """
+import os
+import harness
+from harness.kernels.reference import dot_product
+
+def broken(q, k, v, seg, *, causal, scale):
+    # Its first run fails as XLA's cuDNN graph load does when another thread breaks its CUDA
+    # graph capture; ALWAYS_BROKEN: every run, in every process.
+    open(os.environ["CAPTURE_MARKER"] + str(os.getpid()), "w").close()
+    first = os.environ["CAPTURE_MARKER"] + "first"
+    if os.environ.get("ALWAYS_BROKEN") == "1" or not os.path.exists(first):
+        open(first, "w").close()
+        raise RuntimeError("INTERNAL: detail::cuda_graph_end_capture(fake_stream, &graph_obj) "
+                           "failed with operation failed due to a previous error during capture")
+    return dot_product(q, k, v, seg, causal=causal, scale=scale)
+
+harness.register_kernel("broken_capture", broken, dtypes=("float32",), isolation="capture")
+"""
+
+
+def _capture_run(tmp_path, always: bool):
+    module = tmp_path / "capture.py"
+    module.write_text(BREAKS_A_CAPTURE)
+    return _run("run", "--kernel-module", str(module), "--kernels", "broken_capture,dot_product",
+                "--cases", ONE, "--report-dir", str(tmp_path / "r"), "--no-leak-probe",
+                env={"CAPTURE_MARKER": str(tmp_path / "capture-"),
+                     "ALWAYS_BROKEN": "1" if always else "0"})
+
+
+def test_a_pair_whose_capture_broke_runs_again_in_a_fresh_worker(tmp_path):
+    """A CUDA graph capture broken by another thread of the worker is the harness's failure,
+    not the kernel's (harness.engine.capture): the worker writes none of the pair's records
+    and ends, a fresh worker runs the pair again, and the header and summary say so."""
+    out = _capture_run(tmp_path, always=False)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    header, records = _records(tmp_path / "r")
+    mine = [r for r in records if r["kernel"] == "broken_capture"]
+    assert mine and {r["outcome"] for r in mine} == {"ok"}, mine
+    assert [(r["kernel"], r["case_id"]) for r in header["run_again"]] == [("broken_capture", ONE)]
+    assert "during capture" in header["run_again"][0]["why"]
+    pids = [p for p in tmp_path.glob("capture-*") if p.name != "capture-first"]
+    assert len(pids) == 2, "two worker processes ran the kernel"
+    assert "1 pair(s) run again in a fresh worker" in (tmp_path / "r" / "summary.md").read_text()
+    assert "runs again in a fresh worker" in out.stdout + out.stderr
+
+
+def test_a_capture_that_breaks_again_in_the_fresh_worker_is_an_error(tmp_path):
+    """Broken twice, in two processes: the pair's error stands (what happens twice is not
+    left out), recorded once."""
+    out = _capture_run(tmp_path, always=True)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    header, records = _records(tmp_path / "r")
+    mine = [r for r in records if r["kernel"] == "broken_capture"]
+    assert {r["outcome"] for r in mine} == {"error"} and len(mine) == 1, mine
+    assert "during capture" in mine[0]["message"]
+    assert len(header["run_again"]) == 1

@@ -243,10 +243,16 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
         rec.write_report(crash_dir / rec.RECORDS_FILE, {}, records, suite=options.suite)
         dirs.append(crash_dir)
     parts = workers.main_parts(futures)
+    # Pairs run again in a fresh worker after a broken capture (harness.engine.capture).
+    finished = [f.result() for f in futures if f.done() and not f.cancelled()
+                and f.exception() is None] + ([again] if again is not None else [])
+    run_again = [{"kernel": k, "case_id": c, "why": why} for r in finished
+                 for k, c, why in r.run_again]
     merge_reports(report_dir, dirs, **run_info(
         options, selection, isolation={g or "main": [k.name for k in m]
                                        for g, m in groups.items()},
-        **({"main_parts": parts} if parts else {})))
+        **({"main_parts": parts} if parts else {}),
+        **({"run_again": run_again} if run_again else {})))
     return {"wall_s": round(time.monotonic() - start, 1)}, interrupted
 
 

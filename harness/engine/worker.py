@@ -27,6 +27,7 @@ def run_pairs(spec: dict) -> int:
     from harness.judge.vocabulary import ERROR
     from harness.engine.programs import device_memory_bytes
     from harness.engine.memory import memory_bound
+    from harness.engine.capture import RETRY_FILE, CaptureBroken, broke_capture
     from harness.engine.workers import DEFERRED_FILE, FINISHED_FILE, STARTED_FILE, main_share_bytes
     from harness.model.case import Case
     from harness.store.writer import ReportWriter
@@ -46,6 +47,7 @@ def run_pairs(spec: dict) -> int:
     started = (report_dir / STARTED_FILE).open("a")
     finished = (report_dir / FINISHED_FILE).open("a")
     deferred = (report_dir / DEFERRED_FILE).open("a") if spec.get("defer_memory") else None
+    run_again = {tuple(p) for p in spec.get("run_again", [])}
 
     def announce(log, kernel, case, **more):
         log.write(json.dumps({"kernel": kernel.name, "case_id": case.id, **more}) + "\n")
@@ -58,6 +60,14 @@ def run_pairs(spec: dict) -> int:
         # VALUE_HEAD_DIM_CRASH names CUDA_ERROR_ILLEGAL_INSTRUCTION), and on the H200 at
         # 0cfdd4f that ended the main group's worker at each such case, three times a night.
         lost = [r for r in result.records if r.verdict == ERROR and device_lost(r.message)]
+        broken = [r for r in result.records if broke_capture(r.message)]
+        if broken and (kernel.name, case.id) not in run_again:
+            # Another thread of this worker broke the pair's capture (harness.engine.capture):
+            # no record here; a fresh worker runs it again.
+            with (report_dir / RETRY_FILE).open("a") as log:
+                announce(log, kernel, case, why=broken[0].message[:300])
+            raise CaptureBroken(broken[0].message)
+        lost += broken   # broken again in a fresh worker: the records stand, the worker ends
         if deferred is not None and any(memory_bound(r.message, main_bytes)
                                         for r in result.records):
             # Too little device memory in this worker's share (harness.engine.workers.LIGHT):
@@ -81,7 +91,7 @@ def run_pairs(spec: dict) -> int:
         run_matrix(kernels, cases, current_platform(), on_result=on_result,
                    programs=programs, leak=options.leak_probe, pairs=set(pairs),
                    on_start=lambda kernel, case: announce(started, kernel, case))
-    except DeviceLost:
+    except (DeviceLost, CaptureBroken):
         # Its pairs' time counts too: a report closed without it left the run's timing table
         # with only the last worker's share (the H200's nightly at 3d22ac7).
         close_report()
@@ -113,6 +123,7 @@ def device_lost(message: str) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    from harness.engine.capture import CAPTURE_BROKEN, CaptureBroken
     from harness.errors import UsageError
     if len(argv) != 1:
         print("usage: python -m harness.engine.worker SPEC.json (started by the engine)",
@@ -128,6 +139,9 @@ def main(argv: list[str]) -> int:
     except DeviceLost as exc:
         print(f"device context lost after a pair's error: {str(exc)[:300]}", file=sys.stderr)
         return DEVICE_LOST
+    except CaptureBroken as exc:
+        print(f"a CUDA graph capture broke: {str(exc)[:300]}", file=sys.stderr)
+        return CAPTURE_BROKEN
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.engine.capture import CAPTURE_BROKEN, RETRY_FILE
 from harness.engine.memory import memory_bound
 
 STARTED_FILE = "started.jsonl"
@@ -283,6 +284,7 @@ class WorkerResult:
     report_dirs: list[Path] = field(default_factory=list)
     crashes: list[tuple[str, str, str]] = field(default_factory=list)  # (kernel, case, why)
     deferred: list[tuple[str, str]] = field(default_factory=list)   # lacked memory (LIGHT)
+    run_again: list[tuple[str, str, str]] = field(default_factory=list)  # harness.engine.capture
     name: str = ""                 # the group's workers' name (run_group's `name`)
     interrupted: bool = False      # stopped by Ctrl-C / SIGTERM: what finished is kept
 
@@ -292,16 +294,18 @@ def worker_command(spec_file: Path) -> list[str]:
 
 
 def write_spec(path: Path, options, pairs: list, report_dir: Path,
-               defer_memory: bool = False) -> Path:
+               defer_memory: bool = False, run_again=()) -> Path:
     """A worker's orders: the run's options (paths of kernel modules made absolute: the
     worker may start elsewhere), its pairs and its report folder; `defer_memory`: a pair that
-    lacked device memory is listed in DEFERRED_FILE instead of recorded (LIGHT's workers)."""
+    lacked device memory is listed in DEFERRED_FILE instead of recorded (LIGHT's workers);
+    `run_again`: pairs run once more after a broken capture (harness.engine.capture)."""
     import dataclasses
     modules = tuple(str(Path(m).resolve()) if os.path.exists(m) else m
                     for m in options.kernel_modules)
     options = dataclasses.replace(options, kernel_modules=modules, source="worker")
     path.write_text(json.dumps({"options": options.to_json(), "pairs": [list(p) for p in pairs],
-                                "report_dir": str(report_dir), "defer_memory": defer_memory}))
+                                "report_dir": str(report_dir), "defer_memory": defer_memory,
+                                "run_again": [list(p) for p in run_again]}))
     return path
 
 
@@ -321,12 +325,14 @@ def _done_pairs(report_dir: Path) -> set[tuple[str, str]]:
     return done
 
 
-def _announced(path: Path) -> list[tuple[str, str]]:
-    """The pairs a worker's log of pairs (STARTED_FILE, DEFERRED_FILE) names, in order."""
+def _announced(path: Path, field_: str | None = None) -> list:
+    """The pairs a worker's log of pairs (STARTED_FILE, DEFERRED_FILE, RETRY_FILE) names, in
+    order; with `field_`, each with that field of its line."""
     if not path.exists():
         return []
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return [(r["kernel"], r["case_id"]) for r in rows]
+    pairs = [(r["kernel"], r["case_id"]) for r in rows]
+    return pairs if field_ is None else [(p, r.get(field_, "")) for p, r in zip(pairs, rows)]
 
 
 def _last_started(report_dir: Path) -> tuple[str, str] | None:
@@ -397,7 +403,7 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
         shutil.rmtree(wdir, ignore_errors=True)   # nothing of an earlier run counts as done
         wdir.mkdir(parents=True)
         spec = write_spec(wdir / "spec.json", options, remaining, wdir / "report",
-                          defer_memory)
+                          defer_memory, [p[:2] for p in result.run_again])
         echo(f"[worker {name}#{attempt}] {len(remaining)} kernel x case pairs")
         result.report_dirs.append(wdir / "report")
         try:
@@ -422,6 +428,13 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
             last = [ln for ln in tail.splitlines() if ln.strip()]
             raise UsageError(last[-1].removeprefix("error: ") if last else
                              f"the worker for isolation group {name!r} refused its pairs")
+        again = [(*p, why) for p, why in _announced(wdir / "report" / RETRY_FILE, "why")]
+        if returncode == CAPTURE_BROKEN and again:
+            echo(f"[worker {name}#{attempt}] a CUDA graph capture broke on {again[0][0]} "
+                 f"{again[0][1]}: it runs again in a fresh worker")
+            result.run_again += again
+            remaining = left
+            continue
         crashed = _last_started(wdir / "report")
         why = death(returncode, tail)
         if defer_memory and crashed in left and memory_bound(why):

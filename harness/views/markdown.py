@@ -86,6 +86,9 @@ def run_line(header: dict, marked: bool = True) -> str:
     if main_parts.get("main.light"):
         parts.append(f"main group in two workers ({main_parts['main.light']} pairs beside "
                      f"the first, {main_parts.get('main.deferred', 0)} of them again for memory)")
+    if header.get("run_again"):
+        parts.append(f"{len(header['run_again'])} pair(s) run again in a fresh worker after a "
+                     "CUDA graph capture broke (harness/engine/capture.py)")
     notice = unfinished(header) if marked else None
     if notice:
         parts.append(f"**{notice}**")
