@@ -11,7 +11,7 @@ import pytest
 from harness.ahead import Ahead, ahead
 from harness.engine.programs import OWN, Programs, Timing
 from harness.engine.runner import run_matrix
-from harness.judge import leak_probe, metrics
+from harness.judge import leak_probe, metrics, probe_runs
 from harness.kernels.kernel import Kernel, Platform
 from harness.kernels.reference import dot_product
 from harness.model import case as case_module
@@ -79,8 +79,8 @@ def test_a_matrix_run_compiles_none_of_the_harness_programs_on_its_thread():
     """Every call the runner, the oracle, the jvp check and the leak probe make was foreseen by
     Programs.prefetch, at its exact signature: a signature missed there compiles on the run's
     thread (the H200 cold nightly: 69 s of its worker's 350)."""
-    own = [metrics.stacked_token_errors, metrics.scales, leak_probe.stacked_changes,
-           leak_probe.nonfinite_tokens, leak_probe.redrawn, case_module.tangents_program]
+    own = [metrics.stacked_token_errors, metrics.scales, probe_runs.stacked_changes,
+           probe_runs.nonfinite_tokens, leak_probe.redrawn, case_module.tangents_program]
     assert all(isinstance(f, Ahead) for f in own)
     before = [set(f.unforeseen) for f in own]
     kernel = Kernel("dp_ahead", dot_product, forward_mode=True,

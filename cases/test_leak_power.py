@@ -237,3 +237,40 @@ def test_kept_tokens_worked_out_once_per_case(features):
         assert mine.keys() == fresh.keys()
         for cls in fresh:
             assert np.array_equal(mine[cls], fresh[cls]) and not mine[cls].flags.writeable
+
+
+def test_probe_runs_two_at_a_time_compare_as_one_at_a_time():
+    """The probe launches each run before the one before it is read back (probe_runs.
+    all_changes): the same changes, in the same order, as running them one at a time, with
+    never more than two runs in flight."""
+    from harness.judge import probe_runs
+
+    @jax.jit
+    def f(x, y):
+        return x * y, x + y, x - y, jnp.sin(x)
+
+    class Launching:
+        live = most = launched = 0
+
+        def launch(self, *args):
+            self.live += 1
+            self.most, self.launched = max(self.most, self.live), self.launched + 1
+            return f(*args)
+
+        def wait(self, out):
+            self.live -= 1
+            return jax.block_until_ready(out)
+
+    rng = np.random.default_rng(0)
+    base_args = [jnp.asarray(rng.standard_normal((2, 8, 1, 4)), jnp.float32) for _ in range(2)]
+    base = f(*base_args)
+    runs = [tuple(a.at[:, i].set(0.5 * i) for a in base_args) for i in range(5)]
+    program = Launching()
+    piped = probe_runs.all_changes(program, base, runs)
+    plain = probe_runs.all_changes(f, base, runs)
+    assert program.launched == 5 and program.most == 2 and program.live == 0
+    assert len(piped) == len(plain) == 5
+    for a, b in zip(piped, plain):
+        for (ca, ma), (cb, mb) in zip(a, b):
+            assert np.array_equal(ca, cb) and np.array_equal(ma, mb)
+    assert any(c.any() for run in piped for c, _ in run)

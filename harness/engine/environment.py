@@ -62,7 +62,7 @@ def check_backend() -> None:
 
 
 def current_platform() -> Platform:
-    from harness.engine.programs import device_memory_bytes
+    from harness.engine.memory import device_memory_bytes
 
     check_backend()
     device = jax.devices()[0]
@@ -171,3 +171,14 @@ def describe() -> dict:
         "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": _platform.node(),
     }
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity, e.g. `taskset`), shared among the pytest
+    workers of one machine."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 2
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    return max(1, cores // workers)

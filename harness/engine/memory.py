@@ -3,6 +3,7 @@ asked for (the runner's retry of a probe that did not fit, the LIGHT worker's de
 harness.engine.workers)."""
 from __future__ import annotations
 
+import functools
 import re
 
 _MEMORY = re.compile(r"RESOURCE_EXHAUSTED|DoesNotFit|[Oo]ut of memory|ALLOC_FAILED|"
@@ -26,3 +27,15 @@ def memory_bound(text: str, main_bytes: int | None = None) -> bool:
         return False
     amount = requested_bytes(text, "needs?|allocate")
     return main_bytes is None or amount is None or amount <= main_bytes
+
+
+@functools.lru_cache(maxsize=1)
+def device_memory_bytes() -> int | None:
+    """What one program may use on the first device (its allocator's limit), if known."""
+    import jax
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:
+        return None
+    limit = stats.get("bytes_limit")
+    return int(limit) if limit else None

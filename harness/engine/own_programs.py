@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from harness.judge import leak_probe, metrics
+from harness.judge import leak_probe, metrics, probe_runs
 from harness.judge.vocabulary import TENSORS
 from harness.model.case import Case, tangent_statics, tangents_program
 
@@ -35,8 +35,8 @@ def compile_ahead(case: Case, forward: bool, probe: bool, args: tuple, truth, pe
     got = mine[:n]                                    # the runner's per-token errors
     ahead(metrics.stacked_token_errors, got, truth[:len(got)])
     if probe and not forward:                         # leak_probe.probe
-        ahead(leak_probe.stacked_changes, got, got)
-        ahead(leak_probe.nonfinite_tokens, got)
+        ahead(probe_runs.stacked_changes, got, got)
+        ahead(probe_runs.nonfinite_tokens, got)
         ahead(metrics.scales, got, seg)
         ahead(leak_probe.redrawn, jax.ShapeDtypeStruct((), jnp.uint32),
               jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.float32),

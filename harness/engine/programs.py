@@ -22,7 +22,6 @@ oracle's under "oracle".
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 import threading
@@ -36,6 +35,7 @@ import jax.numpy as jnp
 
 from harness.compiling import compile_lowered
 from harness.engine import own_programs, unwritten
+from harness.engine.environment import usable_cores
 from harness.judge.oracle import (
     gradient_inputs,
     reference_fn,
@@ -229,17 +229,44 @@ class Program:
     def __call__(self, *args, poison_unwritten: bool = False):
         """One run. `poison_unwritten`: the blocks the run will take are filled with NaN first
         (harness.engine.unwritten), so what the kernel leaves unwritten reads NaN every time."""
+        compiled = self._ready()
+        with self._environment():
+            return self._execute(compiled, args, poison_unwritten)
+
+    def launch(self, *args):
+        """One run (unpoisoned), launched and not waited for (`wait` waits): the host launches
+        it while the device still works on the run before (the leak probe's runs)."""
+        compiled = self._ready()
+        with self._environment():
+            return self._launched(compiled, args)
+
+    def wait(self, out):
+        start = time.perf_counter()
+        jax.block_until_ready(out)
+        self.timing.execute_s += time.perf_counter() - start
+        return out
+
+    def _launched(self, compiled, args):
+        start = time.perf_counter()
+        out = compiled(*args)
+        self.timing.execute_s += time.perf_counter() - start
+        self.timing.runs += 1
+        return out
+
+    def _ready(self):   # the compiled program, once compiled (the run's wait for it counted)
         if not self.compiled.done():
             start = time.perf_counter()
             self.compiled.exception()
             self.timing.wait_s += time.perf_counter() - start
-        compiled = self.compiled.result()
-        if not self.reads_environment:
-            return self._execute(compiled, args, poison_unwritten)
+        return self.compiled.result()
+
+    @contextlib.contextmanager
+    def _environment(self):   # held while a program whose library reads it runs
+        lock = ENVIRONMENT_LOCK if self.reads_environment else contextlib.nullcontext()
         start = time.perf_counter()
-        with ENVIRONMENT_LOCK:
+        with lock:
             self.timing.wait_s += time.perf_counter() - start
-            return self._execute(compiled, args, poison_unwritten)
+            yield
 
     def _execute(self, compiled, args, poison_unwritten: bool = False):
         if not poison_unwritten:
@@ -259,12 +286,7 @@ class Program:
         return self._buffer_sizes
 
     def _timed(self, compiled, args):
-        start = time.perf_counter()
-        out = compiled(*args)
-        jax.block_until_ready(out)
-        self.timing.execute_s += time.perf_counter() - start
-        self.timing.runs += 1
-        return out
+        return self.wait(self._launched(compiled, args))
 
 
 class Programs:
@@ -468,17 +490,6 @@ class Programs:
         share_programs(None, closing=self)   # references asked for later: plain jit
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity, e.g. `taskset`), shared among the pytest
-    workers of one machine."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 2
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-    return max(1, cores // workers)
-
-
 def _markers(kernel: Kernel, mode: str) -> tuple[str, ...]:
     """The custom calls that prove the kernel's own code ran in a program of `mode`."""
     return kernel.forward_markers if mode == FORWARD else kernel.hlo_markers
@@ -486,14 +497,3 @@ def _markers(kernel: Kernel, mode: str) -> tuple[str, ...]:
 
 def _shape(kernel: Kernel, case: Case) -> tuple:
     return (case.shape_key, case.max_segments if kernel.takes_max_segments else None)
-
-
-@functools.lru_cache(maxsize=1)
-def device_memory_bytes() -> int | None:
-    """What one program may use on the first device (its allocator's limit), if known."""
-    try:
-        stats = jax.devices()[0].memory_stats() or {}
-    except Exception:
-        return None
-    limit = stats.get("bytes_limit")
-    return int(limit) if limit else None

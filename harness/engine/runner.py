@@ -28,9 +28,8 @@ from harness.engine.programs import (
     FORWARD,
     ORACLE,
     Programs,
-    device_memory_bytes,
 )
-from harness.engine.memory import requested_bytes
+from harness.engine.memory import device_memory_bytes, requested_bytes
 from harness.judge import judging, leak_probe
 from harness.judge.metrics import token_errors
 from harness.judge.oracle import forget_references, jvp_reference_for, reference_for

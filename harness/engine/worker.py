@@ -25,7 +25,7 @@ def run_pairs(spec: dict) -> int:
     )
     from harness.engine.runner import run_matrix
     from harness.judge.vocabulary import ERROR
-    from harness.engine.programs import device_memory_bytes
+    from harness.engine.memory import device_memory_bytes
     from harness.engine.memory import memory_bound
     from harness.engine.capture import RETRY_FILE, CaptureBroken, broke_capture
     from harness.engine.workers import DEFERRED_FILE, FINISHED_FILE, STARTED_FILE, main_share_bytes

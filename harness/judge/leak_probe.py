@@ -52,6 +52,7 @@ import numpy as np
 
 from harness.ahead import ahead
 from harness.judge.metrics import scales
+from harness.judge.probe_runs import all_changes, nonfinite_tokens
 from harness.judge.vocabulary import TENSORS
 from harness.model.case import Case, Inputs, device_seed, make_inputs
 from harness.model.layouts import Segment
@@ -82,30 +83,6 @@ TAIL_QUANTILE = 0.99
 
 # Cases whose perturbation groups are kept (computed once per case, for every kernel).
 GROUPS_CACHE = 16
-
-
-@ahead
-def stacked_changes(base, other):
-    def one(a, b):
-        differs = (a != b) & ~(jnp.isnan(a) & jnp.isnan(b))
-        # NaN against NaN is no change; NaN against a number is an infinite one (so that it
-        # counts above any noise threshold, and as noise makes a tensor unprobed).
-        change = jnp.where(differs, jnp.nan_to_num(
-            jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)), nan=jnp.inf), 0.0)
-        return jnp.stack([differs.any(axis=(2, 3)).astype(jnp.float32), change.max(axis=(2, 3))])
-    return jnp.stack([one(a, b) for a, b in zip(base, other)])
-
-
-def _changes(base, other) -> list:
-    """For each tensor (numpy): [B, T] bool, any value of the token differs (NaN equal to NaN,
-    -0 equal to +0); and [B, T] the largest change. One transfer for all tensors."""
-    stacked = np.asarray(jax.device_get(stacked_changes(base, other)))
-    return [(d > 0, c) for d, c in stacked]
-
-
-@ahead
-def nonfinite_tokens(tensors):
-    return jnp.stack([(~jnp.isfinite(t.astype(jnp.float32))).any(axis=(2, 3)) for t in tensors])
 
 
 # Six colours in four groups: colour c is in the two groups of SIX_COLOURS[c]. No colour's pair
@@ -365,8 +342,8 @@ class Noise:
 def _reruns(program, args, base, names, valid, reruns):
     """Per tensor: the per-token largest difference between the base and each rerun."""
     diffs = {n: np.zeros(int(valid.sum()), np.float32) for n in names}
-    for _ in range(reruns):
-        for name, (_, change) in zip(names, _changes(base, program(*args))):
+    for changes in all_changes(program, base, [args] * reruns):
+        for name, (_, change) in zip(names, changes):
             if valid.any():
                 diffs[name] = np.maximum(diffs[name], change[valid])
     return {n: Noise(float(d.max()) if d.size else 0.0, d) for n, d in diffs.items()}
@@ -381,23 +358,33 @@ def _thresholds(noise: dict, gated: list[str], scale: dict, case: Case, tokens: 
                                   runs * max(len(gated), 1)) for n in gated}
 
 
-def _perturbation(program, base, case, index, bitwise, thresholds, names, confirm,
-                  convention="segment") -> dict:
-    """tensor index -> ([B, T] bool changed, [B, T] largest change) for one redrawn group:
-    bitwise tensors on the plain perturbation (confirmed by a second run where asked), gated
-    ones on two runs of the amplified perturbation, above their threshold in both."""
-    found = {}
+def _perturbation_runs(case, index, bitwise, thresholds, confirm, convention="segment"):
+    """The arguments of one redrawn group's runs: the plain perturbation (twice where
+    `confirm`) for the bitwise tensors, then the amplified one twice for the gated ones."""
+    runs = []
     if bitwise:
-        first = _changes(base, program(*perturbed(case, index, 1.0, convention)))
+        runs += [perturbed(case, index, 1.0, convention)] * (2 if confirm else 1)
+    if thresholds:
+        runs += [perturbed(case, index, amplitude(case.dtype), convention)] * 2
+    return runs
+
+
+def _perturbation(changes, bitwise, thresholds, names, confirm) -> dict:
+    """tensor index -> ([B, T] bool changed, [B, T] largest change) for one redrawn group, from
+    its runs' changes (_perturbation_runs, in order): bitwise tensors on the plain
+    perturbation (confirmed by the second run where asked), gated ones on the two runs of the
+    amplified perturbation, above their threshold in both."""
+    found = {}
+    changes = list(changes)
+    if bitwise:
+        first = changes.pop(0)
         found = {i: first[i] for i in bitwise}
         if confirm:
-            again = _changes(base, program(*perturbed(case, index, 1.0, convention)))
+            again = changes.pop(0)
             found = {i: (c & again[i][0], np.maximum(m, again[i][1]))
                      for i, (c, m) in found.items()}
     if thresholds:
-        amplified = [_changes(base, program(*perturbed(case, index, amplitude(case.dtype),
-                                                       convention)))
-                     for _ in range(2)]
+        amplified = changes[:2]
         for name, limit in thresholds.items():
             i = names.index(name)
             (_, m1), (_, m2) = amplified[0][i], amplified[1][i]
@@ -456,10 +443,7 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     whose reruns agreed are listed in `quiet`: their threshold is the floor, and their
     false-alarm probability cannot be measured. `convention`: where the kernel's chunks start
     (harness.model.features)."""
-    full = program
-
-    def program(*args):   # out, dq, dk, dv: a sink's gradient depends on every token
-        return full(*args)[:len(TENSORS)]
+    # out, dq, dk, dv: a sink's gradient depends on every token (all_changes compares those)
     args = inputs.device_args
     base = (first if first is not None else program(*args))[:len(TENSORS)]
     names = [c.name for c in TENSORS[:len(base)]]
@@ -477,8 +461,11 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     thresholds = _thresholds(noise, [n for n in candidates if n not in unprobed], scale, case,
                              int(valid.sum()), len(groups_))
     bitwise = [i for i, n in enumerate(names) if n not in candidates]
-    runs = [(group, redraw, _perturbation(program, base, case, index, bitwise, thresholds, names,
-                                          confirm, convention))
+    per_group = [_perturbation_runs(case, index, bitwise, thresholds, confirm, convention)
+                 for index in range(len(groups_))]
+    changes = iter(all_changes(program, base, [a for runs in per_group for a in runs]))
+    runs = [(group, redraw, _perturbation([next(changes) for _ in per_group[index]], bitwise,
+                                          thresholds, names, confirm))
             for index, (group, redraw) in enumerate(groups_)]
     nonfinite = np.asarray(jax.device_get(nonfinite_tokens(base)))
     tokens = int(valid.sum()) * len(groups_)
