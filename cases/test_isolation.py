@@ -637,3 +637,30 @@ def test_a_capture_that_breaks_again_in_the_fresh_worker_is_an_error(tmp_path):
     assert {r["outcome"] for r in mine} == {"error"} and len(mine) == 1, mine
     assert "during capture" in mine[0]["message"]
     assert len(header["run_again"]) == 1
+
+
+SKIPS_NAMING_A_CAPTURE = """
+import harness
+from harness.kernels.reference import dot_product
+
+def avoid(case, platform):
+    return ["cuda_graph_end_capture fails on this shape: not run"]
+
+harness.register_kernel("avoids_capture", dot_product, dtypes=("float32",), isolation="grp",
+                        constraints=avoid)
+"""
+
+
+def test_a_skip_naming_a_broken_capture_is_a_skip(tmp_path):
+    """A skip's reason may name the capture failure it avoids: that pair is skipped, in one
+    worker, and nothing runs again."""
+    module = tmp_path / "avoids.py"
+    module.write_text(SKIPS_NAMING_A_CAPTURE)
+    out = _run("run", "--kernel-module", str(module), "--kernels", "avoids_capture,dot_product",
+               "--cases", f"{ONE},{TWO}", "--report-dir", str(tmp_path / "r"), "--no-leak-probe")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    header, records = _records(tmp_path / "r")
+    mine = [r for r in records if r["kernel"] == "avoids_capture"]
+    assert len(mine) == 2 and {r["outcome"] for r in mine} == {"skip"}, mine
+    assert "run_again" not in header
+    assert [d.name for d in (tmp_path / "r" / "workers").glob("grp-*")] == ["grp-1"]

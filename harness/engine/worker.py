@@ -24,7 +24,7 @@ def run_pairs(spec: dict) -> int:
         select_kernels,
     )
     from harness.engine.runner import run_matrix
-    from harness.judge.vocabulary import ERROR
+    from harness.judge.vocabulary import ERROR, SKIP
     from harness.engine.memory import device_memory_bytes
     from harness.engine.memory import memory_bound
     from harness.engine.capture import RETRY_FILE, CaptureBroken, broke_capture
@@ -60,7 +60,8 @@ def run_pairs(spec: dict) -> int:
         # VALUE_HEAD_DIM_CRASH names CUDA_ERROR_ILLEGAL_INSTRUCTION), and on the H200 at
         # 0cfdd4f that ended the main group's worker at each such case, three times a night.
         lost = [r for r in result.records if r.verdict == ERROR and device_lost(r.message)]
-        broken = [r for r in result.records if broke_capture(r.message)]
+        # Not a skip: a skip's reason may name the failure it avoids (as above).
+        broken = [r for r in result.records if r.verdict != SKIP and broke_capture(r.message)]
         if broken and (kernel.name, case.id) not in run_again:
             # Another thread of this worker broke the pair's capture (harness.engine.capture):
             # no record here; a fresh worker runs it again.

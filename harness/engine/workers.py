@@ -29,7 +29,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engine.capture import CAPTURE_BROKEN, RETRY_FILE
+from harness.engine.capture import RETRY_FILE
 from harness.engine.memory import memory_bound
 
 STARTED_FILE = "started.jsonl"
@@ -428,8 +428,10 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
             last = [ln for ln in tail.splitlines() if ln.strip()]
             raise UsageError(last[-1].removeprefix("error: ") if last else
                              f"the worker for isolation group {name!r} refused its pairs")
-        again = [(*p, why) for p, why in _announced(wdir / "report" / RETRY_FILE, "why")]
-        if returncode == CAPTURE_BROKEN and again:
+        # Whatever its exit status (a process whose capture broke may crash as it ends).
+        again = [(*p, why) for p, why in _announced(wdir / "report" / RETRY_FILE, "why")
+                 if p in left]
+        if again:
             echo(f"[worker {name}#{attempt}] a CUDA graph capture broke on {again[0][0]} "
                  f"{again[0][1]}: it runs again in a fresh worker")
             result.run_again += again
