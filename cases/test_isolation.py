@@ -59,16 +59,22 @@ def _run(*args, env=None):
                           text=True, timeout=900, env={**os.environ, **(env or {})})
 
 
+def _run_module(tmp_path, source: str, kernels: str, cases: str, env=None):
+    """`harness run` of the kernels a module (its source here) registers, on `cases`, without
+    the leak probe, into tmp_path/r."""
+    module = tmp_path / "kernels.py"
+    module.write_text(source)
+    return _run("run", "--kernel-module", str(module), "--kernels", kernels, "--cases", cases,
+                "--report-dir", str(tmp_path / "r"), "--no-leak-probe", env=env)
+
+
 def _records(report_dir):
     lines = [json.loads(x) for x in (Path(report_dir) / "report.jsonl").read_text().splitlines()]
     return lines[0], [r for r in lines[1:] if r["type"] == "record"]
 
 
 def test_kernels_that_cannot_share_a_process_run_in_workers(tmp_path):
-    module = tmp_path / "clash.py"
-    module.write_text(CLASHING)
-    out = _run("run", "--kernel-module", str(module), "--kernels", "clash_a,clash_b,plain",
-               "--cases", ONE, "--report-dir", str(tmp_path / "r"), "--no-leak-probe")
+    out = _run_module(tmp_path, CLASHING, "clash_a,clash_b,plain", ONE)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     header, records = _records(tmp_path / "r")
     assert {r["kernel"] for r in records} == {"clash_a", "clash_b", "plain"}
@@ -87,11 +93,8 @@ def test_kernels_that_cannot_share_a_process_run_in_workers(tmp_path):
 
 
 def test_a_worker_that_dies_is_one_error_and_the_run_goes_on(tmp_path):
-    module = tmp_path / "crashy.py"
-    module.write_text(CRASHING)
-    out = _run("run", "--kernel-module", str(module), "--kernels", "crashy,dot_product",
-               "--cases", f"{ONE},{TWO}", "--report-dir", str(tmp_path / "r"), "--no-leak-probe",
-               env={"CRASH_ODD": "1"})
+    out = _run_module(tmp_path, CRASHING, "crashy,dot_product", f"{ONE},{TWO}",
+                      env={"CRASH_ODD": "1"})
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     _, records = _records(tmp_path / "r")
     crashed = [r for r in records if r["kernel"] == "crashy"]
@@ -193,10 +196,7 @@ def test_the_groups_workers_run_at_once_each_with_its_share_of_the_device(tmp_pa
     # pytest's xdist workers set a share for themselves (harness.pytest_plugin): not the user's choice here.
     for name in isolation.USER_MEMORY:
         monkeypatch.delenv(name, raising=False)
-    module = tmp_path / "slow.py"
-    module.write_text(SLOW)
-    out = _run("run", "--kernel-module", str(module), "--kernels", "slow_a,slow_b",
-               "--cases", ONE, "--report-dir", str(tmp_path / "r"), "--no-leak-probe")
+    out = _run_module(tmp_path, SLOW, "slow_a,slow_b", ONE)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     header, records = _records(tmp_path / "r")
     assert {r["kernel"] for r in records if r["outcome"] == "ok"} == {"slow_a", "slow_b"}
@@ -330,11 +330,8 @@ def test_a_worker_whose_device_is_lost_ends_and_a_fresh_one_takes_the_rest(tmp_p
     """A sticky CUDA error leaves a process's device context unusable (on the H200 every pair
     after jax's packed cuDNN call crashed failed in that process): the worker ends after that
     pair's error record, and a fresh worker runs the rest."""
-    module = tmp_path / "lossy.py"
-    module.write_text(LOSES_THE_DEVICE)
-    out = _run("run", "--kernel-module", str(module), "--kernels", "loses,dot_product",
-               "--cases", f"{ONE},{TWO}", "--report-dir", str(tmp_path / "r"), "--no-leak-probe",
-               env={"LOST_MARKER": str(tmp_path / "lost-")})
+    out = _run_module(tmp_path, LOSES_THE_DEVICE, "loses,dot_product", f"{ONE},{TWO}",
+                      env={"LOST_MARKER": str(tmp_path / "lost-")})
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     _, records = _records(tmp_path / "r")
     mine = {r["case_id"]: r["outcome"] for r in records if r["kernel"] == "loses"
@@ -518,10 +515,7 @@ harness.register_kernel("avoids", dot_product, dtypes=("float32",), isolation="c
 def test_a_skip_naming_a_sticky_error_does_not_end_its_worker(tmp_path):
     """Only an error ends a worker for a lost device: a skip whose reason names the crash it
     avoids ended the H200's main worker at each such case (three fresh workers a night)."""
-    module = tmp_path / "careful.py"
-    module.write_text(AVOIDS_A_CRASH)
-    out = _run("run", "--kernel-module", str(module), "--kernels", "avoids,dot_product",
-               "--cases", f"{ONE},{TWO}", "--report-dir", str(tmp_path / "r"), "--no-leak-probe")
+    out = _run_module(tmp_path, AVOIDS_A_CRASH, "avoids,dot_product", f"{ONE},{TWO}")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     _, records = _records(tmp_path / "r")
     mine = {r["case_id"]: r["outcome"] for r in records if r["kernel"] == "avoids"
@@ -602,12 +596,9 @@ harness.register_kernel("broken_capture", broken, dtypes=("float32",), isolation
 
 
 def _capture_run(tmp_path, always: bool):
-    module = tmp_path / "capture.py"
-    module.write_text(BREAKS_A_CAPTURE)
-    return _run("run", "--kernel-module", str(module), "--kernels", "broken_capture,dot_product",
-                "--cases", ONE, "--report-dir", str(tmp_path / "r"), "--no-leak-probe",
-                env={"CAPTURE_MARKER": str(tmp_path / "capture-"),
-                     "ALWAYS_BROKEN": "1" if always else "0"})
+    return _run_module(tmp_path, BREAKS_A_CAPTURE, "broken_capture,dot_product", ONE,
+                       env={"CAPTURE_MARKER": str(tmp_path / "capture-"),
+                            "ALWAYS_BROKEN": "1" if always else "0"})
 
 
 def test_a_pair_whose_capture_broke_runs_again_in_a_fresh_worker(tmp_path):
@@ -654,10 +645,8 @@ harness.register_kernel("avoids_capture", dot_product, dtypes=("float32",), isol
 def test_a_skip_naming_a_broken_capture_is_a_skip(tmp_path):
     """A skip's reason may name the capture failure it avoids: that pair is skipped, in one
     worker, and nothing runs again."""
-    module = tmp_path / "avoids.py"
-    module.write_text(SKIPS_NAMING_A_CAPTURE)
-    out = _run("run", "--kernel-module", str(module), "--kernels", "avoids_capture,dot_product",
-               "--cases", f"{ONE},{TWO}", "--report-dir", str(tmp_path / "r"), "--no-leak-probe")
+    out = _run_module(tmp_path, SKIPS_NAMING_A_CAPTURE, "avoids_capture,dot_product",
+                      f"{ONE},{TWO}")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     header, records = _records(tmp_path / "r")
     mine = [r for r in records if r["kernel"] == "avoids_capture"]

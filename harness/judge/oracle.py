@@ -358,7 +358,7 @@ def reference_for(case: Case, programs=None, chunk_convention: str = "segment") 
     timed; by default the shared ones) or from plain jit; chunks by the kernel's convention
     (harness.model.features). Kept (REFERENCES_KEPT)."""
     return _kept_reference(case, programs if programs is not None else _shared_programs,
-                      chunk_convention)
+                           chunk_convention)
 
 
 def jvp_reference_for(case: Case, programs=None, chunk_convention: str = "segment"
@@ -367,7 +367,7 @@ def jvp_reference_for(case: Case, programs=None, chunk_convention: str = "segmen
     (harness.model.case.make_tangents): the truth's output tangent, and how far the same-dtype
     peer's lands from it per token (a Reference whose one tensor is the tangent). Kept."""
     return _kept_jvp_reference(case, programs if programs is not None else _shared_programs,
-                          chunk_convention)
+                               chunk_convention)
 
 
 @functools.lru_cache(maxsize=REFERENCES_KEPT)
