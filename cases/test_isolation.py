@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.engine.options import RunOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -364,77 +366,90 @@ def test_workers_run_without_command_buffers_unless_the_user_chose():
     assert worker_environment(mine) == mine
 
 
-def test_the_main_groups_smallest_shapes_run_beside_it_as_a_group_of_their_own():
-    """On one H200 the main group's worker ran 455 s of a cold nightly while the place beside
-    it stood empty after the FlashAttention groups' 170 s: its smallest shapes now run as LIGHT
-    in that place. Whole shapes (their programs compile once), the smallest dense scores first,
-    within half of what the main group has beyond the other groups' work."""
+def test_the_main_group_splits_into_parts_of_whole_shapes():
+    """On one H200 the main group's worker ran 3,250 of a warm nightly's 3,445 pairs, mostly on
+    the host: with --main-workers N its pairs run in N parts, whole shapes to a part (their
+    programs compile once, a case's references are computed once), the largest first onto the
+    part with the least work so far; each part in run order."""
+    from harness.engine import main_parts
     from harness.engine import workers as isolation
     from harness.model.case import Case
     small = ["packed/random-b4-t256-h4kv4-d32-f32-s0", "unaligned/odd-b4-t256-h4kv4-d32-f32-s0"]
-    large = ["packed/random-b4-t1024-h4kv4-d32-f32-s0", "unaligned/odd-b4-t1024-h4kv4-d32-f32-s0",
-             "packed/random-b4-t1024-h4kv4-d32-f32-s1"]
-    main = [(k, c) for c in small + large for k in ("x", "y")]
-    light = isolation.light_pairs({None: main})
-    assert light == [(k, c) for c in small for k in ("x", "y")]
-    assert {Case.from_id(c).shape_key for _, c in light} == {Case.from_id(small[0]).shape_key}
-    split = isolation.with_light_part({None: main, "fa": [("f", small[0])]})
-    assert split[None] == [(k, c) for c in large for k in ("x", "y")]
-    assert split[isolation.LIGHT] == light and split["fa"] == [("f", small[0])]
-    # Other groups with as much work as the main group's: nothing to balance.
-    assert isolation.light_pairs({None: main, "fa": main}) == []
-    # One shape: it stays whole in the main group.
-    assert isolation.light_pairs({None: [("x", c) for c in small]}) == []
+    large = ["packed/random-b4-t1024-h4kv4-d32-f32-s0", "unaligned/odd-b4-t1024-h4kv4-d32-f32-s0"]
+    odd = ["packed/random-b2-t512-h4kv2-d64-f32-s0"]
+    main = [(k, c) for c in small + large + odd for k in ("x", "y")]
+    shares = main_parts.split(main, 2, Case.from_id)
+    assert shares == [[(k, c) for c in large for k in ("x", "y")],
+                      [(k, c) for c in small + odd for k in ("x", "y")]]
+    for share in shares:   # whole shapes: no shape in two parts
+        assert len({Case.from_id(c).shape_key for _, c in share}) == \
+            len({Case.from_id(c).shape_key for _, c in share})
+    assert {Case.from_id(c).shape_key for _, c in shares[0]}.isdisjoint(
+        {Case.from_id(c).shape_key for _, c in shares[1]})
+    split = main_parts.with_parts({None: main, "fa": [("f", small[0])]}, 3)
+    assert list(split) == ["main.1", "main.2", "main.3", "fa"]
+    assert sorted(p for n in ("main.1", "main.2", "main.3") for p in split[n]) == sorted(main)
+    assert split["fa"] == [("f", small[0])]
+    # One shape, or one part: the main group stays whole.
+    assert main_parts.with_parts({None: [("x", c) for c in small]}, 3) == \
+        {None: [("x", c) for c in small]}
+    assert main_parts.with_parts({None: main}, 1) == {None: main}
     assert isolation.memory_bound("XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
                                   "trying to allocate 2.00GiB")
     assert not isolation.memory_bound("wrong result")
     # What would not fit in the main group's share either is not worth running again there.
     too_big = ("deterministic build failed (DoesNotFit: needs 1024.8 GiB of device memory "
-               "(workspace included), more than the 25.3 GiB this device has)")
-    main = isolation.main_share_bytes(int(25.3 * 2**30), {isolation.MEM_FRACTION: "0.180"})
-    assert 100 * 2**30 < main < 110 * 2**30
+               "(workspace included), more than the 31.0 GiB this device has)")
+    main = main_parts.main_share_bytes(int(31 * 2**30), {main_parts.MEM_FRACTION: "0.233"})
+    assert 99 * 2**30 < main < 100 * 2**30
     assert not isolation.memory_bound(too_big, main) and isolation.memory_bound(too_big)
     assert isolation.memory_bound(too_big.replace("1024.8", "40.0"), main)
-    assert isolation.main_share_bytes(None) is None
-    assert isolation.main_share_bytes(2**30, {}) is None
+    assert main_parts.main_share_bytes(None) is None
+    assert main_parts.main_share_bytes(2**30, {}) is None
 
 
-def test_light_runs_last_beside_the_main_group_with_the_small_share(tmp_path, monkeypatch):
-    """LIGHT takes its turn in the place beside the main group after the other groups, with
-    the share they had; the shares at once never pass DEVICE_SHARE. Where the user set jax's
-    memory, or off GPUs (light=False), the main group runs whole."""
+def test_the_parts_run_at_once_beside_the_other_groups_with_equal_shares(tmp_path,
+                                                                        monkeypatch):
+    """Every part of the main group starts at once, the other groups take turns in one more
+    place, and each process has an equal share of DEVICE_SHARE, taken as it needs it; each is
+    told how many run at once (its share of the host's cores); the parts defer what lacks
+    memory. Where the user set jax's memory, or with one part, the main group runs whole with
+    XLA's default share."""
     import threading
 
+    from harness.engine import main_parts
     from harness.engine import workers as isolation
     log, lock = [], threading.Lock()
-
-    light_started = threading.Event()
+    started = threading.Barrier(4, timeout=30)   # three parts and one other group at once
 
     def fake_run_group(name, pairs, workdir, options, *, env, **more):
         with lock:
-            log.append((name, env.get(isolation.MEM_FRACTION), more.get("defer_memory")))
-        if name == isolation.LIGHT:
-            light_started.set()
-        elif name == "main":   # the main group runs until LIGHT has started beside it
-            light_started.wait(timeout=30)
+            log.append((name, env.get(isolation.MEM_FRACTION), env.get(isolation.PREALLOCATE),
+                        env.get(main_parts.CORES_SHARE), more.get("defer_memory")))
+        if name != "fb":
+            started.wait()
         return isolation.WorkerResult(name=name)
     monkeypatch.setattr(isolation, "run_group", fake_run_group)
-    small = "packed/random-b4-t256-h4kv4-d32-f32-s0"
-    large = "packed/random-b4-t1024-h4kv4-d32-f32-s0"
-    groups = {None: [(k, c) for c in (small, large) for k in "xy"] + [("z", large)],
-              "fa": [("f", small)]}
-    pool, futures = isolation.start_groups(groups, tmp_path, [], env={}, light=True)
+    cases = [f"packed/random-b4-t{t}-h4kv4-d32-f32-s0" for t in (256, 512, 1024)]
+    groups = {None: [(k, c) for c in cases for k in "xy"], "fa": [("f", cases[0])],
+              "fb": [("g", cases[0])]}
+    pool, futures = isolation.start_groups(groups, tmp_path, [], env={}, parts=3)
     pool.shutdown(wait=True)
-    assert log == [("main", None, False), ("fa", "0.180", False),
-                   (isolation.LIGHT, "0.180", True)]
-    assert isolation.main_parts(futures) == {isolation.LIGHT: 2, isolation.DEFERRED: 0}
-    for env, light in (({isolation.MEM_FRACTION: ".5"}, True), ({}, False)):
+    assert sorted(log[:4]) == [(n, "0.233", "false", "4", n != "fa")
+                               for n in ("fa", "main.1", "main.2", "main.3")]
+    assert log[4] == ("fb", "0.233", "false", "4", False)
+    assert main_parts.header_parts(futures) == {"main.1": 2, "main.2": 2, "main.3": 2,
+                                                "main.deferred": 0}
+    assert isolation.report_names(groups, 3) == ["main", "main.1", "main.2", "main.3", "fa",
+                                                 "fb", "main.deferred"]
+    for env, parts in (({isolation.MEM_FRACTION: ".5"}, 3), ({}, 1)):
         log.clear()
-        light_started.set()
-        pool, futures = isolation.start_groups(groups, tmp_path, [], env=env, light=light)
+        started = threading.Barrier(1)
+        pool, futures = isolation.start_groups(groups, tmp_path, [], env=env, parts=parts)
         pool.shutdown(wait=True)
-        assert isolation.LIGHT not in [n for n, _, _ in log]
-        assert isolation.main_parts(futures) == {}
+        assert sorted(n for n, *_ in log) == ["fa", "fb", "main"]
+        assert main_parts.header_parts(futures) == {}
+    assert ("main", None, None, None, False) in log   # whole: XLA's default share, preallocated
 
 
 HUNGRY = """
@@ -453,22 +468,27 @@ harness.register_kernel("plain", dot_product, dtypes=("float32",))
 """
 
 
-def test_two_main_workers_is_an_option_off_by_default():
-    """Measured slower on a cold H200 nightly (reports/nightly-h200-7b24bae/): the main group
-    runs whole unless the user asks for --two-main-workers."""
-    from harness.engine.options import RunOptions
-    assert RunOptions().main_whole
-    given = {"suite": "nightly", "main_whole": True}   # the flag given: the switch set
-    chosen = RunOptions.from_values(given.get)
-    assert not chosen.main_whole
+def test_main_workers_is_an_option_checked_and_sent_to_the_workers():
+    """--main-workers N: three by default, 1 to 8, a whole number; it reaches a worker in its
+    options (no effect there: a worker runs the pairs it is given)."""
+    from harness.engine.options import RunOptions, check_main_workers
+    from harness.errors import UsageError
+    assert RunOptions().main_workers == 3
+    chosen = RunOptions.from_values({"suite": "nightly", "main_workers": "2"}.get)
+    assert chosen.main_workers == 2
     assert RunOptions.from_json(chosen.to_json()) == chosen
+    for bad, words in (("0", "must be 1 to 8"), ("9", "must be 1 to 8"),
+                       ("two", "not a whole number")):
+        with pytest.raises(UsageError, match=f"--main-workers .*{words}"):
+            check_main_workers(bad)
 
 
-def test_a_light_pair_that_lacks_memory_runs_again_with_the_main_groups_share(tmp_path,
+def test_a_parts_pair_that_lacks_memory_runs_again_with_the_main_groups_share(tmp_path,
                                                                               monkeypatch):
-    """A pair of LIGHT that runs out of memory in its small share keeps no record there: it
-    runs again once the groups have ended, with the main group's share (DEFERRED), and its
-    records are those; the other pairs of LIGHT keep theirs."""
+    """A pair of a main group's part that runs out of memory in its share keeps no record
+    there: it runs again once the groups have ended, with the main group's share (DEFERRED),
+    and its records are those; the other pairs keep theirs."""
+    from harness.engine import main_parts
     from harness.engine import workers as isolation
     from harness.store import report_file as rec
     # pytest's xdist workers set a share for themselves (harness.pytest_plugin): not the user's.
@@ -479,23 +499,27 @@ def test_a_light_pair_that_lacks_memory_runs_again_with_the_main_groups_share(tm
     options = RunOptions(kernel_modules=(str(module),), leak_probe=False)
     small, large = ONE, "packed/random-b4-t1024-h4kv4-d32-f32-s0"
     groups = {None: [(k, c) for c in (small, large) for k in ("hungry", "plain")]}
-    pool, futures = isolation.start_groups(groups, tmp_path, options, env=None, light=True,
+    pool, futures = isolation.start_groups(groups, tmp_path, options, env=None, parts=2,
                                            echo=lambda line: None)
     pool.shutdown(wait=True)
-    light = next(f.result() for f in futures if f.result().name == isolation.LIGHT)
-    assert light.deferred == [("hungry", small)] and light.crashes == []
+    results = {f.result().name: f.result() for f in futures}
+    assert set(results) == {"main.1", "main.2"}
+    assert [p for r in results.values() for p in r.deferred] == [("hungry", small)]
+    assert all(r.crashes == [] for r in results.values())
     again = isolation.run_deferred(futures, tmp_path, options, echo=lambda line: None)
-    assert again.name == isolation.DEFERRED and again.crashes == []
+    assert again.name == main_parts.DEFERRED and again.crashes == []
     records = {}
-    for name in isolation.report_names([None]):
+    for name in isolation.report_names([None], 2):
         for d in isolation.worker_reports(tmp_path, name):
             for r in rec.read(d)[1]:
-                records.setdefault((name, r.kernel, r.case_id), []).append(r.outcome)
-    assert ("main.light", "hungry", small) not in records
-    assert set(records[("main.deferred", "hungry", small)]) == {"ok"}
-    assert set(records[("main.light", "plain", small)]) == {"ok"}
-    assert set(records[("main", "hungry", large)]) == {"ok"}
-    assert isolation.main_parts(futures) == {isolation.LIGHT: 2, isolation.DEFERRED: 1}
+                records.setdefault((r.kernel, r.case_id), []).append((name, r.outcome))
+    # Each pair once, from one worker: the deferred one from DEFERRED's, the others from their
+    # part's.
+    assert {pair: {n for n, _ in rows} for pair, rows in records.items()} == {
+        ("hungry", small): {"main.deferred"}, ("plain", small): {"main.2"},
+        ("hungry", large): {"main.1"}, ("plain", large): {"main.1"}}
+    assert all(o == "ok" for rows in records.values() for _, o in rows)
+    assert main_parts.header_parts(futures) == {"main.1": 2, "main.2": 2, "main.deferred": 1}
 
 
 AVOIDS_A_CRASH = """
@@ -524,11 +548,11 @@ def test_a_skip_naming_a_sticky_error_does_not_end_its_worker(tmp_path):
     assert [p.name for p in (tmp_path / "r" / "workers").glob("careful-*")] == ["careful-1"]
 
 
-def test_two_main_workers_end_to_end_on_a_gpu_machine(tmp_path, monkeypatch):
-    """The engine's own path with --two-main-workers where a GPU is seen (nvidia-smi's count
-    stood in for): the pair main.light lacked memory for runs again, the merged report holds
-    each pair once with its records from the worker that ran it whole, and the header line
-    says how many pairs ran beside the main worker and how many again."""
+def test_main_workers_end_to_end_on_a_gpu_machine(tmp_path, monkeypatch):
+    """The engine's own path where a GPU is seen (nvidia-smi's count stood in for), with the
+    default --main-workers: two shapes, two parts at once; the pair a part lacked memory for
+    runs again, the merged report holds each pair once with its records from the worker that
+    ran it whole, and the header line says how the main group ran and how many pairs again."""
     from harness.engine import environment
     from harness.engine import workers as isolation
     from harness.engine.engine import run
@@ -541,7 +565,7 @@ def test_two_main_workers_end_to_end_on_a_gpu_machine(tmp_path, monkeypatch):
     module.write_text(HUNGRY)
     small, large = ONE, "unaligned/long-edges-b4-t1152-h2kv2-d32-f32-s0"   # smoke's cases
     report = tmp_path / "r"
-    options = RunOptions(kernel_modules=(str(module),), leak_probe=False, main_whole=False,
+    options = RunOptions(kernel_modules=(str(module),), leak_probe=False,
                          kernels=("hungry", "plain"), cases=(small, large),
                          report_dir=str(report), use_compilation_cache=False)
     assert run(options) == 0
@@ -551,11 +575,11 @@ def test_two_main_workers_end_to_end_on_a_gpu_machine(tmp_path, monkeypatch):
         pairs.setdefault(r.pair, set()).add(r.outcome)
     assert set(pairs) == {(k, c) for k in ("hungry", "plain") for c in (small, large)}
     assert all(outcomes == {"ok"} for outcomes in pairs.values()), pairs
-    assert header["main_parts"] == {isolation.LIGHT: 2, isolation.DEFERRED: 1}
-    assert "main group in two workers (2 pairs beside the first, 1 of them again" \
+    assert header["main_parts"] == {"main.1": 2, "main.2": 2, "main.deferred": 1}
+    assert "main group in 2 workers at once (2, 2 pairs, 1 of them again for memory)" \
         in run_line(header)
     merged = [m["path"].split("/workers/")[-1] for m in header["merged_from"]]
-    assert merged == ["main-1/report", "main.light-1/report", "main.deferred-1/report"]
+    assert merged == ["main.1-1/report", "main.2-1/report", "main.deferred-1/report"]
 
 
 def test_a_worker_stopped_by_sigterm_is_a_stop_not_its_pairs_crash(tmp_path, monkeypatch):

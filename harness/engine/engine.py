@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.engine import workers
+from harness.engine import main_parts, workers
 from harness.engine.options import RunOptions
 from harness.errors import UsageError
 from harness.judge import tallies
@@ -212,7 +212,7 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
         {g: [(k.name, c.id) for c in selection.cases for k in members]
          for g, members in groups.items()},
         workdir, options, on_crash=on_crash, stop=stopping,
-        light=workers.light_wanted(options))
+        parts=main_parts.parts_wanted(options))
     again = None
     try:
         for future in futures:
@@ -235,14 +235,14 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
         interrupted = True
     pool.shutdown(wait=True)
     # Every worker's report, in the groups' order (a worker stopped early kept what it wrote).
-    dirs = [d for name in workers.report_names(groups)
+    dirs = [d for name in workers.report_names(groups, main_parts.parts_wanted(options))
             for d in workers.worker_reports(workdir, name) if (d / rec.RECORDS_FILE).exists()]
     records = workers.crash_records(crashes, {k.name: k for k in selection.kernels})
     if records or not dirs:
         crash_dir = workdir / "crashes"
         rec.write_report(crash_dir / rec.RECORDS_FILE, {}, records, suite=options.suite)
         dirs.append(crash_dir)
-    parts = workers.main_parts(futures)
+    parts = main_parts.header_parts(futures)
     # Pairs run again in a fresh worker after a broken capture (harness.engine.capture).
     finished = [f.result() for f in futures if f.done() and not f.cancelled()
                 and f.exception() is None] + ([again] if again is not None else [])

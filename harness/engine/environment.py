@@ -175,10 +175,12 @@ def describe() -> dict:
 
 def usable_cores() -> int:
     """Cores this process may run on (its affinity, e.g. `taskset`), shared among the pytest
-    workers of one machine."""
+    workers of one machine and the engine's workers running at once."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 2
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    # The engine's workers running at once on this host (harness.engine.main_parts).
+    workers *= int(os.environ.get("HARNESS_WORKERS_AT_ONCE", "1") or 1)
     return max(1, cores // workers)

@@ -33,30 +33,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.engine import workers as isolation
+from harness.engine.main_parts import parts_wanted, split
 
 PLAN = "plan.json"
 CRASHES = "crashes.jsonl"
 DONE = "done.json"
 PLAN_WAIT_S = 600     # how long a test waits for the controller's plan before running itself
-
-
-def split(pairs: list, lanes: int) -> list[list]:
-    """The pairs in `lanes` shares, whole shapes to a share (a shape's programs compile once),
-    the largest first onto the share with the least work so far; each share in run order."""
-    by_shape: dict[tuple, list] = {}
-    for kernel, case in pairs:
-        by_shape.setdefault(case.shape_key, []).append((kernel, case))
-    shares: list[list] = [[] for _ in range(lanes)]
-    load = [0.0] * lanes
-
-    def cost(group):
-        return len(group) * isolation.pair_cost(group[0][1])
-    for group in sorted(by_shape.values(), key=cost, reverse=True):
-        i = load.index(min(load))
-        shares[i] += group
-        load[i] += cost(group)
-    order = {pair: n for n, pair in enumerate(pairs)}
-    return [sorted(share, key=order.__getitem__) for share in shares if share]
 
 
 class Lanes:
@@ -70,7 +52,7 @@ class Lanes:
 
     def start(self, pairs: list) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        shares = split(pairs, len(self.gpus)) if pairs else []
+        shares = split(pairs, len(self.gpus)) if pairs else []   # whole shapes to a lane
         for index, (gpu, share) in enumerate(zip(self.gpus, shares)):
             thread = threading.Thread(target=self._lane, args=(index, gpu, share), daemon=True,
                                       name=f"lane-{index}")
@@ -98,13 +80,13 @@ class Lanes:
         groups = isolation.groups(dict.fromkeys(k for k, _ in share))
         status: dict = {"ok": True}
         try:
-            # The groups two at a time, as the CLI runs them (the main group's smallest shapes
-            # apart on GPUs, and what of them lacked memory again at the end).
+            # The groups as the CLI runs them (the main group in parts on GPUs with
+            # --main-workers, and what of them lacked memory again at the end).
             pool, futures = isolation.start_groups(
                 {g: [(k.name, c.id) for k, c in share if k in members]
                  for g, members in groups.items()},
                 lane, self.options, env=env, on_crash=on_crash, stop=self.stopping,
-                echo=lambda line: None, light=isolation.light_wanted(self.options))
+                echo=lambda line: None, parts=parts_wanted(self.options))
             pool.shutdown(wait=True)
             # Every group has ended: a group's real error wins over another's being stopped.
             errors = [f.exception() for f in futures if f.exception() is not None]

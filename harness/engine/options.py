@@ -73,6 +73,19 @@ def check_seeds(value) -> int:
     return seeds
 
 
+MAIN_WORKERS = 3      # --main-workers' default (harness.engine.main_parts)
+
+
+def check_main_workers(value) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"--main-workers {value!r}: not a whole number") from None
+    if not 1 <= n <= 8:
+        raise UsageError(f"--main-workers {value}: must be 1 to 8")
+    return n
+
+
 def check_shard(text) -> str | None:
     if text is None:
         return None
@@ -172,10 +185,12 @@ OPTIONS = (
            metavar="DIR"),
     Option("use_compilation_cache", "--no-compilation-cache", "compile everything afresh and "
            "keep nothing on disk", switch=True),
-    Option("main_whole", "--two-main-workers", "on GPUs, run the smallest shapes of the "
-           "kernels without an isolation group in a second worker beside the first (no effect "
-           "on CPUs, or where XLA_CLIENT_MEM_FRACTION or the like is set; not faster on a cold "
-           "H200 nightly: reports/nightly-h200-7b24bae/)", switch=True),
+    Option("main_workers", "--main-workers", "on GPUs, run the kernels without an isolation "
+           "group in N worker processes at once, whole shapes to each, every process with an "
+           "equal share of the device (a pair that lacks memory there runs again at the end "
+           "with the share one worker would have; harness/engine/main_parts.py); no effect on "
+           "CPUs, or where XLA_CLIENT_MEM_FRACTION or the like is set",
+           check_main_workers, metavar="N"),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -197,7 +212,7 @@ class RunOptions:
     deterministic_probe: bool = True
     compilation_cache: str = DEFAULT_CACHE_DIR
     use_compilation_cache: bool = True
-    main_whole: bool = True
+    main_workers: int = MAIN_WORKERS
     # Not options of a user: where the run comes from ("cli", "pytest", "census", "worker").
     source: str = field(default="cli", compare=False)
 

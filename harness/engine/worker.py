@@ -28,7 +28,8 @@ def run_pairs(spec: dict) -> int:
     from harness.engine.memory import device_memory_bytes
     from harness.engine.memory import memory_bound
     from harness.engine.capture import RETRY_FILE, CaptureBroken, broke_capture
-    from harness.engine.workers import DEFERRED_FILE, FINISHED_FILE, STARTED_FILE, main_share_bytes
+    from harness.engine.main_parts import DEFERRED_FILE, main_share_bytes
+    from harness.engine.workers import FINISHED_FILE, STARTED_FILE
     from harness.model.case import Case
     from harness.store.writer import ReportWriter
 
@@ -71,7 +72,7 @@ def run_pairs(spec: dict) -> int:
         lost += broken   # broken again in a fresh worker: the records stand, the worker ends
         if deferred is not None and any(memory_bound(r.message, main_bytes)
                                         for r in result.records):
-            # Too little device memory in this worker's share (harness.engine.workers.LIGHT):
+            # Too little device memory in this part's share (harness.engine.main_parts):
             # no record here; the pair runs again with the main group's share.
             announce(deferred, kernel, case)
         else:

@@ -5,9 +5,11 @@ register FFI targets of the same names, so whichever is imported second fails; a
 also crash its process. When a run selects kernels of more than one group (kernels without a
 group form one group of their own), the engine becomes a controller that never touches a device
 itself: each group runs in a worker (`python -m harness.engine.worker SPEC.json`: the run's
-options and the worker's pairs as JSON, harness.engine.worker), two at a time, sharing the device (`start_groups`, `shares`: the kernels without a group keep XLA's
-default 75% of a GPU's memory, the other groups take turns beside them with what they need of
-the rest), or one after another with the whole device where the user chose jax's memory
+options and the worker's pairs as JSON, harness.engine.worker), several at a time, sharing
+the device (`start_groups`, `shares`: the kernels without a group keep XLA's default 75% of a
+GPU's memory, the other groups take turns beside them with what they need of the rest; on GPUs
+the kernels without a group run in parts, harness.engine.main_parts, and every process then has
+an equal share), or one after another with the whole device where the user chose jax's memory
 settings themselves (`user_set_memory`). A worker appends its records as it goes and says
 which pair it starts. A worker that dies (a crash, a clash at import) costs one error record,
 for the pair it was running, with the reason; a fresh worker then takes the group's remaining
@@ -30,6 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.engine.capture import RETRY_FILE
+from harness.engine.main_parts import (
+    CORES_SHARE,
+    DEFERRED,
+    DEFERRED_FILE,
+    MAIN_SHARE,
+    MEM_FRACTION,
+    is_part,
+    with_parts,
+)
 from harness.engine.memory import memory_bound
 
 STARTED_FILE = "started.jsonl"
@@ -61,10 +72,8 @@ def groups(kernels) -> dict[str | None, list]:
     return out
 
 
-MAIN_SHARE = 0.75        # XLA's default share of a GPU's memory: the main group's, as alone
 DEVICE_SHARE = 0.93      # what the groups running at once may take together (shares)
-AT_ONCE = 2              # groups running at once
-MEM_FRACTION = "XLA_CLIENT_MEM_FRACTION"    # jax's name; it refuses both names set at once
+AT_ONCE = 2              # groups running at once (the main group whole)
 USER_MEMORY = (MEM_FRACTION, "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR")
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 
@@ -75,29 +84,46 @@ def user_set_memory(environ=os.environ) -> bool:
     return any(name in environ for name in USER_MEMORY)
 
 
+def at_once(group_names) -> int:
+    """How many groups run at a time: AT_ONCE; with the main group in parts
+    (harness.engine.main_parts), every part and one other group at a time."""
+    names = list(group_names)
+    parts = sum(map(is_part, names))
+    return AT_ONCE if not parts else parts + (len(names) > parts)
+
+
 def shares(group_names, environ=os.environ) -> dict | None:
     """The environment each group's workers add when the groups run at once, or None: run them
     one after another (the user chose how jax takes memory, or there is one group).
 
-    At most two groups run at a time (`start_groups`), and their shares add up to DEVICE_SHARE
-    at most: the rest of the GPU's memory is for what no allocator share covers (each process's
-    CUDA context, loaded kernels, cuDNN's own buffers), whose allocations fail, mid-capture or
-    mid-launch, on a full device. The main group (None) keeps XLA's default: 75% of a GPU's
-    memory, taken at start, so its programs fit or not as in a run of its own; while it runs,
-    one other group at a time takes memory as it needs it (no preallocation) up to what is left
-    (DEVICE_SHARE less the main group's), and the rest wait their turn. A group that starts
-    with no main group running (there is none, or it has finished) may take half of
-    DEVICE_SHARE (`share`). On CPUs the settings are unused."""
+    At most `at_once` groups run at a time (`start_groups`), and their shares add up to
+    DEVICE_SHARE at most: the rest of the GPU's memory is for what no allocator share covers
+    (each process's CUDA context, loaded kernels, cuDNN's own buffers), whose allocations fail,
+    mid-capture or mid-launch, on a full device. The main group whole (None) keeps XLA's
+    default: 75% of a GPU's memory, taken at start, so its programs fit or not as in a run of
+    its own; while it runs, one other group at a time takes memory as it needs it (no
+    preallocation) up to what is left (DEVICE_SHARE less the main group's), and the rest wait
+    their turn. A group that starts with no main group running (there is none, or it has
+    finished) may take half of DEVICE_SHARE (`share`). With the main group in parts, every
+    group takes an equal part of DEVICE_SHARE as it needs it, and its workers are told how
+    many run at once (CORES_SHARE: each compiles on its share of the host's cores). On CPUs
+    the memory settings are unused."""
     names = list(group_names)
     if len(names) < 2 or user_set_memory(environ):
         return None
+    if any(map(is_part, names)):
+        n = at_once(names)
+        return {g: {**_fraction(DEVICE_SHARE / n), CORES_SHARE: str(n)} for g in names}
     return {g: {} if g is None else share(main_running=None in names) for g in names}
 
 
 def share(*, main_running: bool) -> dict:
-    """The environment of a group other than the main one, started beside the main group or
-    not (see shares)."""
-    fraction = DEVICE_SHARE - MAIN_SHARE if main_running else DEVICE_SHARE / AT_ONCE
+    """The environment of a group other than the main one, started beside the main group
+    whole or not (see shares)."""
+    return _fraction(DEVICE_SHARE - MAIN_SHARE if main_running else DEVICE_SHARE / AT_ONCE)
+
+
+def _fraction(fraction: float) -> dict:
     return {MEM_FRACTION: f"{round(fraction, 3):.3f}", PREALLOCATE: "false"}
 
 
@@ -120,147 +146,64 @@ def worker_environment(env: dict) -> dict:
     return {**env, "XLA_FLAGS": f"{flags} {NO_COMMAND_BUFFERS}".strip()}
 
 
-# The main group in two parts on one GPU. Its worker runs one pair at a time, and on the
-# H200 most of its time is the host's (Python, transfers, waits), not the device's: the second
-# of the AT_ONCE places stood empty once the other groups were done (a cold nightly at
-# 0c4e786: 455 s of the main group's work beside 170 s of the FlashAttention groups'). So the
-# main group's smallest shapes (whole shapes: their programs compile once) run as a group of
-# their own, LIGHT, in that place after the other groups, with their small share of the
-# device; its share of the main group's work is what balances the two places (`light_pairs`).
-# A pair of LIGHT that does not fit in its share (an out-of-memory error, a deterministic
-# build or dense scores larger than that share: harness.engine.memory) keeps no record there: its
-# worker lists it (DEFERRED_FILE), and it runs again once every group has ended, with the main
-# group's share, as DEFERRED (`run_deferred`): every pair runs with the memory it would have
-# had in the main group.
-LIGHT = "main.light"
-DEFERRED = "main.deferred"
-DEFERRED_FILE = "deferred.jsonl"
-
-
-def light_wanted(options) -> bool:
-    """Whether a run splits off LIGHT: asked for (--two-main-workers) where a GPU is seen."""
-    from harness.engine.environment import nvidia_gpus
-    return not options.main_whole and bool(nvidia_gpus())
-
-
-def pair_cost(case) -> float:
-    """A pair's estimated share of a run's time (compiling and the host's work dominate;
-    long rows also run longer)."""
-    return 1 + case.batch * case.seq_len / 16384
-
-
-def light_pairs(pairs_by_group: dict) -> list:
-    """The main group's pairs that run as LIGHT: whole shapes, those with the smallest dense
-    scores first, while their estimated work (pair_cost) stays within half of what the main
-    group has beyond the other groups' work together; the main group keeps the rest."""
-    from harness.kernels.kernel import scores_bytes
-    from harness.model.case import Case
-    main = pairs_by_group.get(None) or []
-    cases = {c: Case.from_id(c) for _, c in main}
-    others = sum(pair_cost(Case.from_id(c)) for g, ps in pairs_by_group.items()
-                 if g is not None for _, c in ps)
-    budget = (sum(pair_cost(cases[c]) for _, c in main) - others) / 2
-    by_shape: dict[tuple, list] = {}
-    for kernel, c in main:
-        by_shape.setdefault(cases[c].shape_key, []).append((kernel, c))
-    light, cost = [], 0.0
-    for group in sorted(by_shape.values(),
-                        key=lambda g: (scores_bytes(cases[g[0][1]]), str(cases[g[0][1]].shape_key))):
-        more = sum(pair_cost(cases[c]) for _, c in group)
-        if cost + more > budget:
-            break
-        light += group
-        cost += more
-    return light
-
-
-def with_light_part(pairs_by_group: dict) -> dict:
-    """The groups with the main group's LIGHT part split off (light_pairs), where it has one."""
-    light = set(light_pairs(pairs_by_group))
-    if not light:
-        return dict(pairs_by_group)
-    out = {g: ([p for p in ps if p not in light] if g is None else ps)
-           for g, ps in pairs_by_group.items()}
-    out[LIGHT] = [p for p in pairs_by_group[None] if p in light]
-    return out
-
-
-def main_share_bytes(limit: int | None, environ=os.environ) -> int | None:
-    """The main group's share of the device, from a LIGHT worker's own allocator limit and its
-    share (MEM_FRACTION); None where either is unknown."""
-    try:
-        return int(limit / float(environ[MEM_FRACTION]) * MAIN_SHARE) if limit else None
-    except (KeyError, ValueError, ZeroDivisionError):
-        return None
-
-
 def start_groups(pairs_by_group: dict, workdir: Path, options, *, env=None,
-                 on_crash=None, stop=None, echo=print, light: bool = False):
-    """Starts each group's run_group in a thread, AT_ONCE groups at a time with their `shares`
-    of the device (or one after another where `shares` says so), the main group first: while
-    it runs, the other groups take turns beside it; a group that starts after it has finished
-    takes the larger share. `pairs_by_group`: group (None: the kernels without one) -> its
-    (kernel, case) pairs. Returns the pool and one future per group, in the groups' order: the
-    caller waits, and on being stopped sets `stop` and calls stop_live before it shuts the
-    pool down; then it runs the pairs LIGHT could not fit (run_deferred). `light` (on GPUs,
-    where the user left jax's memory settings alone): the main group's smallest shapes run as
-    a group of their own (with_light_part), last."""
+                 on_crash=None, stop=None, echo=print, parts: int = 1):
+    """Starts each group's run_group in a thread, `at_once` groups at a time with their
+    `shares` of the device (or one after another where `shares` says so), the main group
+    first: while it runs, the other groups take turns beside it; a group that starts after the
+    main group whole has finished takes the larger share. `pairs_by_group`: group (None: the
+    kernels without one) -> its (kernel, case) pairs. `parts` (on GPUs, where the user left
+    jax's memory settings alone): the main group runs in that many parts at once
+    (harness.engine.main_parts). Returns the pool and one future per group, in the groups'
+    order: the caller waits, and on being stopped sets `stop` and calls stop_live before it
+    shuts the pool down; then it runs the pairs the parts could not fit (run_deferred)."""
     from concurrent.futures import ThreadPoolExecutor
     env = dict(os.environ if env is None else env)
-    if light and None in pairs_by_group and not user_set_memory(env):
-        pairs_by_group = with_light_part(pairs_by_group)
+    if parts > 1 and None in pairs_by_group and not user_set_memory(env):
+        pairs_by_group = with_parts(pairs_by_group, parts)
     by_group = shares(pairs_by_group, env)
     futures: dict = {}
 
     def run(group, pairs):
         extra = {} if by_group is None else by_group[group]
         if extra and group is not None and None in futures and futures[None].done():
-            extra = share(main_running=False)
+            extra = {**extra, **share(main_running=False)}
         return run_group(group or "main", pairs, workdir, options, echo=echo,
                          env={**env, **extra}, on_crash=on_crash, stop=stop,
-                         defer_memory=group == LIGHT)
-    pool = ThreadPoolExecutor(max_workers=1 if by_group is None else AT_ONCE,
+                         defer_memory=is_part(group))
+    pool = ThreadPoolExecutor(max_workers=1 if by_group is None else at_once(pairs_by_group),
                               thread_name_prefix="group")
-    # The main group first, LIGHT last (the main group's own work, for the place the other
-    # groups leave).
-    for g in sorted(pairs_by_group, key=lambda g: (g is not None, g == LIGHT)):
+    for g in pairs_by_group:     # the main group (or its parts) first (with_parts)
         futures[g] = pool.submit(run, g, pairs_by_group[g])
-        futures[g].group, futures[g].pairs = g, len(pairs_by_group[g])   # main_parts
+        futures[g].group, futures[g].pairs = g, len(pairs_by_group[g])   # header_parts
     return pool, [futures[g] for g in pairs_by_group]
 
 
 def run_deferred(futures, workdir: Path, options, *, env=None, on_crash=None, stop=None,
                  echo=print) -> WorkerResult | None:
-    """Once every group has ended: the pairs LIGHT's workers deferred for want of memory, in
-    workers with the main group's share (alone on the device), as DEFERRED; None if none."""
+    """Once every group has ended: the pairs the main group's parts deferred for want of
+    memory, in workers with the main group's share (alone on the device), as DEFERRED; None
+    if none."""
     deferred = [p for f in futures if not f.cancelled() and f.exception() is None
                 for p in f.result().deferred]
     if not deferred:
         return None
-    echo(f"[worker {DEFERRED}] {len(deferred)} pairs of {LIGHT} did not fit in its share of "
-         "the device: again, with the main group's")
+    echo(f"[worker {DEFERRED}] {len(deferred)} pairs did not fit in their part's share of the "
+         "device: again, with the main group's")
     return run_group(DEFERRED, deferred, workdir, options, echo=echo,
                      env=dict(os.environ if env is None else env), on_crash=on_crash,
                      stop=stop)
 
 
-def main_parts(futures) -> dict:
-    """The header's account of the main group's parts: how many pairs ran as LIGHT, and how
-    many of them LIGHT's workers deferred to DEFERRED ({} where the main group ran whole).
-    From the split start_groups made (each future's `group` and `pairs`), so that a run
-    stopped early still says it."""
-    out = {}
-    for f in futures:
-        if getattr(f, "group", None) == LIGHT:
-            out[LIGHT] = f.pairs
-            if f.done() and not f.cancelled() and f.exception() is None:
-                out[DEFERRED] = len(f.result().deferred)
-    return out
-
-
-def report_names(groups) -> list[str]:
-    """The worker folders' names of a run's groups (None: "main"), LIGHT and DEFERRED last."""
-    return [g or "main" for g in groups] + [LIGHT, DEFERRED]
+def report_names(groups, parts: int = 1) -> list[str]:
+    """The worker folders' names of a run's groups (None: "main", then its parts'), DEFERRED
+    last."""
+    from harness.engine.main_parts import part_name
+    names = []
+    for g in groups:
+        names += ["main", *map(part_name, range(parts if parts > 1 else 0))] if g is None \
+            else [g]
+    return names + [DEFERRED]
 
 
 def needs_workers(kernels) -> bool:
@@ -283,7 +226,7 @@ def mark_loaded(kernel) -> None:
 class WorkerResult:
     report_dirs: list[Path] = field(default_factory=list)
     crashes: list[tuple[str, str, str]] = field(default_factory=list)  # (kernel, case, why)
-    deferred: list[tuple[str, str]] = field(default_factory=list)   # lacked memory (LIGHT)
+    deferred: list[tuple[str, str]] = field(default_factory=list)   # lacked memory (a part)
     run_again: list[tuple[str, str, str]] = field(default_factory=list)  # harness.engine.capture
     name: str = ""                 # the group's workers' name (run_group's `name`)
     interrupted: bool = False      # stopped by Ctrl-C / SIGTERM: what finished is kept
@@ -297,7 +240,7 @@ def write_spec(path: Path, options, pairs: list, report_dir: Path,
                defer_memory: bool = False, run_again=()) -> Path:
     """A worker's orders: the run's options (paths of kernel modules made absolute: the
     worker may start elsewhere), its pairs and its report folder; `defer_memory`: a pair that
-    lacked device memory is listed in DEFERRED_FILE instead of recorded (LIGHT's workers);
+    lacked device memory is listed in DEFERRED_FILE instead of recorded (the main group's parts);
     `run_again`: pairs run once more after a broken capture (harness.engine.capture)."""
     import dataclasses
     modules = tuple(str(Path(m).resolve()) if os.path.exists(m) else m
@@ -392,7 +335,8 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
     """Runs one process group's pairs in workers until every pair has records or an error.
     `env`: the workers' environment (default: this process's); `on_crash(kernel, case, why)`
     is told each pair a worker died on, as it happens; `stop` (a threading.Event) set: no
-    further worker starts (isolation.Stopped). `defer_memory` (LIGHT): a pair that lacked
+    further worker starts (isolation.Stopped). `defer_memory` (a part of the main group,
+    harness.engine.main_parts): a pair that lacked
     device memory, recorded or died on, goes to the result's `deferred`."""
     import shutil
     result = WorkerResult(name=name)
@@ -455,7 +399,8 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
                 remaining = left
                 continue
             crashed = left[0]
-        whose = ("the main group's second worker" if name in (LIGHT, DEFERRED)
+        whose = (f"the worker process for the main group's part {name!r}"
+                 if is_part(name) or name == DEFERRED
                  else f"the worker process for isolation group {name!r}")
         result.crashes.append((*crashed, f"{whose} died while running it ({why})"))
         if on_crash:

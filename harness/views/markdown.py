@@ -83,7 +83,11 @@ def run_line(header: dict, marked: bool = True) -> str:
     if header.get("shard"):
         parts.append(f"shard {header['shard']}")
     main_parts = header.get("main_parts") or {}
-    if main_parts.get("main.light"):
+    counts = [str(n) for name, n in main_parts.items() if name != "main.deferred"]
+    if len(counts) > 1:
+        parts.append(f"main group in {len(counts)} workers at once ({', '.join(counts)} pairs, "
+                     f"{main_parts.get('main.deferred', 0)} of them again for memory)")
+    elif main_parts.get("main.light"):     # headers before --main-workers
         parts.append(f"main group in two workers ({main_parts['main.light']} pairs beside "
                      f"the first, {main_parts.get('main.deferred', 0)} of them again for memory)")
     if header.get("run_again"):
