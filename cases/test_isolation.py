@@ -411,9 +411,9 @@ def test_the_main_group_splits_into_parts_of_whole_shapes():
 def test_the_parts_run_at_once_beside_the_other_groups_with_equal_shares(tmp_path,
                                                                         monkeypatch):
     """Every part of the main group starts at once, the other groups take turns in one more
-    place, and each process has an equal share of DEVICE_SHARE, taken as it needs it; each is
-    told how many run at once (its share of the host's cores); the parts defer what lacks
-    memory. Where the user set jax's memory, or with one part, the main group runs whole with
+    place; the parts share the main group's 75% equally, the others have what they had beside
+    the main group whole, each taken as needed; each is told how many run at once (its share
+    of the host's cores); the parts defer what lacks memory. Where the user set jax's memory, or with one part, the main group runs whole with
     XLA's default share."""
     import threading
 
@@ -435,9 +435,9 @@ def test_the_parts_run_at_once_beside_the_other_groups_with_equal_shares(tmp_pat
               "fb": [("g", cases[0])]}
     pool, futures = isolation.start_groups(groups, tmp_path, [], env={}, parts=3)
     pool.shutdown(wait=True)
-    assert sorted(log[:4]) == [(n, "0.233", "false", "4", n != "fa")
+    assert sorted(log[:4]) == [(n, "0.180" if n == "fa" else "0.250", "false", "4", n != "fa")
                                for n in ("fa", "main.1", "main.2", "main.3")]
-    assert log[4] == ("fb", "0.233", "false", "4", False)
+    assert log[4] == ("fb", "0.180", "false", "4", False)
     assert main_parts.header_parts(futures) == {"main.1": 2, "main.2": 2, "main.3": 2,
                                                 "main.deferred": 0}
     assert isolation.report_names(groups, 3) == ["main", "main.1", "main.2", "main.3", "fa",
@@ -469,11 +469,11 @@ harness.register_kernel("plain", dot_product, dtypes=("float32",))
 
 
 def test_main_workers_is_an_option_checked_and_sent_to_the_workers():
-    """--main-workers N: three by default, 1 to 8, a whole number; it reaches a worker in its
+    """--main-workers N: one by default (reports/nightly-h200-a3c7661/), 1 to 8, a whole number; it reaches a worker in its
     options (no effect there: a worker runs the pairs it is given)."""
     from harness.engine.options import RunOptions, check_main_workers
     from harness.errors import UsageError
-    assert RunOptions().main_workers == 3
+    assert RunOptions().main_workers == 1
     chosen = RunOptions.from_values({"suite": "nightly", "main_workers": "2"}.get)
     assert chosen.main_workers == 2
     assert RunOptions.from_json(chosen.to_json()) == chosen
@@ -550,7 +550,7 @@ def test_a_skip_naming_a_sticky_error_does_not_end_its_worker(tmp_path):
 
 def test_main_workers_end_to_end_on_a_gpu_machine(tmp_path, monkeypatch):
     """The engine's own path where a GPU is seen (nvidia-smi's count stood in for), with the
-    default --main-workers: two shapes, two parts at once; the pair a part lacked memory for
+    --main-workers 3: two shapes, two parts at once; the pair a part lacked memory for
     runs again, the merged report holds each pair once with its records from the worker that
     ran it whole, and the header line says how the main group ran and how many pairs again."""
     from harness.engine import environment
@@ -565,7 +565,7 @@ def test_main_workers_end_to_end_on_a_gpu_machine(tmp_path, monkeypatch):
     module.write_text(HUNGRY)
     small, large = ONE, "unaligned/long-edges-b4-t1152-h2kv2-d32-f32-s0"   # smoke's cases
     report = tmp_path / "r"
-    options = RunOptions(kernel_modules=(str(module),), leak_probe=False,
+    options = RunOptions(kernel_modules=(str(module),), leak_probe=False, main_workers=3,
                          kernels=("hungry", "plain"), cases=(small, large),
                          report_dir=str(report), use_compilation_cache=False)
     assert run(options) == 0

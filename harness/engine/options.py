@@ -73,7 +73,7 @@ def check_seeds(value) -> int:
     return seeds
 
 
-MAIN_WORKERS = 3      # --main-workers' default (harness.engine.main_parts)
+MAIN_WORKERS = 1      # --main-workers' default (harness.engine.main_parts)
 
 
 def check_main_workers(value) -> int:
@@ -186,10 +186,10 @@ OPTIONS = (
     Option("use_compilation_cache", "--no-compilation-cache", "compile everything afresh and "
            "keep nothing on disk", switch=True),
     Option("main_workers", "--main-workers", "on GPUs, run the kernels without an isolation "
-           "group in N worker processes at once, whole shapes to each, every process with an "
-           "equal share of the device (a pair that lacks memory there runs again at the end "
-           "with the share one worker would have; harness/engine/main_parts.py); no effect on "
-           "CPUs, or where XLA_CLIENT_MEM_FRACTION or the like is set",
+           "group in N worker processes at once, whole shapes to each, sharing the three "
+           "quarters of the device one worker has (a pair that lacks memory there runs again "
+           "at the end, alone, with those three quarters; harness/engine/main_parts.py); no "
+           "effect on CPUs, or where XLA_CLIENT_MEM_FRACTION or the like is set",
            check_main_workers, metavar="N"),
 )
 BY_NAME = {o.name: o for o in OPTIONS}

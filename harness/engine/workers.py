@@ -104,16 +104,19 @@ def shares(group_names, environ=os.environ) -> dict | None:
     its own; while it runs, one other group at a time takes memory as it needs it (no
     preallocation) up to what is left (DEVICE_SHARE less the main group's), and the rest wait
     their turn. A group that starts with no main group running (there is none, or it has
-    finished) may take half of DEVICE_SHARE (`share`). With the main group in parts, every
-    group takes an equal part of DEVICE_SHARE as it needs it, and its workers are told how
+    finished) may take half of DEVICE_SHARE (`share`). With the main group in parts, the parts
+    share the main group's 75% equally, each taking it as it needs it, and the other groups
+    take turns beside them as beside the main group whole; every group's workers are told how
     many run at once (CORES_SHARE: each compiles on its share of the host's cores). On CPUs
     the memory settings are unused."""
     names = list(group_names)
     if len(names) < 2 or user_set_memory(environ):
         return None
-    if any(map(is_part, names)):
-        n = at_once(names)
-        return {g: {**_fraction(DEVICE_SHARE / n), CORES_SHARE: str(n)} for g in names}
+    parts = sum(map(is_part, names))
+    if parts:
+        cores = {CORES_SHARE: str(at_once(names))}
+        return {g: {**_fraction(MAIN_SHARE / parts if is_part(g) else DEVICE_SHARE - MAIN_SHARE),
+                    **cores} for g in names}
     return {g: {} if g is None else share(main_running=None in names) for g in names}
 
 
