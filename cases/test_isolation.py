@@ -451,6 +451,17 @@ def test_the_parts_run_at_once_beside_the_other_groups_with_equal_shares(tmp_pat
         assert main_parts.header_parts(futures) == {}
     assert ("main", None, None, None, False) in log   # whole: XLA's default share, preallocated
 
+    class Stopped:   # a part stopped before it finished: how many it deferred is not known
+        group, pairs = "main.1", 5
+
+        def done(self):
+            return False
+    from harness.views.markdown import run_line
+    header = {"suite": "nightly", "main_parts": main_parts.header_parts([Stopped()])}
+    assert header["main_parts"] == {"main.1": 5}
+    header["main_parts"]["main.2"] = 3
+    assert "main group in 2 workers at once (5, 3 pairs) ·" in run_line(header) + " ·"
+
 
 HUNGRY = """
 import os, harness

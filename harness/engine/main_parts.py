@@ -96,13 +96,15 @@ def header_parts(futures) -> dict:
     """The header's account of the main group's parts: each part's pair count, and how many
     pairs its workers deferred to DEFERRED ({} where the main group ran whole). From the split
     start_groups made (each future's `group` and `pairs`), so that a run stopped early still
-    says it."""
+    says it; the deferred count only where every part finished (a part stopped early may have
+    deferred more)."""
     out, deferred = {}, 0
     for f in futures:
         if is_part(getattr(f, "group", None)):
             out[f.group] = f.pairs
-            if f.done() and not f.cancelled() and f.exception() is None:
-                deferred += len(f.result().deferred)
-    if out:
+            finished = f.done() and not f.cancelled() and f.exception() is None
+            deferred = deferred + len(f.result().deferred) if finished and deferred is not None \
+                else None
+    if out and deferred is not None:
         out[DEFERRED] = deferred
     return out

@@ -85,8 +85,10 @@ def run_line(header: dict, marked: bool = True) -> str:
     main_parts = header.get("main_parts") or {}
     counts = [str(n) for name, n in main_parts.items() if name != "main.deferred"]
     if len(counts) > 1:
-        parts.append(f"main group in {len(counts)} workers at once ({', '.join(counts)} pairs, "
-                     f"{main_parts.get('main.deferred', 0)} of them again for memory)")
+        again = (f", {main_parts['main.deferred']} of them again for memory"
+                 if "main.deferred" in main_parts else "")
+        parts.append(f"main group in {len(counts)} workers at once ({', '.join(counts)} pairs"
+                     f"{again})")
     elif main_parts.get("main.light"):     # headers before --main-workers
         parts.append(f"main group in two workers ({main_parts['main.light']} pairs beside "
                      f"the first, {main_parts.get('main.deferred', 0)} of them again for memory)")
