@@ -381,9 +381,6 @@ def test_the_main_group_splits_into_parts_of_whole_shapes():
     shares = main_parts.split(main, 2, Case.from_id)
     assert shares == [[(k, c) for c in large for k in ("x", "y")],
                       [(k, c) for c in small + odd for k in ("x", "y")]]
-    for share in shares:   # whole shapes: no shape in two parts
-        assert len({Case.from_id(c).shape_key for _, c in share}) == \
-            len({Case.from_id(c).shape_key for _, c in share})
     assert {Case.from_id(c).shape_key for _, c in shares[0]}.isdisjoint(
         {Case.from_id(c).shape_key for _, c in shares[1]})
     split = main_parts.with_parts({None: main, "fa": [("f", small[0])]}, 3)
@@ -442,14 +439,41 @@ def test_the_parts_run_at_once_beside_the_other_groups_with_equal_shares(tmp_pat
                                                 "main.deferred": 0}
     assert isolation.report_names(groups, 3) == ["main", "main.1", "main.2", "main.3", "fa",
                                                  "fb", "main.deferred"]
-    for env, parts in (({isolation.MEM_FRACTION: ".5"}, 3), ({}, 1)):
-        log.clear()
-        started = threading.Barrier(1)
-        pool, futures = isolation.start_groups(groups, tmp_path, [], env=env, parts=parts)
-        pool.shutdown(wait=True)
-        assert sorted(n for n, *_ in log) == ["fa", "fb", "main"]
-        assert main_parts.header_parts(futures) == {}
-    assert ("main", None, None, None, False) in log   # whole: XLA's default share, preallocated
+
+    # One part (the default), the main group named last: it still starts first, whole, with
+    # XLA's default share, and the other groups take turns beside it with theirs.
+    main_started, fb_started = threading.Event(), threading.Event()
+
+    def in_turn(name, pairs, workdir, options, *, env, **more):
+        with lock:
+            log.append((name, env.get(isolation.MEM_FRACTION), env.get(isolation.PREALLOCATE),
+                        env.get(main_parts.CORES_SHARE), more.get("defer_memory")))
+        if name == "main":
+            main_started.set()
+            assert fb_started.wait(timeout=30)   # until an other group's turn has come
+        elif name == "fa":
+            assert main_started.wait(timeout=30)
+        else:
+            fb_started.set()
+        return isolation.WorkerResult(name=name)
+    monkeypatch.setattr(isolation, "run_group", in_turn)
+    last = {"fa": groups["fa"], "fb": groups["fb"], None: groups[None]}
+    log.clear()
+    pool, futures = isolation.start_groups(last, tmp_path, [], env={}, parts=1)
+    pool.shutdown(wait=True)
+    assert log == [("main", None, None, None, False), ("fa", "0.180", "false", None, False),
+                   ("fb", "0.180", "false", None, False)]
+    assert main_parts.header_parts(futures) == {}
+    # The user's memory setting: no parts, one group after another, the main group first,
+    # each with the user's setting.
+    monkeypatch.setattr(isolation, "run_group", fake_run_group)
+    log.clear()
+    started = threading.Barrier(1)
+    pool, futures = isolation.start_groups(last, tmp_path, [], env={isolation.MEM_FRACTION: ".5"},
+                                           parts=3)
+    pool.shutdown(wait=True)
+    assert log == [(n, ".5", None, None, False) for n in ("main", "fa", "fb")]
+    assert main_parts.header_parts(futures) == {}
 
     class Stopped:   # a part stopped before it finished: how many it deferred is not known
         group, pairs = "main.1", 5
@@ -468,7 +492,7 @@ import os, harness
 from harness.kernels.reference import dot_product
 
 def hungry(q, k, v, seg, *, causal, scale):
-    # Out of memory where its process has a small share of the device (LIGHT's), as a kernel
+    # Out of memory where its process has a small share of the device (a part's), as a kernel
     # whose workspace does not fit there.
     if os.environ.get("XLA_CLIENT_MEM_FRACTION") and q.shape[1] == 256:
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 30.0GiB")
@@ -480,8 +504,9 @@ harness.register_kernel("plain", dot_product, dtypes=("float32",))
 
 
 def test_main_workers_is_an_option_checked_and_sent_to_the_workers():
-    """--main-workers N: one by default (reports/nightly-h200-a3c7661/), 1 to 8, a whole number; it reaches a worker in its
-    options (no effect there: a worker runs the pairs it is given)."""
+    """--main-workers N: one by default (reports/nightly-h200-79376bd/), 1 to 8, a whole
+    number; it reaches a worker in its options' JSON (no effect there: a worker runs the pairs
+    it is given)."""
     from harness.engine.options import RunOptions, check_main_workers
     from harness.errors import UsageError
     assert RunOptions().main_workers == 1
@@ -531,6 +556,8 @@ def test_a_parts_pair_that_lacks_memory_runs_again_with_the_main_groups_share(tm
         ("hungry", large): {"main.1"}, ("plain", large): {"main.1"}}
     assert all(o == "ok" for rows in records.values() for _, o in rows)
     assert main_parts.header_parts(futures) == {"main.1": 2, "main.2": 2, "main.deferred": 1}
+    # A run stopped before the deferred pairs ran again does not say they did.
+    assert main_parts.header_parts(futures, rerun=False) == {"main.1": 2, "main.2": 2}
 
 
 AVOIDS_A_CRASH = """
@@ -663,6 +690,26 @@ def test_a_capture_that_breaks_again_in_the_fresh_worker_is_an_error(tmp_path):
     assert {r["outcome"] for r in mine} == {"error"} and len(mine) == 1, mine
     assert "during capture" in mine[0]["message"]
     assert len(header["run_again"]) == 1
+
+
+def test_pytest_lanes_header_lists_the_pairs_run_again(tmp_path):
+    """pytest's lanes (--ahead) run a pair whose capture broke again in a fresh worker too, and
+    its report's header lists it, as the CLI's does."""
+    import os
+    module = tmp_path / "kernels.py"
+    module.write_text(BREAKS_A_CAPTURE)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+         str(ROOT / "cases" / "test_matrix.py"), "--ahead", "--kernel-module", str(module),
+         "--kernels", "broken_capture,dot_product", "--cases", ONE, "--no-leak-probe",
+         "--report-dir", str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True,
+        timeout=600, env={**os.environ, "CAPTURE_MARKER": str(tmp_path / "capture-"),
+                          "ALWAYS_BROKEN": "0"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    header, records = _records(tmp_path / "r")
+    assert {r["outcome"] for r in records if r["kernel"] == "broken_capture"} == {"ok"}
+    assert [(r["kernel"], r["case_id"]) for r in header["run_again"]] == [("broken_capture", ONE)]
+    assert "1 pair(s) run again in a fresh worker" in (tmp_path / "r" / "summary.md").read_text()
 
 
 SKIPS_NAMING_A_CAPTURE = """

@@ -371,6 +371,7 @@ def _stop_lanes(config, parts: Path) -> list[dict]:
     if not lanes:
         return []
     lanes.stop()
+    config._harness_run_again = lanes.run_again()
     for why in lanes.errors():
         print(f"\nharness: an engine lane failed ({why}); its remaining pairs ran in their tests")
     from harness.store import report_file as rec
@@ -465,7 +466,9 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
         timing=merge_timing([r.get("timing") for r in runs]),
         # The lanes compiled (or read from the cache) what the tests' own processes did not.
         compilation_cache=merge_cache(runs),
-        probe_mode=modes[0] if len(modes) == 1 else modes, environment=environment)
+        probe_mode=modes[0] if len(modes) == 1 else modes, environment=environment,
+        # Pairs the lanes ran again after a broken capture (harness.engine.capture).
+        **({"run_again": again} if (again := getattr(config, "_harness_run_again", [])) else {}))
     header, records = rec.read(report_dir)
     print(f"\nharness report: {report_dir}/ ({len(records)} records, wall time "
           f"{header.get('wall_s', 0):.0f} s)")

@@ -55,6 +55,7 @@ def cache_stats() -> dict:
     the host could not start the compiler (harness.compiling)."""
     from harness.compiling import retried
     stats = {"hits": _CACHE_EVENTS["cache_hits"], "misses": _CACHE_EVENTS["cache_misses"]}
-    if retried():
-        stats["retried"] = retried()
+    tried_again = retried()   # read once: a compile thread may count one more meanwhile
+    if tried_again:
+        stats["retried"] = tried_again
     return stats

@@ -183,7 +183,7 @@ def _run_here(options: RunOptions, selection: Selection, report_dir: Path
 
 def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
                     ) -> tuple[dict, bool]:
-    """Kernels of several isolation groups: each group's pairs in worker processes (two
+    """Kernels of several isolation groups: each group's pairs in worker processes (several
     groups at a time, harness.engine.workers.start_groups); their reports joined into the
     folder's. This process never touches a device."""
     import shutil
@@ -242,12 +242,8 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
         crash_dir = workdir / "crashes"
         rec.write_report(crash_dir / rec.RECORDS_FILE, {}, records, suite=options.suite)
         dirs.append(crash_dir)
-    parts = main_parts.header_parts(futures)
-    # Pairs run again in a fresh worker after a broken capture (harness.engine.capture).
-    finished = [f.result() for f in futures if f.done() and not f.cancelled()
-                and f.exception() is None] + ([again] if again is not None else [])
-    run_again = [{"kernel": k, "case_id": c, "why": why} for r in finished
-                 for k, c, why in r.run_again]
+    parts = main_parts.header_parts(futures, rerun=not interrupted)
+    run_again = workers.run_again_entries(futures, again)
     merge_reports(report_dir, dirs, **run_info(
         options, selection, isolation={g or "main": [k.name for k in m]
                                        for g, m in groups.items()},

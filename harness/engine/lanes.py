@@ -43,7 +43,7 @@ PLAN_WAIT_S = 600     # how long a test waits for the controller's plan before r
 
 class Lanes:
     """pytest's controller side: the lanes' threads, each running its share of the pairs in
-    workers (its isolation groups two at a time, sharing the lane's GPU: isolation.shares)."""
+    workers (its isolation groups several at a time, sharing the lane's GPU: isolation.shares)."""
 
     def __init__(self, workdir: Path, options: list[str], gpus: list[str | None]):
         self.workdir, self.options, self.gpus = Path(workdir), options, gpus
@@ -79,6 +79,7 @@ class Lanes:
 
         groups = isolation.groups(dict.fromkeys(k for k, _ in share))
         status: dict = {"ok": True}
+        futures, again = [], None
         try:
             # The groups as the CLI runs them (the main group in parts on GPUs with
             # --main-workers, and what of them lacked memory again at the end).
@@ -92,9 +93,9 @@ class Lanes:
             errors = [f.exception() for f in futures if f.exception() is not None]
             if not errors:
                 try:
-                    isolation.run_deferred(futures, lane, self.options, env=env,
-                                           on_crash=on_crash, stop=self.stopping,
-                                           echo=lambda line: None)
+                    again = isolation.run_deferred(futures, lane, self.options, env=env,
+                                                   on_crash=on_crash, stop=self.stopping,
+                                                   echo=lambda line: None)
                 except isolation.Stopped as exc:
                     errors = [exc]
             real = [e for e in errors if not isinstance(e, isolation.Stopped)]
@@ -106,6 +107,8 @@ class Lanes:
             status = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             crashes.close()
+            # The pairs run again after a broken capture, for the report's header.
+            status["run_again"] = isolation.run_again_entries(futures, again)
             (lane / DONE).write_text(json.dumps(status))
 
     def stop(self) -> None:
@@ -121,6 +124,14 @@ class Lanes:
             status = json.loads(done.read_text())
             if "error" in status:
                 out.append(f"{done.parent.name}: {status['error'].splitlines()[0][:300]}")
+        return out
+
+    def run_again(self) -> list[dict]:
+        """The pairs the lanes ran again in a fresh worker after a broken capture
+        (harness.engine.capture), as the CLI's header lists them."""
+        out = []
+        for done in sorted(self.workdir.glob(f"lane-*/{DONE}")):
+            out += json.loads(done.read_text()).get("run_again", [])
         return out
 
     def report_dirs(self) -> list[Path]:

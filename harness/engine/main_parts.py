@@ -10,13 +10,17 @@ With `--main-workers N` (on GPUs, where the user left jax's memory settings alon
 group's pairs are split into N parts of whole shapes (a shape's programs compile in one
 process; a case's references are computed in one), balanced by their estimated work
 (`split`). The parts run at once, each in workers of its own (`part_name`), beside the other
-groups: every process running then has an equal share of the device
-(harness.engine.workers.shares). A pair that lacks memory in its share (an out-of-memory
+groups: the parts share the 75% of the device the main group has whole, and the other groups
+keep what they have beside it (harness.engine.workers.shares). A pair that lacks memory in its share (an out-of-memory
 error, a deterministic build or dense scores larger than that share) keeps no record there:
 its worker lists it (DEFERRED_FILE), and once every group has ended it runs again alone with
 the share the main group has when it runs whole (DEFERRED, harness.engine.workers.run_deferred):
 every pair runs with the memory it would have had in one worker. Each worker compiles with its
 share of the host's cores (CORES_SHARE).
+
+One worker is the default: on the H200 three parts took a cold nightly past 574 s, less than
+half done, where one worker took 374 s; the nightly's deterministic builds and probe runs ask
+for 16-64 GiB each, which a part's share did not hold (reports/nightly-h200-79376bd/).
 """
 from __future__ import annotations
 
@@ -92,12 +96,12 @@ def main_share_bytes(limit: int | None, environ=os.environ) -> int | None:
         return None
 
 
-def header_parts(futures) -> dict:
+def header_parts(futures, rerun: bool = True) -> dict:
     """The header's account of the main group's parts: each part's pair count, and how many
     pairs its workers deferred to DEFERRED ({} where the main group ran whole). From the split
     start_groups made (each future's `group` and `pairs`), so that a run stopped early still
     says it; the deferred count only where every part finished (a part stopped early may have
-    deferred more)."""
+    deferred more) and the deferred pairs ran again (`rerun`: the run was not stopped first)."""
     out, deferred = {}, 0
     for f in futures:
         if is_part(getattr(f, "group", None)):
@@ -105,6 +109,6 @@ def header_parts(futures) -> dict:
             finished = f.done() and not f.cancelled() and f.exception() is None
             deferred = deferred + len(f.result().deferred) if finished and deferred is not None \
                 else None
-    if out and deferred is not None:
+    if out and deferred is not None and (rerun or not deferred):
         out[DEFERRED] = deferred
     return out

@@ -1,6 +1,6 @@
 """What an error's words say about device memory: whether a pair lacked it, and how much was
-asked for (the runner's retry of a probe that did not fit, the LIGHT worker's deferral,
-harness.engine.workers)."""
+asked for (the runner's retry of a probe that did not fit, the deferral of a pair of the main
+group's parts, harness.engine.main_parts)."""
 from __future__ import annotations
 
 import functools

@@ -7,9 +7,9 @@ group form one group of their own), the engine becomes a controller that never t
 itself: each group runs in a worker (`python -m harness.engine.worker SPEC.json`: the run's
 options and the worker's pairs as JSON, harness.engine.worker), several at a time, sharing
 the device (`start_groups`, `shares`: the kernels without a group keep XLA's default 75% of a
-GPU's memory, the other groups take turns beside them with what they need of the rest; on GPUs
-the kernels without a group run in parts, harness.engine.main_parts, and every process then has
-an equal share), or one after another with the whole device where the user chose jax's memory
+GPU's memory, the other groups take turns beside them with what they need of the rest; with
+--main-workers on GPUs the kernels without a group run in parts that share those 75%,
+harness.engine.main_parts), or one after another with the whole device where the user chose jax's memory
 settings themselves (`user_set_memory`). A worker appends its records as it goes and says
 which pair it starts. A worker that dies (a crash, a clash at import) costs one error record,
 for the pair it was running, with the reason; a fresh worker then takes the group's remaining
@@ -176,7 +176,8 @@ def start_groups(pairs_by_group: dict, workdir: Path, options, *, env=None,
                          defer_memory=is_part(group))
     pool = ThreadPoolExecutor(max_workers=1 if by_group is None else at_once(pairs_by_group),
                               thread_name_prefix="group")
-    for g in pairs_by_group:     # the main group (or its parts) first (with_parts)
+    # The main group (or its parts) first, whatever the selection's order.
+    for g in sorted(pairs_by_group, key=lambda g: not (g is None or is_part(g))):
         futures[g] = pool.submit(run, g, pairs_by_group[g])
         futures[g].group, futures[g].pairs = g, len(pairs_by_group[g])   # header_parts
     return pool, [futures[g] for g in pairs_by_group]
@@ -196,6 +197,16 @@ def run_deferred(futures, workdir: Path, options, *, env=None, on_crash=None, st
     return run_group(DEFERRED, deferred, workdir, options, echo=echo,
                      env=dict(os.environ if env is None else env), on_crash=on_crash,
                      stop=stop)
+
+
+def run_again_entries(futures, again: WorkerResult | None = None) -> list[dict]:
+    """The header's `run_again`: the pairs the groups that finished (and the deferred pairs'
+    workers, `again`) ran again in a fresh worker after a broken capture
+    (harness.engine.capture)."""
+    finished = [f.result() for f in futures if f.done() and not f.cancelled()
+                and f.exception() is None] + ([again] if again is not None else [])
+    return [{"kernel": k, "case_id": c, "why": why} for r in finished
+            for k, c, why in r.run_again]
 
 
 def report_names(groups, parts: int = 1) -> list[str]:
