@@ -65,3 +65,23 @@ def test_a_step_on_a_cpu_writes_its_report_its_status_and_one_archive(tmp_path):
     with tarfile.open(archives[0]) as tar:
         names = tar.getnames()
     assert {"steps.txt", "n1/report.jsonl.gz", "n1/summary.md", "n1.log.txt"} <= set(names)
+
+
+def test_a_step_stopped_at_its_limit_leaves_time_to_pack_its_files(tmp_path):
+    """A step runs under what is left of the call less PACK_S, and is killed KILL_S seconds
+    after being told to stop: the archive is written inside CALL_S (at 79376bd a run stopped
+    at the call's limit lost every file to the device tool's own limit while they were
+    packed)."""
+    import re
+    env = {"OUT": str(tmp_path / "out"), "GPU_SCRATCH": str(tmp_path / "scratch"),
+           "BUNDLES": str(tmp_path / "no-bundles"), "HARNESS_GIT_COMMIT": "test",
+           "HARNESS_GIT_DIRTY": "0", "HARNESS_ARGS": "--suite smoke",
+           "CALL_S": "60", "PACK_S": "52", "KILL_S": "5", "MIN_LEFT": "1"}
+    out = _gpu_sh("nightly:n1", env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps = (tmp_path / "scratch" / "steps.txt").read_text()
+    found = re.search(r"nightly:n1 rc=(\d+) wall=(\d+)s", steps)
+    assert found, steps
+    # Stopped (124), or killed after its grace (137): within 8 s and 5 more, not the call's 60.
+    assert found.group(1) in ("124", "137") and int(found.group(2)) <= 8 + 5 + 2, steps
+    assert len(list((tmp_path / "out").glob("gpu-*.tar.xz"))) == 1

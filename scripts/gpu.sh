@@ -30,8 +30,11 @@
 # HARNESS_ARGS (optional) is appended to every harness command (e.g. `--suite smoke` to try a
 # step on a CPU, as cases/test_gpu_script.py does). Each step runs under what is left of the
 # call (CALL_S seconds, default 570, so that a call of the device tool ends inside its ten
-# minutes with its files written); a run that cannot start with MIN_LEFT seconds left
-# (default 240) is not started and says so in steps.txt. Every step's exit status, wall time
+# minutes with its files written) less PACK_S (default 40): a run stopped at its limit still
+# merges what finished (it is killed KILL_S, 20, seconds later if it has not ended), and the
+# archive is packed after it (a warm run stopped at CALL_S=400 in a call of 420 s at 79376bd
+# lost all its files to the tool's own limit while they were packed); a run that cannot start
+# with MIN_LEFT seconds left (default 240) is not started and says so in steps.txt. Every step's exit status, wall time
 # and (for runs) the device's peak memory go to steps.txt, which the script writes; nothing in
 # it is typed by hand.
 set -uo pipefail
@@ -110,7 +113,9 @@ step() {   # step NAME: its command under the time left, its log, its line in st
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 500 \
       > "$r/$log.mem.txt" 2> /dev/null & mon=$!
   fi
-  timeout "$(left)" "${cmd[@]}" > "$r/$log.log.txt" 2>&1; rc=$?
+  local limit=$(( $(left) - ${PACK_S:-40} ))
+  [ "$limit" -ge 1 ] || limit=1    # `timeout 0` would be no limit at all
+  timeout -k "${KILL_S:-20}" "$limit" "${cmd[@]}" > "$r/$log.log.txt" 2>&1; rc=$?
   [ -n "$mon" ] && kill "$mon" 2> /dev/null
   # The allocator's diagnostics (out-of-memory dumps) apart, kept; the log without them.
   grep 'Allocator\|bfc_allocator\|OUT_OF_MEMORY\|out of memory' "$r/$log.log.txt" > "$r/$log.alloc.txt"
