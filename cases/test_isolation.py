@@ -587,7 +587,7 @@ def test_a_skip_naming_a_sticky_error_does_not_end_its_worker(tmp_path):
 
 
 def test_main_workers_end_to_end_on_a_gpu_machine(tmp_path, monkeypatch):
-    """The engine's own path where a GPU is seen (nvidia-smi's count stood in for), with the
+    """The engine's own path where a GPU is seen (nvidia-smi's count stood in for), with
     --main-workers 3: two shapes, two parts at once; the pair a part lacked memory for
     runs again, the merged report holds each pair once with its records from the worker that
     ran it whole, and the header line says how the main group ran and how many pairs again."""
@@ -635,6 +635,36 @@ def test_a_worker_stopped_by_sigterm_is_a_stop_not_its_pairs_crash(tmp_path, mon
         with pytest.raises(isolation.Stopped):
             isolation.run_group("g", [("k", "a")], tmp_path / str(status), RunOptions(),
                                 echo=lambda line: None)
+
+
+def test_a_group_stopped_partway_keeps_the_pairs_it_ran_again(tmp_path, monkeypatch):
+    """A group stopped after one of its pairs ran again (a broken capture) still says so: the
+    header's run_again is what the workers did, stopped or not."""
+    from concurrent.futures import Future
+
+    from harness.engine import workers as isolation
+    from harness.engine.capture import RETRY_FILE
+    attempts = []
+
+    def fake_stream(command, echo, env=None, stop=None):
+        report = Path(json.loads(Path(command[-1]).read_text())["report_dir"])
+        report.mkdir(parents=True)
+        attempts.append(report)
+        if len(attempts) == 1:   # the capture broke on ("k", "a"): run it again
+            (report / RETRY_FILE).write_text(json.dumps(
+                {"kernel": "k", "case_id": "a", "why": "previous error during capture"}) + "\n")
+            return 4, "a CUDA graph capture broke"
+        return -15, "Terminated"   # the fresh worker is stopped with the run
+    monkeypatch.setattr(isolation, "_stream", fake_stream)
+    with pytest.raises(isolation.Stopped) as stopped:
+        isolation.run_group("g", [("k", "a"), ("k", "b")], tmp_path, RunOptions(),
+                            echo=lambda line: None)
+    assert len(attempts) == 2
+    assert stopped.value.result.run_again == [("k", "a", "previous error during capture")]
+    future = Future()
+    future.set_exception(stopped.value)
+    assert isolation.run_again_entries([future]) == [
+        {"kernel": "k", "case_id": "a", "why": "previous error during capture"}]
 
 
 BREAKS_A_CAPTURE = """

@@ -58,7 +58,12 @@ INTERRUPTED = (-signal.SIGINT, 130, -signal.SIGTERM, 143)   # SIGTERM: `timeout`
 
 
 class Stopped(Exception):
-    """The run was stopped: no worker starts any more."""
+    """The run was stopped: no worker starts any more. `result`: what the group's workers had
+    done by then (run_group), where known."""
+
+    def __init__(self, result: WorkerResult | None = None):
+        super().__init__()
+        self.result = result
 
 
 def groups(kernels) -> dict[str | None, list]:
@@ -200,11 +205,13 @@ def run_deferred(futures, workdir: Path, options, *, env=None, on_crash=None, st
 
 
 def run_again_entries(futures, again: WorkerResult | None = None) -> list[dict]:
-    """The header's `run_again`: the pairs the groups that finished (and the deferred pairs'
-    workers, `again`) ran again in a fresh worker after a broken capture
-    (harness.engine.capture)."""
-    finished = [f.result() for f in futures if f.done() and not f.cancelled()
-                and f.exception() is None] + ([again] if again is not None else [])
+    """The header's `run_again`: the pairs the groups that finished or were stopped partway
+    (and the deferred pairs' workers, `again`) ran again in a fresh worker after a broken
+    capture (harness.engine.capture)."""
+    done = [f for f in futures if f.done() and not f.cancelled()]
+    finished = [f.result() if f.exception() is None else f.exception().result for f in done
+                if f.exception() is None or isinstance(f.exception(), Stopped)]
+    finished = [r for r in finished + [again] if r is not None]   # a group stopped partway too
     return [{"kernel": k, "case_id": c, "why": why} for r in finished
             for k, c, why in r.run_again]
 
@@ -369,6 +376,8 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
         except KeyboardInterrupt:
             result.interrupted = True
             return result
+        except Stopped:
+            raise Stopped(result) from None
         done = _done_pairs(wdir / "report")
         deferred = set(_announced(wdir / "report" / DEFERRED_FILE))
         result.deferred += [p for p in remaining if p in deferred and p not in done]
@@ -377,7 +386,7 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
             break
         if stop is not None and stop.is_set() or returncode in INTERRUPTED:
             # Stopped with the run (Ctrl-C reaches the workers too): no pair's crash.
-            raise Stopped()
+            raise Stopped(result)
         if returncode == 0:  # should not happen: say so, never drop
             result.crashes += [(k, c, "the worker ended without running it") for k, c in left]
             break
