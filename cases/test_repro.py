@@ -419,6 +419,47 @@ def test_a_leak_script_judges_each_segment_as_the_harness_does(tmp_path, leak_ke
         assert ("LEAK" in line) == ("harness: fail" in line), line
 
 
+NAN_LEAK = """
+import jax.numpy as jnp
+import harness
+from harness.kernels.reference import dot_product
+
+def nan_once_padding_is_redrawn(q, k, v, seg, *, causal, scale):
+    # Finite while the padding holds its poison (draws 8 times larger than the tokens'): NaN
+    # everywhere once the probe redraws the padding small. A leak whose change is a number
+    # against NaN.
+    out = dot_product(q, k, v, seg, causal=causal, scale=scale)
+    return out + 0.0 * jnp.log(jnp.max(jnp.abs(k)) - 10.0)
+
+harness.register_kernel("repro_test_nan_leak", nan_once_padding_is_redrawn, dtypes=("float32",),
+                        padding_anywhere=True)
+"""
+
+
+def test_a_leak_script_counts_a_number_against_nan_as_an_infinite_change(tmp_path):
+    """Where the probe's run turns a number into NaN the harness counts an infinite change;
+    the leak script says the same (it took NaN for no change: "max change 0")."""
+    from harness.engine.registry import load_kernel_module
+    from harness.tools.repro.script import script_text
+    from harness.tools.repro.trials import Trial
+    module = tmp_path / "nan_leak.py"
+    module.write_text(NAN_LEAK)
+    load_kernel_module(str(module))
+    kernel = select_kernels(["repro_test_nan_leak"])[0]
+    case = Case.from_id("padded/between-b2-t256-h2kv1-d8-f32-s0")
+    trial = Trial(case, run_kernel_case(kernel, case, CPU, leak=True).records)
+    failing = trial.failing("leak")
+    # The harness's largest change: an infinite one, kept as float32's largest number.
+    assert failing and all(r.max_abs_err >= np.finfo(np.float32).max for r in failing), failing
+    script = tmp_path / "leak.py"
+    script.write_text(script_text(kernel, case, trial, "leak", 1, script)[0])
+    done = _plain_python(script, tmp_path / "elsewhere", pythonpath=ROOT)
+    assert done.returncode == 1, done.stdout + done.stderr
+    leaks = [ln for ln in done.stdout.splitlines() if " LEAK in " in ln]
+    assert leaks and all("LEAK in out " in ln and "max change inf," in ln for ln in leaks), \
+        done.stdout
+
+
 @pytest.mark.parametrize("case_id,convention", [
     ("padded/between-b2-t256-h2kv1-d8-f32-s0-bidir-w5.3", "segment"),     # a window ahead
     ("packed/random-b2-t128-h2kv1-d8-bf16-s5-w3.0-ch5-sink", "segment"),

@@ -147,8 +147,11 @@ def main():
                 if tokens.size:
                     leaked.add(names[i])
                     first.append(start + int(tokens[0]))
-                    change = np.abs(base[i] - other[i])[row, start:stop].max(axis=(1, 2))
-                    biggest = max(biggest, float(np.nanmax(np.where(kept, change, 0.0))))
+                    # As the harness counts it: a number against NaN is an infinite change.
+                    was, now = base[i][row, start:stop], other[i][row, start:stop]
+                    moved = (was != now) & ~(np.isnan(was) & np.isnan(now))
+                    change = np.where(moved, np.nan_to_num(np.abs(was - now), nan=np.inf), 0.0)
+                    biggest = max(biggest, float(np.where(kept, change.max(axis=(1, 2)), 0.0).max()))
                     by.append(group)
         label = f"r{row}s{number}"
         if leaked:
