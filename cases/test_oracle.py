@@ -190,3 +190,25 @@ def test_each_reference_computed_once_per_case():
     # Truth and peer: of the case, of the case without the window, without the soft cap; and
     # the jvp check's (the correct kernel has forward mode).
     assert programs.timing[ORACLE].runs == 2 * 3 + 2
+
+
+def test_a_pytest_process_lets_go_of_the_last_cases_references_at_the_next_case():
+    """pytest's --in-test path, as the engine's runner at each case: the references kept for
+    one case are let go of when a test of another case runs in the process (a long row's are
+    GiBs of device memory), and kept while the tests of the same case run."""
+    from types import SimpleNamespace
+
+    from harness.judge.oracle import _kept_reference, forget_references, reference_for
+    from harness.pytest_plugin import moved_to
+    first = Case("packed/random", 2, 128, 2, 2, 16, "float32", seed=3)
+    second = Case("packed/random", 2, 128, 2, 2, 16, "float32", seed=4)
+    forget_references()
+    config = SimpleNamespace()
+    moved_to(config, first)
+    reference_for(first)
+    moved_to(config, first)      # another kernel of the same case: its reference stays
+    assert _kept_reference.cache_info().currsize == 1
+    moved_to(config, second)
+    assert _kept_reference.cache_info().currsize == 0
+    reference_for(second)
+    assert _kept_reference.cache_info().currsize == 1

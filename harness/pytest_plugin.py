@@ -240,6 +240,19 @@ def run_case(request):
     return run
 
 
+def moved_to(config, case) -> None:
+    """A test about to run its pair in this process: where its case is not the last one run
+    here, the last case's references and perturbations are let go of, as the engine's runner
+    does at each case (a long row's are GiBs of device memory); the matrix's case-major order
+    keeps a case's tests together, so each case's references are computed once."""
+    if getattr(config, "_harness_last_case", case) != case:
+        from harness.judge import leak_probe
+        from harness.judge.oracle import forget_references
+        leak_probe.perturbed.cache_clear()
+        forget_references()
+    config._harness_last_case = case
+
+
 def _run_in_test(request, kernel, case):
     from harness.engine import workers
     from harness.engine.runner import run_kernel_case
@@ -252,6 +265,7 @@ def _run_in_test(request, kernel, case):
         result = workers.run_pair_in_worker(kernel, case, _options(config),
                                             _parts(config) / "isolated" / uuid.uuid4().hex)
     else:
+        moved_to(config, case)
         if not kernel.unsupported_reasons(case, platform):
             workers.mark_loaded(kernel)   # its library loads only where it runs
             programs.prefetch([(kernel, case)])
