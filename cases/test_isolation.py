@@ -419,10 +419,13 @@ def test_the_parts_run_at_once_beside_the_other_groups_with_equal_shares(tmp_pat
     log, lock = [], threading.Lock()
     started = threading.Barrier(4, timeout=30)   # three parts and one other group at once
 
-    def fake_run_group(name, pairs, workdir, options, *, env, **more):
+    def logged(name, env, more):   # what a group's workers were given
         with lock:
             log.append((name, env.get(isolation.MEM_FRACTION), env.get(isolation.PREALLOCATE),
                         env.get(main_parts.CORES_SHARE), more.get("defer_memory")))
+
+    def fake_run_group(name, pairs, workdir, options, *, env, **more):
+        logged(name, env, more)
         if name != "fb":
             started.wait()
         return isolation.WorkerResult(name=name)
@@ -445,9 +448,7 @@ def test_the_parts_run_at_once_beside_the_other_groups_with_equal_shares(tmp_pat
     main_started, fb_started = threading.Event(), threading.Event()
 
     def in_turn(name, pairs, workdir, options, *, env, **more):
-        with lock:
-            log.append((name, env.get(isolation.MEM_FRACTION), env.get(isolation.PREALLOCATE),
-                        env.get(main_parts.CORES_SHARE), more.get("defer_memory")))
+        logged(name, env, more)
         if name == "main":
             main_started.set()
             assert fb_started.wait(timeout=30)   # until an other group's turn has come

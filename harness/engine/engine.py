@@ -208,11 +208,12 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
         with crashes_lock:           # kept as it happens: a run stopped later still has it
             crashes.append((kernel, case_id, why))
 
+    wanted = main_parts.parts_wanted(options)   # the main group's parts (one: whole)
     pool, futures = workers.start_groups(
         {g: [(k.name, c.id) for c in selection.cases for k in members]
          for g, members in groups.items()},
         workdir, options, on_crash=on_crash, stop=stopping,
-        parts=main_parts.parts_wanted(options))
+        parts=wanted)
     again = None
     try:
         for future in futures:
@@ -235,7 +236,7 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
         interrupted = True
     pool.shutdown(wait=True)
     # Every worker's report, in the groups' order (a worker stopped early kept what it wrote).
-    dirs = [d for name in workers.report_names(groups, main_parts.parts_wanted(options))
+    dirs = [d for name in workers.report_names(groups, wanted)
             for d in workers.worker_reports(workdir, name) if (d / rec.RECORDS_FILE).exists()]
     records = workers.crash_records(crashes, {k.name: k for k in selection.kernels})
     if records or not dirs:

@@ -63,11 +63,15 @@ def check_features(text):
     return names
 
 
-def check_seeds(value) -> int:
+def _whole_number(flag: str, value) -> int:
     try:
-        seeds = int(value)
+        return int(value)
     except (TypeError, ValueError):
-        raise UsageError(f"--seeds {value!r}: not a whole number") from None
+        raise UsageError(f"{flag} {value!r}: not a whole number") from None
+
+
+def check_seeds(value) -> int:
+    seeds = _whole_number("--seeds", value)
     if seeds < 1:
         raise UsageError(f"--seeds {value}: must be at least 1")
     return seeds
@@ -77,10 +81,7 @@ MAIN_WORKERS = 1      # --main-workers' default (harness.engine.main_parts)
 
 
 def check_main_workers(value) -> int:
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"--main-workers {value!r}: not a whole number") from None
+    n = _whole_number("--main-workers", value)
     if not 1 <= n <= 8:
         raise UsageError(f"--main-workers {value}: must be 1 to 8")
     return n

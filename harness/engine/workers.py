@@ -193,8 +193,7 @@ def run_deferred(futures, workdir: Path, options, *, env=None, on_crash=None, st
     """Once every group has ended: the pairs the main group's parts deferred for want of
     memory, in workers with the main group's share (alone on the device), as DEFERRED; None
     if none."""
-    deferred = [p for f in futures if not f.cancelled() and f.exception() is None
-                for p in f.result().deferred]
+    deferred = [p for r in ended_results(futures) for p in r.deferred]
     if not deferred:
         return None
     echo(f"[worker {DEFERRED}] {len(deferred)} pairs did not fit in their part's share of the "
@@ -204,16 +203,27 @@ def run_deferred(futures, workdir: Path, options, *, env=None, on_crash=None, st
                      stop=stop)
 
 
+def ended_results(futures, *, stopped: bool = False) -> list[WorkerResult]:
+    """What the groups that ended did, in the groups' order: those that finished, and with
+    `stopped`, those stopped partway too (Stopped.result, where known)."""
+    out = []
+    for f in futures:
+        if not f.done() or f.cancelled():
+            continue
+        exc = f.exception()
+        if exc is None:
+            out.append(f.result())
+        elif stopped and isinstance(exc, Stopped) and exc.result is not None:
+            out.append(exc.result)
+    return out
+
+
 def run_again_entries(futures, again: WorkerResult | None = None) -> list[dict]:
     """The header's `run_again`: the pairs the groups that finished or were stopped partway
     (and the deferred pairs' workers, `again`) ran again in a fresh worker after a broken
     capture (harness.engine.capture)."""
-    done = [f for f in futures if f.done() and not f.cancelled()]
-    finished = [f.result() if f.exception() is None else f.exception().result for f in done
-                if f.exception() is None or isinstance(f.exception(), Stopped)]
-    finished = [r for r in finished + [again] if r is not None]   # a group stopped partway too
-    return [{"kernel": k, "case_id": c, "why": why} for r in finished
-            for k, c, why in r.run_again]
+    ended = ended_results(futures, stopped=True) + ([again] if again is not None else [])
+    return [{"kernel": k, "case_id": c, "why": why} for r in ended for k, c, why in r.run_again]
 
 
 def report_names(groups, parts: int = 1) -> list[str]:
