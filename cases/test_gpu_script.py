@@ -47,14 +47,19 @@ def test_an_unknown_step_is_refused_before_anything_runs(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def _on_this_cpu(tmp_path, **more) -> dict:
+    """The script's environment for a step here: its folders under tmp_path, no bundles (this
+    machine's .gpu/ is for the GPU), a stamp given."""
+    return {"OUT": str(tmp_path / "out"), "GPU_SCRATCH": str(tmp_path / "scratch"),
+            "BUNDLES": str(tmp_path / "no-bundles"), "HARNESS_GIT_COMMIT": "test",
+            "HARNESS_GIT_DIRTY": "0", **more}
+
+
 def test_a_step_on_a_cpu_writes_its_report_its_status_and_one_archive(tmp_path):
     module = tmp_path / "leaky.py"
     module.write_text(LEAKY)
-    env = {"OUT": str(tmp_path / "out"), "GPU_SCRATCH": str(tmp_path / "scratch"),
-           "BUNDLES": str(tmp_path / "no-bundles"),   # this machine's .gpu/ is for the GPU
-           "HARNESS_GIT_COMMIT": "test", "HARNESS_GIT_DIRTY": "0",
-           "HARNESS_ARGS": f"--suite smoke --cases packed/random-*-f32-s0 --kernel-module "
-                           f"{module} --kernels leaky,dot_product"}
+    env = _on_this_cpu(tmp_path, HARNESS_ARGS=f"--suite smoke --cases packed/random-*-f32-s0 "
+                       f"--kernel-module {module} --kernels leaky,dot_product")
     out = _gpu_sh("nightly:n1", env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     steps = (tmp_path / "scratch" / "steps.txt").read_text()
@@ -73,10 +78,8 @@ def test_a_step_stopped_at_its_limit_leaves_time_to_pack_its_files(tmp_path):
     at the call's limit lost every file to the device tool's own limit while they were
     packed)."""
     import re
-    env = {"OUT": str(tmp_path / "out"), "GPU_SCRATCH": str(tmp_path / "scratch"),
-           "BUNDLES": str(tmp_path / "no-bundles"), "HARNESS_GIT_COMMIT": "test",
-           "HARNESS_GIT_DIRTY": "0", "HARNESS_ARGS": "--suite smoke",
-           "CALL_S": "60", "PACK_S": "52", "KILL_S": "5", "MIN_LEFT": "1"}
+    env = _on_this_cpu(tmp_path, HARNESS_ARGS="--suite smoke", CALL_S="60", PACK_S="52",
+                       KILL_S="5", MIN_LEFT="1")
     out = _gpu_sh("nightly:n1", env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     steps = (tmp_path / "scratch" / "steps.txt").read_text()
