@@ -239,10 +239,10 @@ def test_kept_tokens_worked_out_once_per_case(features):
             assert np.array_equal(mine[cls], fresh[cls]) and not mine[cls].flags.writeable
 
 
-def test_probe_runs_two_at_a_time_compare_as_one_at_a_time():
-    """The probe launches each run before the one before it is read back (probe_runs.
+def test_probe_runs_launched_in_batches_compare_as_one_at_a_time():
+    """The probe launches a batch of runs before reading them back together (probe_runs.
     all_changes): the same changes, in the same order, as running them one at a time, with
-    never more than two runs in flight."""
+    never more than RUNS_IN_FLIGHT runs launched and not read, and one wait per batch."""
     from harness.judge import probe_runs
 
     @jax.jit
@@ -250,26 +250,28 @@ def test_probe_runs_two_at_a_time_compare_as_one_at_a_time():
         return x * y, x + y, x - y, jnp.sin(x)
 
     class Launching:
-        live = most = launched = 0
+        live = most = launched = waits = 0
 
         def launch(self, *args):
             self.live += 1
             self.most, self.launched = max(self.most, self.live), self.launched + 1
             return f(*args)
 
-        def wait(self, out):
-            self.live -= 1
-            return jax.block_until_ready(out)
+        def wait(self, batch):
+            self.live, self.waits = self.live - len(batch), self.waits + 1
+            return jax.block_until_ready(batch)
 
     rng = np.random.default_rng(0)
     base_args = [jnp.asarray(rng.standard_normal((2, 8, 1, 4)), jnp.float32) for _ in range(2)]
     base = f(*base_args)
-    runs = [tuple(a.at[:, i].set(0.5 * i) for a in base_args) for i in range(5)]
+    count = probe_runs.RUNS_IN_FLIGHT + 3
+    runs = [tuple(a.at[:, i % 8].set(0.5 * i) for a in base_args) for i in range(count)]
     program = Launching()
     piped = probe_runs.all_changes(program, base, runs)
     plain = probe_runs.all_changes(f, base, runs)
-    assert program.launched == 5 and program.most == 2 and program.live == 0
-    assert len(piped) == len(plain) == 5
+    assert program.launched == count and program.live == 0
+    assert program.most == probe_runs.RUNS_IN_FLIGHT and program.waits == 2
+    assert len(piped) == len(plain) == count
     for a, b in zip(piped, plain):
         for (ca, ma), (cb, mb) in zip(a, b):
             assert np.array_equal(ca, cb) and np.array_equal(ma, mb)

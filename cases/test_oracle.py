@@ -212,3 +212,53 @@ def test_a_pytest_process_lets_go_of_the_last_cases_references_at_the_next_case(
     assert _kept_reference.cache_info().currsize == 0
     reference_for(second)
     assert _kept_reference.cache_info().currsize == 1
+
+
+
+def test_the_next_cases_reference_is_launched_ahead_and_read_once(monkeypatch):
+    """The runner launches the next case's reference once this case's first kernel has run
+    (oracle.launch_reference) and the next case reads it: each case's truth and peer run once,
+    the records are those of a run that computes each reference when its case comes, and
+    nothing launched stays after the run."""
+    from harness.engine import runner
+    from harness.engine.programs import ORACLE, Programs
+    from harness.engine.registry import select_kernels
+    from harness.judge import oracle
+    from harness.kernels.kernel import Platform
+
+    kernels = select_kernels(["dot_product", "xla"])
+    cases = [Case("packed/random", 2, 128, 2, 2, 16, "float32", seed=s) for s in (3, 4, 5)]
+    read = []
+
+    class Launched(dict):   # oracle._launched, saying which cases' references were read
+        def pop(self, key, default=None):
+            got = super().pop(key, default)
+            if got is not None:
+                read.append(key[0])
+            return got
+
+    def run(launch):
+        oracle.forget_references()
+        monkeypatch.setattr(oracle, "_launched", Launched())
+        monkeypatch.setattr(runner, "launch_reference", launch)
+        programs = Programs()
+        try:
+            # Compiled before the run: launch_reference does not wait for a compile.
+            for case in cases:
+                for truth in (True, False):
+                    programs.oracle(case, truth).compiled.result()
+            out = runner.run_matrix(kernels, cases, Platform("cpu"), programs=programs,
+                                    leak=False)
+        finally:
+            programs.close()
+        assert not oracle._launched
+        return [r.to_json() for r in out.records], programs.timing[ORACLE].runs
+
+    ahead, ahead_runs = run(oracle.launch_reference)
+    assert read == cases[1:]
+    read.clear()
+    plain, plain_runs = run(lambda *a: False)
+    assert read == []
+    # Truth and peer once per case, and the jvp check's (xla has forward mode) once per case.
+    assert ahead_runs == plain_runs == 2 * len(cases) + 2 * len(cases)
+    assert ahead == plain

@@ -32,7 +32,13 @@ from harness.engine.programs import (
 from harness.engine.memory import device_memory_bytes, requested_bytes
 from harness.judge import judging, leak_probe
 from harness.judge.metrics import token_errors
-from harness.judge.oracle import forget_references, jvp_reference_for, reference_for
+from harness.judge.oracle import (
+    forget_launched,
+    forget_references,
+    jvp_reference_for,
+    launch_reference,
+    reference_for,
+)
 from harness.judge.record import Record, Trace
 from harness.judge.tallies import ratio_text
 from harness.judge import vocabulary as v
@@ -364,6 +370,11 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
 
     drawing = ThreadPoolExecutor(max_workers=INPUTS_AHEAD, thread_name_prefix="inputs")
     ahead = {c: drawing.submit(draw, c) for c in cases[:INPUTS_AHEAD]}
+    # Each case's first kernel (its chunk convention is the reference's) for the reference
+    # launched ahead.
+    first_kernel = {}
+    for k, c in supported:
+        first_kernel.setdefault(c, k)
     try:
         for i, case in enumerate(cases):
             drawn = ahead.pop(case, None)
@@ -387,11 +398,29 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
                 total.traces += result.traces
                 if on_result:
                     on_result(kernel, case, result)
+                if kernel is first_kernel.get(case):
+                    _launch_next_reference(programs, cases[i + 1:i + 2], first_kernel, ahead)
             # The case's perturbations and references go before the next case's oracle and
             # kernels need the device's memory (a long row's are GiBs).
             leak_probe.perturbed.cache_clear()
             forget_references()
     finally:
         drawing.shutdown(wait=False, cancel_futures=True)
+        forget_launched()
     return total
+
+
+def _launch_next_reference(programs: Programs, following: list[Case], first_kernel: dict,
+                           ahead: dict) -> None:
+    """Launches the next case's reference (oracle.launch_reference) once this case's first
+    kernel has run, so that the device computes it while the host judges this case's kernels;
+    not where the next case's inputs are still being drawn (it does not wait for them), and
+    not where no kernel will run on it. Its time is the oracle's."""
+    if not following or following[0] not in first_kernel:
+        return
+    nxt = following[0]
+    drawn = ahead.get(nxt)
+    if drawn is not None and not (drawn.done() and drawn.exception() is None):
+        return
+    _oracle(programs, launch_reference, nxt, first_kernel[nxt].chunk_convention)
 
