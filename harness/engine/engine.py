@@ -293,7 +293,8 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False) -> tuple[int, l
             return rejudged(records, all_kernels())
     suites = {rec.read(s)[0].get("suite") for s in sources}
     if len(suites) > 1:
-        print(f"note: merging reports of different suites ({', '.join(map(str, sorted(suites, key=str)))}): "
+        names = ", ".join(map(str, sorted(suites, key=str)))
+        print(f"note: merging reports of different suites ({names}): "
               "the merged report is no one suite's run, and compares pair for pair with neither",
               file=sys.stderr)
     overlaps = merge_reports(Path(out), [Path(s) for s in sources], transform,

@@ -28,7 +28,8 @@ def _builtins() -> dict[str, Kernel]:
 
 
 def register_kernel(name: str, fn: Callable, *, replace: bool = False, **capabilities) -> Kernel:
-    """Adds a kernel to the matrix. Capabilities are the fields of `harness.kernels.kernel.Kernel`."""
+    """Adds a kernel to the matrix. Capabilities are the fields of
+    `harness.kernels.kernel.Kernel`."""
     if not replace and (name in _USER or name in _builtins()):
         raise ValueError(f"kernel {name!r} is already registered")
     dtypes = capabilities.get("dtypes")

@@ -3,10 +3,11 @@
 The data path, one kernel on one case:
 
     case -> inputs (made once, harness.model.case) -> kernel program (default build; on GPUs
-    the blocks it will take filled with NaN first: harness.engine.unwritten) -> oracle (harness.judge.oracle) -> per-token errors
-    (harness.judge.metrics) -> records (harness.judge.judging: tolerance checks per segment,
-    padding per row, the output contract) -> leak probe (deterministic build,
-    harness.judge.leak_probe) -> leak records (harness.judge.judging) -> views.
+    the blocks it will take filled with NaN first: harness.engine.unwritten) -> oracle
+    (harness.judge.oracle) -> per-token errors (harness.judge.metrics) -> records
+    (harness.judge.judging: tolerance checks per segment, padding per row, the output
+    contract) -> leak probe (deterministic build, harness.judge.leak_probe) -> leak records
+    (harness.judge.judging) -> views.
 
 Nothing here decides a verdict: the runner measures, the judge decides. Inputs and segment ids
 are arguments of compiled programs, so a kernel compiles once per shape, not per layout or seed.

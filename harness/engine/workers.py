@@ -9,9 +9,9 @@ options and the worker's pairs as JSON, harness.engine.worker), several at a tim
 the device (`start_groups`, `shares`: the kernels without a group keep XLA's default 75% of a
 GPU's memory, the other groups take turns beside them with what they need of the rest; with
 --main-workers on GPUs the kernels without a group run in parts that share those 75%,
-harness.engine.main_parts), or one after another with the whole device where the user chose jax's memory
-settings themselves (`user_set_memory`). A worker appends its records as it goes and says
-which pair it starts. A worker that dies (a crash, a clash at import) costs one error record,
+harness.engine.main_parts), or one after another with the whole device where the user chose
+jax's memory settings themselves (`user_set_memory`). A worker appends its records as it goes
+and says which pair it starts. A worker that dies (a crash, a clash at import) costs one error record,
 for the pair it was running, with the reason; a fresh worker then takes the group's remaining
 pairs, so the rest of the run goes on. The controller joins the workers' reports into one
 (harness.store.merge.merge_reports).

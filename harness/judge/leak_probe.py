@@ -4,8 +4,8 @@ A segment's output and gradients may depend only on its own queries, keys, value
 cotangent. So the kernel runs again with the inputs of everything else redrawn, in groups: the
 segments by colour (segment number + row modulo two, like a checkerboard; where a row holds
 three segments or more, modulo six in four groups, so that reads up to five segments away are
-seen too), and the padding. Each segment is untouched in the other colours' runs and the padding's, and there
-its out, dq, dk and dv must be bitwise what they were. A segment that no
+seen too), and the padding. Each segment is untouched in the other colours' runs and the
+padding's, and there its out, dq, dk and dv must be bitwise what they were. A segment that no
 run leaves untouched (alone in a batch without padding) was not compared, and says so. Any
 change is a leak, however small: this catches what rounding noise hides from the tolerance
 checks (a single token's dq after thousands of keys, dk/dv of a long first segment), and valid

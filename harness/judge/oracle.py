@@ -176,7 +176,8 @@ def segment_loop_attention(query, key, value, segment_ids, cotangent, *, scale: 
             allowed &= pos[None, :] <= pos[:, None]
         if features is not None and features.window is not None:
             left, right = features.window
-            allowed &= (pos[None, :] >= pos[:, None] - left) & (pos[None, :] <= pos[:, None] + right)
+            allowed &= ((pos[None, :] >= pos[:, None] - left)
+                        & (pos[None, :] <= pos[:, None] + right))
         if features is not None and features.chunk is not None:
             c, at = features.chunk, pos if chunk_convention == "segment" else pos + seg.start
             allowed &= (at[None, :] // c) == (at[:, None] // c)
