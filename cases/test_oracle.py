@@ -227,7 +227,8 @@ def test_the_next_cases_reference_is_launched_ahead_and_read_once(monkeypatch):
     from harness.kernels.kernel import Platform
 
     kernels = select_kernels(["dot_product", "xla"])
-    cases = [Case("packed/random", 2, 128, 2, 2, 16, "float32", seed=s) for s in (3, 4, 5)]
+    # bfloat16: the truth (float32) and the peer (bfloat16) differ, so a swap would show.
+    cases = [Case("packed/random", 2, 128, 2, 2, 16, "bfloat16", seed=s) for s in (3, 4, 5)]
     read = []
 
     class Launched(dict):   # oracle._launched, saying which cases' references were read
@@ -237,7 +238,7 @@ def test_the_next_cases_reference_is_launched_ahead_and_read_once(monkeypatch):
                 read.append(key[0])
             return got
 
-    def run(launch):
+    def run(launch, on_result=None):
         oracle.forget_references()
         monkeypatch.setattr(oracle, "_launched", Launched())
         monkeypatch.setattr(runner, "launch_reference", launch)
@@ -248,10 +249,10 @@ def test_the_next_cases_reference_is_launched_ahead_and_read_once(monkeypatch):
                 for truth in (True, False):
                     programs.oracle(case, truth).compiled.result()
             out = runner.run_matrix(kernels, cases, Platform("cpu"), programs=programs,
-                                    leak=False)
+                                    leak=False, on_result=on_result)
         finally:
             programs.close()
-        assert not oracle._launched
+            assert not oracle._launched   # let go of, read or not
         return [r.to_json() for r in out.records], programs.timing[ORACLE].runs
 
     ahead, ahead_runs = run(oracle.launch_reference)
@@ -262,3 +263,36 @@ def test_the_next_cases_reference_is_launched_ahead_and_read_once(monkeypatch):
     # Truth and peer once per case, and the jvp check's (xla has forward mode) once per case.
     assert ahead_runs == plain_runs == 2 * len(cases) + 2 * len(cases)
     assert ahead == plain
+
+    # A run that ends with the next case's reference launched and not read lets go of it.
+    class Stop(Exception):
+        pass
+
+    def stop_after_the_first_case(kernel, case, result):
+        if case == cases[0] and kernel.name == kernels[-1].name:
+            raise Stop
+    read.clear()
+    with pytest.raises(Stop):
+        run(oracle.launch_reference, stop_after_the_first_case)
+    assert read == []
+
+
+def test_launching_a_reference_lets_go_of_the_one_launched_before():
+    """One reference is launched ahead at a time (a long row's are GiBs of device memory)."""
+    from harness.engine.programs import Programs
+    from harness.judge import oracle
+
+    first, second = (Case("packed/random", 2, 128, 2, 2, 16, "bfloat16", seed=s) for s in (3, 4))
+    programs = Programs()
+    try:
+        for case in (first, second):
+            for truth in (True, False):
+                programs.oracle(case, truth).compiled.result()
+        assert oracle.launch_reference(first, programs)
+        assert [k[0] for k in oracle._launched] == [first]
+        assert oracle.launch_reference(second, programs)
+        assert [k[0] for k in oracle._launched] == [second]
+    finally:
+        oracle.forget_launched()
+        programs.close()
+    assert not oracle._launched

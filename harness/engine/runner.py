@@ -328,6 +328,7 @@ def _probe_deterministic(program, inputs, case, confirm, reproducible=None, disa
     leak_probe.perturbed.cache_clear()
     forget_inputs()
     forget_references()
+    forget_launched()   # the next case's reference, launched ahead: computed again when due
     gc.collect()
     return attempt()
 
@@ -401,8 +402,9 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
                     on_result(kernel, case, result)
                 if kernel is first_kernel.get(case):
                     _launch_next_reference(programs, cases[i + 1:i + 2], first_kernel, ahead)
-            # The case's perturbations and references go before the next case's oracle and
-            # kernels need the device's memory (a long row's are GiBs).
+            # The case's perturbations and references go before the next case's kernels need
+            # the device's memory (a long row's are GiBs); the next case's reference, launched
+            # ahead, stays.
             leak_probe.perturbed.cache_clear()
             forget_references()
     finally:
@@ -416,7 +418,9 @@ def _launch_next_reference(programs: Programs, following: list[Case], first_kern
     """Launches the next case's reference (oracle.launch_reference) once this case's first
     kernel has run, so that the device computes it while the host judges this case's kernels;
     not where the next case's inputs are still being drawn (it does not wait for them), and
-    not where no kernel will run on it. Its time is the oracle's."""
+    not where no kernel will run on it. The launch's time is the oracle's; the device runs in
+    order, so a run of this case's next kernel that is waited for may wait for the reference's
+    computing too, and that wait counts in the kernel's execute seconds."""
     if not following or following[0] not in first_kernel:
         return
     nxt = following[0]

@@ -1,7 +1,7 @@
 """How the leak probe's runs are compared with the run on unchanged inputs: per token, on the
 device; launched in batches, the host launching a batch's runs while the device computes them,
-and the batch read back with one wait and one transfer (harness.judge.leak_probe decides what a
-change means)."""
+and the batch read back after one wait with one device_get (harness.judge.leak_probe decides
+what a change means)."""
 from __future__ import annotations
 
 import jax
@@ -46,7 +46,7 @@ def all_changes(program, base, runs: list[tuple]) -> list:
     """changes(base, the run's first len(base) results) for each run's arguments, in order.
     Where `program` can launch a run without waiting for it (harness.engine.programs.Program),
     up to RUNS_IN_FLIGHT runs are launched, each with its comparison, and then read back
-    together: one wait and one transfer per batch, not one per run (on the H200's warm nightly
+    together: one wait and one device_get per batch, not one per run (on the H200's warm nightly
     at c4f8fc7, launching two at a time and reading each run back took the worker's run thread
     76 s of its 203, in the launches' and the reads' calls into jax). The same runs, in the
     same order, as one at a time."""
