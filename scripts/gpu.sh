@@ -34,9 +34,9 @@
 # merges what finished (it is killed KILL_S, 20, seconds later if it has not ended), and the
 # archive is packed after it (a warm run stopped at CALL_S=400 in a call of 420 s at 79376bd
 # lost all its files to the tool's own limit while they were packed); a run that cannot start
-# with MIN_LEFT seconds left (default 240) is not started and says so in steps.txt. Every step's exit status, wall time
-# and (for runs) the device's peak memory go to steps.txt, which the script writes; nothing in
-# it is typed by hand.
+# with MIN_LEFT seconds left (default 240) is not started and says so in steps.txt. Every
+# step's exit status, wall time and (for runs) the device's peak memory go to steps.txt, which
+# the script writes; nothing in it is typed by hand.
 set -uo pipefail
 plan=0
 if [ "${1:-}" = --plan ]; then plan=1; shift; fi

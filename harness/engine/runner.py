@@ -400,8 +400,8 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
                 total.traces += result.traces
                 if on_result:
                     on_result(kernel, case, result)
-                if kernel is first_kernel.get(case):
-                    _launch_next_reference(programs, cases[i + 1:i + 2], first_kernel, ahead)
+                if kernel is first_kernel.get(case) and i + 1 < len(cases):
+                    _launch_next_reference(programs, cases[i + 1], first_kernel, ahead)
             # The case's perturbations and references go before the next case's kernels need
             # the device's memory (a long row's are GiBs); the next case's reference, launched
             # ahead, stays.
@@ -413,7 +413,7 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
     return total
 
 
-def _launch_next_reference(programs: Programs, following: list[Case], first_kernel: dict,
+def _launch_next_reference(programs: Programs, nxt: Case, first_kernel: dict,
                            ahead: dict) -> None:
     """Launches the next case's reference (oracle.launch_reference) once this case's first
     kernel has run, so that the device computes it while the host judges this case's kernels;
@@ -421,9 +421,8 @@ def _launch_next_reference(programs: Programs, following: list[Case], first_kern
     not where no kernel will run on it. The launch's time is the oracle's; the device runs in
     order, so a run of this case's next kernel that is waited for may wait for the reference's
     computing too, and that wait counts in the kernel's execute seconds."""
-    if not following or following[0] not in first_kernel:
+    if nxt not in first_kernel:
         return
-    nxt = following[0]
     drawn = ahead.get(nxt)
     if drawn is not None and not (drawn.done() and drawn.exception() is None):
         return
