@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 from harness.kernels.kernel import Kernel, Platform
-from harness.engine.programs import argument_shapes, kernel_fn
+from harness.engine.program_functions import argument_shapes, kernel_fn
 from harness.engine.registry import select_kernels
 from harness.engine.runner import run_kernel_case
 from harness.model.case import Case
@@ -425,7 +425,7 @@ def not_ok(records) -> list:
 def abstract_call(kernel: Kernel, case: Case, **overrides):
     """The kernel's function traced (nothing computed) on the case's shapes, its features handed
     over as the harness hands them."""
-    from harness.engine.programs import feature_arguments
+    from harness.engine.program_functions import feature_arguments
     shapes = argument_shapes(case)[:-1]                         # no cotangent
     extra = {"max_segments": case.max_segments} if kernel.takes_max_segments else {}
     extra.update(feature_arguments(case), **overrides)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness.engine.programs import FORWARD, argument_shapes, feature_arguments, kernel_fn
+from harness.engine.program_functions import FORWARD, argument_shapes, feature_arguments, kernel_fn
 from harness.engine.registry import all_kernels, select_kernels
 from harness.engine.runner import run_kernel_case
 from harness.kernels import dew_flash_attn, fa4, tokamax17

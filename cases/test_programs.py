@@ -10,7 +10,8 @@ import pytest
 from harness.model.case import Case, make_inputs
 from harness.kernels.kernel import Kernel
 from harness.kernels.reference import dot_product
-from harness.engine.programs import DEFAULT, DETERMINISTIC, Programs, environment_set, traced_under
+from harness.engine.programs import DEFAULT, DETERMINISTIC, Programs
+from harness.engine.trace_environment import environment_set, traced_under
 
 WIDTH = "HARNESS_TEST_WIDTH"
 
@@ -133,7 +134,7 @@ def test_only_programs_of_kernels_that_read_the_environment_wait_for_an_environm
     """A trace under a temporary environment holds ENVIRONMENT_LOCK: a TE-like kernel's program
     must not run meanwhile (it could read the temporary setting); any other program runs."""
     import threading
-    from harness.engine.programs import ENVIRONMENT_LOCK
+    from harness.engine.trace_environment import ENVIRONMENT_LOCK
     case = Case("packed/random", 1, 32, 1, 1, 8, "float32", 0)
     programs = Programs()
     plain = programs.get(Kernel("plain", dot_product), case)

@@ -151,8 +151,8 @@ def _interrupt(signum, frame):
 
 
 def _programs(options: RunOptions):
-    from harness.engine.programs import Programs
-    return Programs(deterministic_probe=options.deterministic_probe)
+    from harness.engine.programs import for_run
+    return for_run(options)
 
 
 def _run_here(options: RunOptions, selection: Selection, report_dir: Path

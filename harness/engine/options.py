@@ -186,6 +186,9 @@ OPTIONS = (
            metavar="DIR"),
     Option("use_compilation_cache", "--no-compilation-cache", "compile everything afresh and "
            "keep nothing on disk", switch=True),
+    Option("lowering_process", "--no-lowering-process", "trace, lower and compile the "
+           "run's programs in each worker's own process, beside its run, not in a process of "
+           "their own (harness/engine/lowering_process.py)", switch=True),
     Option("main_workers", "--main-workers", "on GPUs, run the kernels without an isolation "
            "group in N worker processes at once, whole shapes to each, sharing the three "
            "quarters of the device one worker has (a pair that lacks memory there runs again "
@@ -214,6 +217,7 @@ class RunOptions:
     compilation_cache: str = DEFAULT_CACHE_DIR
     use_compilation_cache: bool = True
     main_workers: int = MAIN_WORKERS
+    lowering_process: bool = True
     # Not options of a user: where the run comes from ("cli", "pytest", "census", "worker").
     source: str = field(default="cli", compare=False)
 

@@ -22,7 +22,6 @@ oracle's under "oracle".
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -31,27 +30,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import jax
-import jax.numpy as jnp
 
 from harness.compiling import compile_lowered
-from harness.engine import own_programs, unwritten
+from harness.engine import lowering_process, own_programs, unwritten
+from harness.engine.compilation_cache import count_handed_over
 from harness.engine.environment import usable_cores
-from harness.judge.oracle import (
-    gradient_inputs,
-    reference_fn,
-    reference_jvp_fn,
-    share_programs,
-    with_gradients,
-    with_tangents,
-)
+from harness.engine.lowering_process import LoweringProcess
+from harness.engine.registry import all_kernels
+from harness.engine.trace_environment import ENVIRONMENT_LOCK, traced_under
+from harness.engine.program_functions import DEFAULT, FORWARD, argument_shapes, kernel_fn
+from harness.judge.oracle import reference_fn, reference_jvp_fn, share_programs
 from harness.kernels.kernel import Kernel
 from harness.model.case import Case
 
-DEFAULT = "default"
 DETERMINISTIC = "deterministic"
-# The kernel's forward mode: (q, k, v, seg[, sinks], tangents) -> (the output's tangent,),
-# through jax.jvp (the jvp check of kernels that declare forward_mode).
-FORWARD = "forward"
 DETERMINISTIC_COMPILER_OPTIONS = {"xla_gpu_deterministic_ops": True}
 # The harness's own programs on GPUs (the oracle, the probe's deterministic builds) skip XLA's
 # autotuning: it times candidate GEMM algorithms and Triton configurations on the device for
@@ -66,98 +58,6 @@ SWITCH_INTERVAL_S = 0.0001
 # Fills and runs of a kernel's checked run until its outputs sit in the filled blocks
 # (harness.engine.unwritten.landed); after that the last run counts as it is.
 POISON_ATTEMPTS = 2
-
-
-@contextlib.contextmanager
-def environment_set(values: dict):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _clear_abstract_eval_cache() -> None:
-    from jax._src.interpreters import partial_eval as pe
-    pe._cached_abstract_eval.cache_clear()
-
-
-# Held while the environment is changed for a trace, and while a program of a kernel that
-# declares a deterministic environment executes: a library that reads the environment when its
-# kernels run (TE reads NVTE_* settings) must never see a trace's temporary setting. Other
-# kernels' programs run without it (they need not wait for such a trace).
-ENVIRONMENT_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def traced_under(env: dict | None):
-    """Traces inside run with `env` set and with jax's abstract-evaluation cache cleared before
-    and after, so that what the library read from the environment stays with that trace."""
-    if not env:
-        yield
-        return
-    with ENVIRONMENT_LOCK:
-        _clear_abstract_eval_cache()
-        try:
-            with environment_set(env):
-                yield
-        finally:
-            _clear_abstract_eval_cache()
-
-
-def feature_arguments(case: Case) -> dict:
-    """The case's static features as a kernel's keyword arguments (harness.model.features):
-    window=(left, right), softcap=, chunk=. Sinks travel as an array input."""
-    f = case.features
-    out = {}
-    if f.window is not None:
-        out["window"] = tuple(f.window)
-    if f.softcap is not None:
-        out["softcap"] = f.softcap
-    if f.chunk is not None:
-        out["chunk"] = f.chunk
-    return out
-
-
-def kernel_fn(kernel: Kernel, case: Case, mode: str = DEFAULT):
-    """The kernel's program as a function of (q, k, v, seg[, sinks], cotangent): the case's
-    features handed over as keyword arguments, the sinks as `sinks=` (differentiated). In
-    FORWARD mode, of (q, k, v, seg[, sinks], tq, tk, tv[, tsinks]): the output's tangent."""
-    extra = {"max_segments": case.max_segments} if kernel.takes_max_segments else {}
-    extra.update(feature_arguments(case))
-
-    def fn(q, k, v, seg, *sinks):
-        more = {"sinks": sinks[0]} if sinks else {}
-        out = kernel.fn(q, k, v, seg, causal=case.causal, scale=case.scale, **extra, **more)
-        want = q.shape[:-1] + v.shape[-1:]
-        if out.shape != want:
-            raise ValueError(f"{kernel.name}: output shape {out.shape} != {want} (the query's, "
-                             "with the value's head dim)")
-        return out
-
-    if mode == FORWARD:
-        return with_tangents(fn, bool(case.features.sinks))
-    return with_gradients(fn, kernel.backward, gradient_inputs(case))
-
-
-def argument_shapes(case: Case, mode: str = DEFAULT) -> tuple:
-    """The program's arguments: (q, k, v, seg[, sinks], cotangent); in FORWARD mode (q, k, v,
-    seg[, sinks], tq, tk, tv[, tsinks])."""
-    dtype = jnp.dtype(case.dtype)
-    b, t, d, dv = case.batch, case.seq_len, case.head_dim, case.value_dim
-    sinks = (jax.ShapeDtypeStruct((case.heads,), jnp.float32),) if case.features.sinks else ()
-    qkv = (jax.ShapeDtypeStruct((b, t, case.heads, d), dtype),
-           jax.ShapeDtypeStruct((b, t, case.kv_heads, d), dtype),
-           jax.ShapeDtypeStruct((b, t, case.kv_heads, dv), dtype))
-    if mode == FORWARD:
-        return (*qkv, jax.ShapeDtypeStruct((b, t), jnp.int32), *sinks, *qkv, *sinks)
-    return (*qkv, jax.ShapeDtypeStruct((b, t), jnp.int32), *sinks,
-            jax.ShapeDtypeStruct((b, t, case.heads, dv), dtype))
 
 
 @dataclass
@@ -196,6 +96,8 @@ class Program:
     # the case handed over, a refusal (harness.judge.judging.refusal).
     trace_error: BaseException | None = None
     _buffer_sizes: list[int] | None = field(default=None, repr=False)
+    # Its output shapes, where the lowering process built it (harness.engine.own_programs).
+    outputs: object = field(default=None, repr=False)
 
     def missing_markers(self) -> list[str]:
         """Fused-kernel custom calls absent from the program handed to XLA. XLA never drops a
@@ -293,7 +195,7 @@ class Programs:
     """The compiled programs of one run, and their times per kernel."""
 
     def __init__(self, deterministic_probe: bool = True, platform: str | None = None,
-                 workers: int | None = None):
+                 workers: int | None = None, lowering_process: dict | None = None):
         self.platform = platform or jax.devices()[0].platform
         # Only GPUs need a separate deterministic build; elsewhere the probe's mode is default.
         # A GPU's allocator hands a run blocks that earlier programs wrote: there a kernel's
@@ -319,6 +221,10 @@ class Programs:
         self._own = NO_AUTOTUNING if self.platform == "gpu" else {}
         # References asked for outside the runner's calls (a drop's prediction) come from here.
         share_programs(self)
+        # `lowering_process`: the run's options (as JSON data), to trace, lower and compile what
+        # `prefetch` announces in a process of their own (harness.engine.lowering_process).
+        self._apart = None if lowering_process is None else LoweringProcess(
+            lowering_process, self._built_apart, self._failed_apart)
 
     # ----- kernels ----------------------------------------------------------------------------
 
@@ -344,16 +250,60 @@ class Programs:
                 for mode in [DEFAULT] + forward:
                     program, fresh = self._oracle_entry(case, truth, convention, mode)
                     if fresh:
-                        self._tracer.submit(self._build_oracle, program, case, truth,
-                                            convention)
+                        self._build_ahead(program, ("oracle", case.id, truth, convention, mode),
+                                          self._build_oracle, case, truth, convention)
             for mode in modes + forward:
                 program, fresh = self._entry(("kernel", kernel, _shape(kernel, case), mode),
                                              kernel.name, _markers(kernel, mode), mode,
                                              bool(kernel.deterministic_env))
                 if fresh:
-                    self._tracer.submit(self._build_kernel, program, kernel, case)
+                    message = ("kernel", kernel.name, case.id, mode) \
+                        if all_kernels().get(kernel.name) is kernel else None
+                    self._build_ahead(program, message, self._build_kernel, kernel, case)
                 if mode != DETERMINISTIC:   # its outputs are the default build's
-                    self._tracer.submit(self._build_own, kernel, case, mode, probe)
+                    self._own_after(kernel, case, mode, probe)
+
+    def _build_ahead(self, program: Program, message: tuple | None, build, *args) -> None:
+        """`build(program, *args)` on the tracer thread, or `message` handed to the lowering
+        process (None: a kernel it cannot know, not the registry's under its name)."""
+        def here():
+            try:
+                self._tracer.submit(build, program, *args)
+            except RuntimeError as exc:   # closed: the program fails, it never stays pending
+                program.compiled.set_exception(exc)
+        if self._apart is None or message is None:
+            here()
+        elif not self._apart.request((program, here), message):
+            self._failed_apart((program, here))   # the process is gone
+
+    def _built_apart(self, item, blob: bytes) -> None:
+        try:
+            self._pool.submit(self._load, item, blob)
+        except RuntimeError as exc:   # closed
+            item[0].compiled.set_exception(exc)
+
+    @staticmethod
+    def _failed_apart(item) -> None:   # built here
+        count_handed_over(False)
+        item[1]()
+
+    def _load(self, item, blob: bytes) -> None:
+        """A program the lowering process built, loaded here; built here where it fails."""
+        program, here = item
+        start = time.perf_counter()
+        try:
+            compiled, program.text, lower_s, compile_s = lowering_process.load(blob)
+        except Exception:
+            self._failed_apart(item)
+            return
+        count_handed_over(True)
+        program.outputs = jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype),
+                                       compiled.out_info)
+        with self._lock:
+            program.timing.programs += 1
+            program.timing.lower_s += lower_s
+            program.timing.compile_s += compile_s + time.perf_counter() - start
+        self._ready_to_run(program, compiled)
 
     def _entry(self, key, name, markers, mode, reads_environment=False) -> tuple[Program, bool]:
         with self._lock:
@@ -395,19 +345,49 @@ class Programs:
         self._submit(program, lowered, {**DETERMINISTIC_COMPILER_OPTIONS, **self._own}
                      if deterministic else None)
 
+    def _own_after(self, kernel: Kernel, case: Case, mode: str, probe: bool) -> None:
+        """`_build_own` on the tracer thread once the programs whose outputs it reads are built:
+        next in line there, or when the lowering process has answered for all three."""
+        convention = kernel.chunk_convention
+        keys = [self._oracle_key(case, True, convention, mode),
+                self._oracle_key(case, False, convention, mode),
+                ("kernel", kernel, _shape(kernel, case), mode)]
+        with self._lock:
+            waits = [self._programs[k].compiled for k in keys]
+        if self._apart is None:
+            waits = []
+        left = [len(waits)]
+
+        def one_done(_=None):
+            with self._lock:
+                left[0] -= 1
+                if left[0] > 0:
+                    return
+            with contextlib.suppress(RuntimeError):   # closed: nothing more to compile
+                self._tracer.submit(self._build_own, kernel, case, mode, probe)
+        if not waits:
+            left[0] = 1
+            one_done()
+        for done in waits:
+            done.add_done_callback(one_done)
+
     def _build_own(self, kernel: Kernel, case: Case, mode: str, probe: bool) -> None:
         """Compiles ahead the harness's own programs this pair calls in `mode`
         (harness.engine.own_programs), from the outputs of the programs lowered so far."""
-        def outputs(key):
+        def outputs(key, entry=None):
             lowered = self._lowered.get(key)
-            return None if lowered is None else lowered.out_info
+            if lowered is not None:
+                return lowered.out_info
+            program = self._programs.get(entry or key)
+            return None if program is None else program.outputs
         convention = kernel.chunk_convention
         own_programs.compile_ahead(
             case, mode == FORWARD, probe, argument_shapes(case),
             outputs(self._oracle_key(case, True, convention, mode)),
             outputs(self._oracle_key(case, False, convention, mode)),
-            outputs((kernel, _shape(kernel, case), (), mode)), self._pool.submit,
-            self.timing[OWN])
+            outputs((kernel, _shape(kernel, case), (), mode),
+                    ("kernel", kernel, _shape(kernel, case), mode)),
+            self._pool.submit, self.timing[OWN])
 
     # ----- the oracle -------------------------------------------------------------------------
 
@@ -461,20 +441,24 @@ class Programs:
         try:
             compiled = compile_lowered(lowered, options, what=f"{program.name} ({program.mode})")
         except BaseException as exc:
-            seconds = time.perf_counter() - start
-            outcome = program.compiled.set_exception, exc
-        else:
-            if self.poisons_unwritten and program.mode in (DEFAULT, FORWARD) \
-                    and not program.oracle:
-                # A kernel's checked run poisons its blocks first: its fills compile here
-                # (should that fail, they compile when the run needs them, and fail there).
-                with contextlib.suppress(Exception):
-                    unwritten.prepare(program.fill_sizes(compiled))
-            seconds = time.perf_counter() - start
-            outcome = program.compiled.set_result, compiled
-        with self._lock:  # compile threads add up concurrently
-            program.timing.compile_s += seconds
-        outcome[0](outcome[1])
+            with self._lock:  # compile threads add up concurrently
+                program.timing.compile_s += time.perf_counter() - start
+            program.compiled.set_exception(exc)
+            return
+        with self._lock:
+            program.timing.compile_s += time.perf_counter() - start
+        self._ready_to_run(program, compiled)
+
+    def _ready_to_run(self, program: Program, compiled) -> None:
+        start = time.perf_counter()
+        if self.poisons_unwritten and program.mode in (DEFAULT, FORWARD) and not program.oracle:
+            # A kernel's checked run poisons its blocks first: its fills compile here (should
+            # that fail, they compile when the run needs them, and fail there).
+            with contextlib.suppress(Exception):
+                unwritten.prepare(program.fill_sizes(compiled))
+        with self._lock:
+            program.timing.compile_s += time.perf_counter() - start
+        program.compiled.set_result(compiled)
 
     def add_oracle_wall(self, seconds: float) -> None:
         """Oracle work done outside the runner's own calls (harness.judge.oracle
@@ -486,9 +470,20 @@ class Programs:
         return {name: t.as_dict() for name, t in sorted(self.timing.items())}
 
     def close(self) -> None:
+        if self._apart is not None:
+            self._apart.close()
         self._tracer.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
         share_programs(None, closing=self)   # references asked for later: plain jit
+
+
+def for_run(options) -> Programs:
+    """The programs of a run with these options (harness.engine.options.RunOptions): found in
+    jax's cache by the lowering process where the run has a cache, unless
+    --no-lowering-process."""
+    apart = options.lowering_process and options.cache_dir
+    return Programs(deterministic_probe=options.deterministic_probe,
+                    lowering_process=options.to_json() if apart else None)
 
 
 def _markers(kernel: Kernel, mode: str) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ def run_pairs(spec: dict) -> int:
     from harness.engine.compilation_cache import enable_compilation_cache
     from harness.engine.environment import current_platform, describe
     from harness.engine.options import RunOptions
-    from harness.engine.programs import Programs
+    from harness.engine.programs import for_run
     from harness.engine.registry import (
         load_kernel_module,
         mark_absl_flags_parsed,
@@ -42,7 +42,7 @@ def run_pairs(spec: dict) -> int:
     cases = [Case.from_id(c) for c in dict.fromkeys(c for _, c in pairs)]
     report_dir = Path(spec["report_dir"])
     enable_compilation_cache(options.cache_dir)
-    programs = Programs(deterministic_probe=options.deterministic_probe)
+    programs = for_run(options)
     writer = ReportWriter(report_dir, describe(), suite=options.suite,
                           probe_mode=programs.probe_mode, leak_probe=options.leak_probe)
     started = (report_dir / STARTED_FILE).open("a")

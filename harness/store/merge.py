@@ -49,6 +49,10 @@ def merge_cache(headers: list[dict]) -> dict | None:
     retried = sum(c.get("retried", 0) for c in seen)
     if retried:
         out["retried"] = retried
+    apart = [c["lowering_process"] for c in seen if c.get("lowering_process")]
+    if apart:
+        out["lowering_process"] = {k: sum(a.get(k, 0) for a in apart)
+                                   for k in ("loaded", "built_here")}
     return out
 
 

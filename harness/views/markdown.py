@@ -107,9 +107,9 @@ def timing_lines(header: dict) -> list[str]:
         return []
     out = ["wall: the run's time on the kernel (its checks and leak probe included; the "
            "oracle's computing of a case, done once for all its kernels, is the oracle's row); "
-           "lower and "
-           "compile happen beside the run, in other threads (compile seconds add up over the "
-           "threads compiling at once); waited: how long the run stood still for a program not "
+           "lower and compile happen beside the run, in other threads or in a lowering "
+           "process (compile seconds add up over the threads compiling at once, and include "
+           "loading a program the lowering process built); waited: how long the run stood still for a program not "
            "compiled yet, or for a trace's environment.", "",
            "| kernel | wall s | programs | lower s | compile s | waited s | runs | execute s | host s |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -128,6 +128,12 @@ def timing_lines(header: dict) -> list[str]:
     if cache:
         out += ["", f"compilation cache `{cache.get('dir')}`: {cache.get('hits', 0)} programs "
                 f"read from disk, {cache.get('misses', 0)} compiled and written"]
+        apart = cache.get("lowering_process")
+        if apart:
+            out[-1] += (f"; {apart.get('loaded', 0)} programs traced, lowered and compiled in "
+                        "a lowering process and loaded by the run, "
+                        f"{apart.get('built_here', 0)} built by the run after that process "
+                        "could not hand them over")
     return out
 
 

@@ -46,7 +46,7 @@ def main() -> int:
     import numpy as np
 
     from harness.engine.environment import current_platform, package_version
-    from harness.engine.programs import kernel_fn
+    from harness.engine.program_functions import kernel_fn
     from harness.engine.registry import load_kernel_module, mark_absl_flags_parsed, select_kernels
     from harness.model.case import Case, make_inputs
 

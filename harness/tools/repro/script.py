@@ -125,7 +125,7 @@ def _header(kernel: Kernel, original: Case, trial: Trial, check: str, runs: int,
 
 def _case_block(kernel: Kernel, case: Case, check: str, parts: ScriptParts) -> str:
     """The shrunk case as constants: ids, shape, dtype, flags, and the per-segment table."""
-    from harness.engine.programs import feature_arguments
+    from harness.engine.program_functions import feature_arguments
     kwargs = {"max_segments": case.max_segments} if kernel.takes_max_segments else {}
     kwargs.update(feature_arguments(case))   # the case's features, handed over as the harness does
     f = case.features

@@ -1,0 +1,225 @@
+"""The lowering process (harness.engine.lowering_process): the programs it builds compute what
+programs built in the run's own process compute, cold and from jax's cache; whatever it cannot
+hand over is built by the run, whose own error it then raises; the header counts both."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.engine import registry
+from harness.engine.compilation_cache import cache_stats, count_elsewhere
+from harness.engine.lowering_process import child_environment
+from harness.engine.options import RunOptions
+from harness.engine.programs import Programs, for_run
+from harness.kernels.kernel import Kernel
+from harness.kernels.reference import dot_product
+from harness.model.case import Case, make_inputs
+from harness.store.merge import merge_cache
+from harness.views.markdown import timing_lines
+
+ROOT = Path(__file__).resolve().parents[1]
+CASE = Case("packed/many", 2, 64, 2, 1, 16, "float32", 3)
+OTHER = Case("packed/many", 2, 32, 2, 1, 16, "float32", 4)
+
+
+WARM = """
+import sys
+from harness.engine.compilation_cache import enable_compilation_cache
+from harness.engine.programs import Programs
+from harness.engine.registry import all_kernels, load_kernel_module
+from harness.model.case import Case
+cache, kernel, modules, cases = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+enable_compilation_cache(cache)
+for module in filter(None, [modules]):
+    load_kernel_module(module)
+programs = Programs()
+programs.prefetch([(all_kernels()[kernel], Case.from_id(c)) for c in cases])
+for program in list(programs._programs.values()):
+    program.compiled.exception()
+"""
+
+
+def _warm(tmp_path, kernel: str, cases, module: str = "") -> None:
+    """jax's cache in tmp_path/cache filled with the programs of `kernel` on `cases`, by
+    another process (as an earlier run fills it)."""
+    subprocess.run([sys.executable, "-c", WARM, str(tmp_path / "cache"), kernel, module,
+                    *(c.id for c in cases)], cwd=ROOT, check=True, timeout=300)
+
+
+def _apart(tmp_path, **options) -> Programs:
+    opts = RunOptions(compilation_cache=str(tmp_path / "cache"), **options)
+    return for_run(opts)
+
+
+def _counts() -> dict:
+    return {"loaded": 0, "built_here": 0, **cache_stats().get("lowering_process", {})}
+
+
+def _outputs(programs, kernel, case):
+    return [np.asarray(x) for x in programs.get(kernel, case)(*make_inputs(case).device_args)]
+
+
+def test_handed_over_programs_compute_what_the_run_builds_cold_and_from_the_cache(tmp_path):
+    kernel = registry.all_kernels()["xla"]
+    here = Programs()
+    want = _outputs(here, kernel, CASE)
+    truth_here = here.oracle(CASE, True)(*make_inputs(CASE).device_args)
+    here.close()
+    for run in ("cold", "warm"):
+        # cold: the cache holds none, the run compiles them; warm: the process reads them from
+        # the cache and hands them over as read (serialized again, such a program lost its
+        # code on CPUs: "Function transpose_copy_fusion.6 not found" when run here)
+        if run == "warm":
+            _warm(tmp_path, "xla", [CASE])
+        before, hits = _counts(), cache_stats()["hits"]
+        programs = _apart(tmp_path)
+        try:
+            programs.prefetch([(kernel, CASE)])
+            got = _outputs(programs, kernel, CASE)
+            truth = programs.oracle(CASE, True)(*make_inputs(CASE).device_args)
+            assert programs._apart._proc is not None, run
+            wanted = [p.compiled for p in programs._programs.values()]
+            assert len(wanted) >= 3     # the kernel's default build, the two oracles
+            for done in wanted:
+                done.result(timeout=120)
+        finally:
+            programs.close()
+        after = _counts()
+        loaded = after["loaded"] - before["loaded"]
+        built_here = after["built_here"] - before["built_here"]
+        assert loaded + built_here == len(wanted), run
+        if run == "cold":
+            assert built_here == len(wanted), "the cache held none: the run compiled them"
+        else:
+            assert loaded == len(wanted), "the process read every one from the cache"
+            assert cache_stats()["hits"] - hits >= len(wanted)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(truth, truth_here, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_kernel_not_the_registrys_under_its_name_is_built_here(tmp_path):
+    programs = _apart(tmp_path)
+    kernel = Kernel("xla", dot_product)    # the name of a registered kernel, another function
+    before = _counts()
+    try:
+        programs.prefetch([(kernel, OTHER)])
+        got = _outputs(programs, kernel, OTHER)
+        oracles = [p for p in programs._programs.values() if p.oracle]
+        for p in oracles:
+            p.compiled.result(timeout=120)
+    finally:
+        programs.close()
+    here = Programs()
+    np.testing.assert_array_equal(got[0], _outputs(here, kernel, OTHER)[0])
+    here.close()
+    # only the oracle's programs went to the process (and came back: the cache is empty);
+    # the kernel's were never offered
+    assert _counts()["built_here"] - before["built_here"] == len(oracles) == 2
+
+
+BREAKS = textwrap.dedent("""
+    import harness
+    from harness.kernels.reference import dot_product
+
+    def breaks_when_traced(q, k, v, seg, **kw):
+        raise ValueError("lp-test: this kernel refuses to be traced")
+
+    harness.register_kernel("lp_breaks", breaks_when_traced, dtypes=("float32",))
+    harness.register_kernel("lp_plain", dot_product, dtypes=("float32",))
+""")
+
+
+@pytest.fixture
+def user_kernels(tmp_path):
+    module = tmp_path / "lp_kernels.py"
+    module.write_text(BREAKS)
+    registry.load_kernel_module(module)
+    try:
+        yield str(module)
+    finally:
+        for name in ("lp_breaks", "lp_plain"):
+            registry._USER.pop(name, None)
+
+
+def test_a_kernel_that_fails_in_the_process_fails_here_with_its_own_error(tmp_path,
+                                                                          user_kernels):
+    programs = _apart(tmp_path, kernel_modules=(user_kernels,))
+    kernel = registry.all_kernels()["lp_breaks"]
+    before = _counts()
+    try:
+        programs.prefetch([(kernel, CASE)])
+        program = programs.get(kernel, CASE)
+        error = program.compiled.exception(timeout=120)
+    finally:
+        programs.close()
+    assert isinstance(error, ValueError) and "refuses to be traced" in str(error)
+    assert program.trace_error is error, "traced here: the run's refusal rule sees it"
+    assert _counts()["built_here"] > before["built_here"]
+
+
+def test_programs_pending_when_the_process_dies_are_built_here(tmp_path, user_kernels):
+    kernel = registry.all_kernels()["lp_plain"]
+    _warm(tmp_path, "lp_plain", [CASE, OTHER], user_kernels)
+    programs = _apart(tmp_path, kernel_modules=(user_kernels,))
+    before = _counts()
+    try:
+        programs.prefetch([(kernel, CASE)])
+        programs.get(kernel, CASE).compiled.result(timeout=120)
+        assert _counts()["loaded"] > before["loaded"]
+        os.kill(programs._apart._proc.pid, signal.SIGKILL)
+        programs._apart._proc.wait()
+        programs.prefetch([(kernel, OTHER)])          # asked for after it died
+        got = _outputs(programs, kernel, OTHER)
+    finally:
+        programs.close()
+    here = Programs()
+    want = _outputs(here, kernel, OTHER)
+    here.close()
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert _counts()["built_here"] > before["built_here"]
+
+
+def test_a_run_without_a_cache_or_with_no_lowering_process_builds_everything_here(tmp_path):
+    for options in ({"lowering_process": False}, {"use_compilation_cache": False}):
+        programs = _apart(tmp_path, **options)
+        try:
+            assert programs._apart is None, options
+        finally:
+            programs.close()
+
+
+def test_the_process_takes_device_memory_as_it_needs_it():
+    env = child_environment({"XLA_CLIENT_MEM_FRACTION": "0.3", "XLA_PYTHON_CLIENT_PREALLOCATE":
+                             "true", "XLA_FLAGS": "--x", "PATH": "/bin"})
+    assert env == {"XLA_FLAGS": "--x", "PATH": "/bin", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform",
+                   "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+
+def test_the_header_counts_what_the_process_handed_over_and_merges_add_them():
+    merged = merge_cache([
+        {"compilation_cache": {"dir": "c", "hits": 3, "misses": 1,
+                               "lowering_process": {"loaded": 3, "built_here": 1}}},
+        {"compilation_cache": {"dir": "c", "hits": 2, "misses": 0,
+                               "lowering_process": {"loaded": 2, "built_here": 0}}},
+        {"compilation_cache": {"dir": "c", "hits": 1, "misses": 0}}])
+    assert merged["lowering_process"] == {"loaded": 5, "built_here": 1}
+    text = "\n".join(timing_lines({"timing": {"xla": {}}, "compilation_cache": merged}))
+    assert "5 programs traced, lowered and compiled in a lowering process" in text
+    assert "1 built by the run after that process could not hand them over" in text
+
+
+def test_cache_counts_of_a_process_compiling_for_this_one_are_added():
+    before = cache_stats()
+    source = object()
+    count_elsewhere(source, {"hits": 7, "misses": 2})
+    count_elsewhere(source, {"hits": 9, "misses": 2})     # its latest word counts, once
+    after = cache_stats()
+    assert after["hits"] - before["hits"] == 9 and after["misses"] - before["misses"] == 2
