@@ -167,6 +167,7 @@ class _Cached:
     def watch(self) -> bool:
         """Wraps jax's cache read (this process only); False where jax has no such function."""
         from jax._src import compilation_cache as cc
+        from jax._src.lib import xla_client as xc
         if not hasattr(cc, "get_executable_and_time"):
             return False
         read, seen = cc.get_executable_and_time, self
@@ -184,11 +185,19 @@ class _Cached:
                     seen._read[id(executable)] = (executable, bytes(serialized))
                 return executable
 
-        def get_executable_and_time(cache_key, compile_options, backend, executable_devices):
-            executable, seconds = read(cache_key, compile_options, Reading(backend),
-                                       executable_devices)
+        def get_executable_and_time(*args, **kwargs):
+            # Its arguments differ between jax versions (four in 0.10.2, five in 0.11.2): the
+            # backend is the one that is a client. Anything unexpected is NotCached too: an
+            # Exception here jax would take for a miss, and compile.
+            try:
+                args = [Reading(a) if isinstance(a, xc.Client) else a for a in args]
+                kwargs = {k: Reading(a) if isinstance(a, xc.Client) else a
+                          for k, a in kwargs.items()}
+                executable, seconds = read(*args, **kwargs)
+            except Exception as exc:
+                raise NotCached(f"{type(exc).__name__}: {exc}") from exc
             if executable is None:
-                raise NotCached(cache_key)
+                raise NotCached("not in the cache")
             return executable, seconds
         cc.get_executable_and_time = get_executable_and_time
         return True
