@@ -16,9 +16,12 @@ def _stacks(path: str, pid: str, thread: str):
     for line in open(path, encoding="utf-8", errors="replace"):
         stack, _, count = line.rstrip("\n").rpartition(" ")
         frames, n = stack.split(";"), int(count)
-        if not any(f.startswith(f"process {pid}:") for f in frames[:3]):
-            continue
         at = next(i for i, f in enumerate(frames) if f.startswith("thread"))
+        # The thread's own process is the last one named before it (a worker's lowering
+        # process is named after the worker and its parents).
+        owner = [f for f in frames[:at] if f.startswith("process ")]
+        if not owner or not owner[-1].startswith(f"process {pid}:"):
+            continue
         if thread in frames[at]:
             yield frames[at:], n
 
