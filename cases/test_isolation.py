@@ -61,13 +61,13 @@ def _run(*args, env=None):
                           text=True, timeout=900, env={**os.environ, **(env or {})})
 
 
-def _run_module(tmp_path, source: str, kernels: str, cases: str, env=None):
+def _run_module(tmp_path, source: str, kernels: str, cases: str, env=None, more=()):
     """`harness run` of the kernels a module (its source here) registers, on `cases`, without
     the leak probe, into tmp_path/r."""
     module = tmp_path / "kernels.py"
     module.write_text(source)
     return _run("run", "--kernel-module", str(module), "--kernels", kernels, "--cases", cases,
-                "--report-dir", str(tmp_path / "r"), "--no-leak-probe", env=env)
+                "--report-dir", str(tmp_path / "r"), "--no-leak-probe", *more, env=env)
 
 
 def _records(report_dir):
@@ -87,8 +87,11 @@ def test_kernels_that_cannot_share_a_process_run_in_workers(tmp_path):
     # The clash is real: in one process, the second library fails (an error, never a pass).
     same = tmp_path / "same.py"
     same.write_text(CLASHING.replace('isolation="b"', 'isolation="a"'))
+    # (Traced in one process: a lowering process beside it would trace both there, and the
+    # run would load the one that traced without its library's import.)
     out = _run("run", "--kernel-module", str(same), "--kernels", "clash_a,clash_b",
-               "--cases", ONE, "--report-dir", str(tmp_path / "s"), "--no-leak-probe")
+               "--cases", ONE, "--report-dir", str(tmp_path / "s"), "--no-leak-probe",
+               "--no-lowering-process")
     assert out.returncode == 1
     errors = [r for r in _records(tmp_path / "s")[1] if r["outcome"] == "error"]
     assert errors and "Duplicate FFI handler registration" in errors[0]["message"]
@@ -332,8 +335,11 @@ def test_a_worker_whose_device_is_lost_ends_and_a_fresh_one_takes_the_rest(tmp_p
     """A sticky CUDA error leaves a process's device context unusable (on the H200 every pair
     after jax's packed cuDNN call crashed failed in that process): the worker ends after that
     pair's error record, and a fresh worker runs the rest."""
+    # The kernel "loses the device" when first traced, as files say: in the workers only
+    # (a lowering process would trace it first, and would count as one more process).
     out = _run_module(tmp_path, LOSES_THE_DEVICE, "loses,dot_product", f"{ONE},{TWO}",
-                      env={"LOST_MARKER": str(tmp_path / "lost-")})
+                      env={"LOST_MARKER": str(tmp_path / "lost-")},
+                      more=("--no-lowering-process",))
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     _, records = _records(tmp_path / "r")
     mine = {r["case_id"]: r["outcome"] for r in records if r["kernel"] == "loses"
@@ -689,9 +695,12 @@ harness.register_kernel("broken_capture", broken, dtypes=("float32",), isolation
 
 
 def _capture_run(tmp_path, always: bool):
+    # Its "first run" is its first trace, as files say: in the workers only (a lowering
+    # process would trace it first).
     return _run_module(tmp_path, BREAKS_A_CAPTURE, "broken_capture,dot_product", ONE,
                        env={"CAPTURE_MARKER": str(tmp_path / "capture-"),
-                            "ALWAYS_BROKEN": "1" if always else "0"})
+                            "ALWAYS_BROKEN": "1" if always else "0"},
+                       more=("--no-lowering-process",))
 
 
 def test_a_pair_whose_capture_broke_runs_again_in_a_fresh_worker(tmp_path):
@@ -733,6 +742,7 @@ def test_pytest_lanes_header_lists_the_pairs_run_again(tmp_path):
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
          str(ROOT / "cases" / "test_matrix.py"), "--ahead", "--kernel-module", str(module),
          "--kernels", "broken_capture,dot_product", "--cases", ONE, "--no-leak-probe",
+         "--no-lowering-process",   # its "first run" is its first trace, as in _capture_run
          "--report-dir", str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True,
         timeout=600, env={**os.environ, "CAPTURE_MARKER": str(tmp_path / "capture-"),
                           "ALWAYS_BROKEN": "0"})

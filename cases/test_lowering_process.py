@@ -157,11 +157,15 @@ def test_a_kernel_that_fails_in_the_process_fails_here_with_its_own_error(tmp_pa
         programs.prefetch([(kernel, CASE)])
         program = programs.get(kernel, CASE)
         error = program.compiled.exception(timeout=120)
+        offered = list(programs._programs.values())
+        for p in offered:
+            p.compiled.exception(timeout=120)
     finally:
         programs.close()
     assert isinstance(error, ValueError) and "refuses to be traced" in str(error)
     assert program.trace_error is error, "traced here: the run's refusal rule sees it"
-    assert _counts()["built_here"] > before["built_here"]
+    # every program was offered (the kernel's too) and every one came back to be built here
+    assert _counts()["built_here"] - before["built_here"] == len(offered)
 
 
 def test_programs_pending_when_the_process_dies_are_built_here(tmp_path, user_kernels):
@@ -172,11 +176,22 @@ def test_programs_pending_when_the_process_dies_are_built_here(tmp_path, user_ke
     try:
         programs.prefetch([(kernel, CASE)])
         programs.get(kernel, CASE).compiled.result(timeout=120)
-        assert _counts()["loaded"] > before["loaded"]
-        os.kill(programs._apart._proc.pid, signal.SIGKILL)
-        programs._apart._proc.wait()
-        programs.prefetch([(kernel, OTHER)])          # asked for after it died
+        first = len(programs._programs)
+        assert _counts()["loaded"] - before["loaded"] == first
+        process = programs._apart._proc
+        os.kill(process.pid, signal.SIGSTOP)
+        programs.prefetch([(kernel, OTHER)])          # pending: the process cannot answer
+        pending = len(programs._programs) - first
+        assert pending > 0 and not programs.get(kernel, OTHER).compiled.done()
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
         got = _outputs(programs, kernel, OTHER)
+        for p in programs._programs.values():
+            p.compiled.result(timeout=120)
+        programs.prefetch([(kernel, Case("packed/many", 2, 16, 2, 1, 16, "float32", 5))])
+        later = len(programs._programs) - first - pending   # asked for after it died
+        for p in programs._programs.values():
+            p.compiled.result(timeout=120)
     finally:
         programs.close()
     here = Programs()
@@ -184,7 +199,7 @@ def test_programs_pending_when_the_process_dies_are_built_here(tmp_path, user_ke
     here.close()
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
-    assert _counts()["built_here"] > before["built_here"]
+    assert _counts()["built_here"] - before["built_here"] == pending + later
 
 
 def test_a_run_without_a_cache_or_with_no_lowering_process_builds_everything_here(tmp_path):
@@ -196,11 +211,11 @@ def test_a_run_without_a_cache_or_with_no_lowering_process_builds_everything_her
             programs.close()
 
 
-def test_the_process_takes_device_memory_as_it_needs_it():
-    env = child_environment({"XLA_CLIENT_MEM_FRACTION": "0.3", "XLA_PYTHON_CLIENT_PREALLOCATE":
-                             "true", "XLA_FLAGS": "--x", "PATH": "/bin"})
-    assert env == {"XLA_FLAGS": "--x", "PATH": "/bin", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform",
-                   "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+def test_the_process_has_the_runs_environment_but_takes_device_memory_as_it_needs_it():
+    run = {"XLA_CLIENT_MEM_FRACTION": "0.3", "XLA_FLAGS": "--x", "PATH": "/bin"}
+    assert child_environment(run) == {**run, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    assert child_environment({"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}) == {
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 
 def test_the_header_counts_what_the_process_handed_over_and_merges_add_them():
@@ -212,14 +227,53 @@ def test_the_header_counts_what_the_process_handed_over_and_merges_add_them():
         {"compilation_cache": {"dir": "c", "hits": 1, "misses": 0}}])
     assert merged["lowering_process"] == {"loaded": 5, "built_here": 1}
     text = "\n".join(timing_lines({"timing": {"xla": {}}, "compilation_cache": merged}))
-    assert "5 programs traced, lowered and compiled in a lowering process" in text
+    assert "5 programs traced and lowered in a lowering process, read from the cache" in text
     assert "1 built by the run after that process could not hand them over" in text
 
 
-def test_cache_counts_of_a_process_compiling_for_this_one_are_added():
+def test_cache_counts_of_a_process_compiling_for_this_one_are_added(monkeypatch):
+    from harness.engine import compilation_cache
+    monkeypatch.setattr(compilation_cache, "_ELSEWHERE", {})
     before = cache_stats()
-    source = object()
+    source = ("test", object())
     count_elsewhere(source, {"hits": 7, "misses": 2})
     count_elsewhere(source, {"hits": 9, "misses": 2})     # its latest word counts, once
     after = cache_stats()
     assert after["hits"] - before["hits"] == 9 and after["misses"] - before["misses"] == 2
+
+
+TWO_DEVICES = """
+import sys
+import numpy as np
+from harness.engine.compilation_cache import cache_stats
+from harness.engine.options import RunOptions
+from harness.engine.programs import Programs, for_run
+from harness.engine.registry import all_kernels
+from harness.model.case import Case, make_inputs
+import jax
+assert len(jax.devices()) == 2
+kernel, case = all_kernels()["xla"], Case.from_id(sys.argv[2])
+apart = for_run(RunOptions(compilation_cache=sys.argv[1]))
+apart.prefetch([(kernel, case)])
+args = make_inputs(case).device_args
+got = apart.get(kernel, case)(*args)
+apart.close()
+assert cache_stats()["lowering_process"]["loaded"] >= 1, cache_stats()
+here = Programs()
+want = here.get(kernel, case)(*args)
+for a, b in zip(got, want, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+print("same")
+"""
+
+
+def test_a_program_handed_over_runs_on_its_own_device_where_the_process_sees_two(tmp_path):
+    """Loaded on every device the run sees, a one-device program failed when run ("Expected
+    args to execute_sharded_on_local_devices to have 2 shards")."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "JAX_PLATFORMS": "cpu"}
+    subprocess.run([sys.executable, "-c", WARM, str(tmp_path / "cache"), "xla", "", CASE.id],
+                   cwd=ROOT, check=True, timeout=300, env=env)
+    out = subprocess.run([sys.executable, "-c", TWO_DEVICES, str(tmp_path / "cache"), CASE.id],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0 and "same" in out.stdout, out.stderr[-3000:]

@@ -16,7 +16,9 @@ def _stacks(path: str, pid: str, thread: str):
     for line in open(path, encoding="utf-8", errors="replace"):
         stack, _, count = line.rstrip("\n").rpartition(" ")
         frames, n = stack.split(";"), int(count)
-        at = next(i for i, f in enumerate(frames) if f.startswith("thread"))
+        at = next((i for i, f in enumerate(frames) if f.startswith("thread")), None)
+        if at is None:
+            continue
         # The thread's own process is the last one named before it (a worker's lowering
         # process is named after the worker and its parents).
         owner = [f for f in frames[:at] if f.startswith("process ")]

@@ -51,13 +51,13 @@ jax.monitoring.register_event_listener(_count_cache_event)
 
 # The same counts from the processes that compile for this one (harness.engine
 # .lowering_process), each as it last said, by process.
-_ELSEWHERE: dict[int, dict] = {}
+_ELSEWHERE: dict[object, dict] = {}
 
 
-def count_elsewhere(source: object, stats: dict) -> None:
+def count_elsewhere(source, stats: dict) -> None:
     """`stats` (a `cache_stats` of another process compiling for this one) as the latest
-    from `source`."""
-    _ELSEWHERE[id(source)] = dict(stats)
+    from `source` (a key naming that process)."""
+    _ELSEWHERE[source] = dict(stats)
 
 
 def count_handed_over(loaded: bool) -> None:

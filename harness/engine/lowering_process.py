@@ -18,32 +18,40 @@ Whatever the process does not hand over is built in the run's own process, as wi
 program the cache does not hold (compiled by the run, so that XLA's autotuning stays inside
 the run's share of the device), a kernel the process cannot find under its name, a trace or
 compile that fails (the run then raises the kernel's own error), one jax cannot serialize,
-everything once the process is gone. The run's header counts both (`lowering_process` in its
-`compilation_cache`). `--no-lowering-process` builds everything in the run's process.
+everything once the process is gone. The process never compiles: jax's compiler is wrapped
+there to refuse (NotCached), as is a cache read that fails in any way. A handed-over program is
+loaded on the devices jax read it for, and is offered only for a kernel the process has under
+the same name and function (`kernel_fingerprint`). The run's header counts both
+(`lowering_process` in its `compilation_cache`; the process's hits are the programs it handed
+over). Each side sends from a thread of its own, so neither waits on a full pipe while the
+other waits on it. `--no-lowering-process` builds everything in the run's process.
 
-The process takes device memory as it needs it and gives it back (the platform allocator, no
-preallocation): loading a program from the cache needs little."""
+The process's environment is the run's, except that it takes device memory as it needs it
+(no preallocation): loading a program from the cache needs little."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import pickle
+import queue
 import subprocess
 import sys
 import threading
 from multiprocessing.connection import Connection
 
-ALLOCATOR = {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-MEMORY_SHARES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+NO_PREALLOCATION = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 STOP_WAIT_S = 5.0
 _SERIALIZING = threading.Lock()
+_NAMES = itertools.count()
 
 
 def child_environment(environ=os.environ) -> dict:
-    """The process's environment: the run's, with the device's memory taken as needed."""
-    env = {k: v for k, v in environ.items() if k not in MEMORY_SHARES}
-    return {**env, **ALLOCATOR}
+    """The process's environment: the run's (a kernel's trace may read any of it, its share
+    of device memory included), except that it takes device memory as it needs it, never
+    three quarters at start."""
+    return {**environ, **NO_PREALLOCATION}
 
 
 class LoweringProcess:
@@ -58,13 +66,16 @@ class LoweringProcess:
         self._lock = threading.Lock()
         self._pending: dict[int, object] = {}
         self._tokens = itertools.count()
+        self._name = next(_NAMES)   # its cache counts' key (harness.engine.compilation_cache)
         self._proc: subprocess.Popen | None = None
-        self._send: Connection | None = None
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._gone = False
+        # Taken now: a later copy could catch a trace's temporary setting (traced_under).
+        self._environment = child_environment()
 
     def request(self, program, message: tuple) -> bool:
         """Hands (kind, *what) over for `program`; False where the process is not there (build
-        it here)."""
+        it here). Never waits on the pipe: a thread of its own sends."""
         with self._lock:
             if self._gone:
                 return False
@@ -72,13 +83,8 @@ class LoweringProcess:
                 return False
             token = next(self._tokens)
             self._pending[token] = program
-            try:
-                self._send.send((message[0], token, *message[1:]))
-            except (OSError, ValueError):
-                del self._pending[token]
-                self._gone = True
-                return False
-            return True
+        self._outbox.put((message[0], token, *message[1:]))
+        return True
 
     def _start(self) -> bool:
         to_child_r, to_child_w = os.pipe()
@@ -86,7 +92,7 @@ class LoweringProcess:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", __name__, str(to_child_r), str(from_child_w)],
-                pass_fds=(to_child_r, from_child_w), env=child_environment(),
+                pass_fds=(to_child_r, from_child_w), env=self._environment,
                 stdout=subprocess.DEVNULL)
         except OSError:
             for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
@@ -95,11 +101,22 @@ class LoweringProcess:
             return False
         os.close(to_child_r)
         os.close(from_child_w)
-        self._send = Connection(to_child_w, readable=False)
-        self._send.send(self._options)
+        self._outbox.put(self._options)
+        threading.Thread(target=self._send_all, args=(Connection(to_child_w, readable=False),),
+                         name="lowering-send", daemon=True).start()
         threading.Thread(target=self._receive, args=(Connection(from_child_r, writable=False),),
                          name="lowering-receive", daemon=True).start()
         return True
+
+    def _send_all(self, conn: Connection) -> None:
+        """Sends what `request` queued, in order; None (close) ends it and the process."""
+        try:
+            while (message := self._outbox.get()) is not None:
+                conn.send(message)
+        except (OSError, ValueError):
+            pass   # the process is gone: its reader answers for what is pending
+        finally:
+            conn.close()   # the process reads the end of its input and ends
 
     def _receive(self, conn: Connection) -> None:
         from harness.engine.compilation_cache import count_elsewhere
@@ -108,10 +125,9 @@ class LoweringProcess:
                 kind, token, payload, counts = conn.recv()
                 with self._lock:
                     program = self._pending.pop(token, None)
-                count_elsewhere(self, counts)
+                count_elsewhere(self._name, counts)
                 if program is not None:
-                    (self._built(program, payload) if kind == "built"
-                     else self._failed(program))
+                    self._answer(program, payload if kind == "built" else None)
         except (EOFError, OSError):
             pass
         finally:
@@ -120,16 +136,22 @@ class LoweringProcess:
                 self._gone = True
                 left, self._pending = list(self._pending.values()), {}
             for program in left:
-                self._failed(program)
+                self._answer(program, None)
+
+    def _answer(self, program, payload: bytes | None) -> None:
+        try:
+            if payload is not None:
+                self._built(program, payload)
+                return
+        except Exception:
+            pass
+        self._failed(program)
 
     def close(self) -> None:
         with self._lock:
             self._gone = True
-            send, proc = self._send, self._proc
-        if send is not None:
-            with contextlib.suppress(OSError, ValueError):
-                send.send(None)
-            send.close()
+            proc = self._proc
+        self._outbox.put(None)
         if proc is not None:
             try:
                 proc.wait(STOP_WAIT_S)
@@ -139,10 +161,16 @@ class LoweringProcess:
 
 
 def load(blob: bytes):
-    """(compiled, text, lower_s, compile_s) from a built program's blob."""
+    """(compiled, text, lower_s, compile_s) from a built program's blob, loaded on the devices
+    jax read it for (by default it would take every device this process sees, and a
+    one-device program would then fail when run: "Expected args ... to have 2 shards")."""
+    import jax
     from jax.experimental.serialize_executable import deserialize_and_load
-    payload, in_tree, out_tree, text, lower_s, compile_s = pickle.loads(blob)
-    return deserialize_and_load(payload, in_tree, out_tree), text, lower_s, compile_s
+    payload, in_tree, out_tree, devices, text, lower_s, compile_s = pickle.loads(blob)
+    by_id = {d.id: d for d in jax.devices()}
+    compiled = deserialize_and_load(payload, in_tree, out_tree,
+                                    execution_devices=[by_id[i] for i in devices])
+    return compiled, text, lower_s, compile_s
 
 
 # ----- the process ----------------------------------------------------------------------------
@@ -162,15 +190,20 @@ class _Cached:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._read: dict[int, tuple] = {}      # id -> (executable, the bytes it was read from)
+        # id -> (executable, the bytes it was read from, the ids of the devices it was read for)
+        self._read: dict[int, tuple] = {}
 
     def watch(self) -> bool:
-        """Wraps jax's cache read (this process only); False where jax has no such function."""
+        """Wraps jax's cache read, and its compiler so that it never compiles (this process
+        only); False where jax has no such functions."""
         from jax._src import compilation_cache as cc
+        from jax._src import compiler
         from jax._src.lib import xla_client as xc
-        if not hasattr(cc, "get_executable_and_time"):
+        if not (hasattr(cc, "get_executable_and_time")
+                and hasattr(compiler, "backend_compile_and_load")):
             return False
         read, seen = cc.get_executable_and_time, self
+        devices = threading.local()
 
         class Reading:   # the backend, remembering what it deserializes
             def __init__(self, backend):
@@ -182,7 +215,7 @@ class _Cached:
             def deserialize_executable(self, serialized, *args, **kwargs):
                 executable = self._backend.deserialize_executable(serialized, *args, **kwargs)
                 with seen._lock:
-                    seen._read[id(executable)] = (executable, bytes(serialized))
+                    seen._read[id(executable)] = (executable, bytes(serialized), devices.ids)
                 return executable
 
         def get_executable_and_time(*args, **kwargs):
@@ -190,6 +223,9 @@ class _Cached:
             # backend is the one that is a client. Anything unexpected is NotCached too: an
             # Exception here jax would take for a miss, and compile.
             try:
+                given = [*args, *kwargs.values()]
+                lists = [a for a in given if isinstance(a, xc.DeviceList)]
+                devices.ids = [d.id for d in lists[0]] if len(lists) == 1 else None
                 args = [Reading(a) if isinstance(a, xc.Client) else a for a in args]
                 kwargs = {k: Reading(a) if isinstance(a, xc.Client) else a
                           for k, a in kwargs.items()}
@@ -199,41 +235,66 @@ class _Cached:
             if executable is None:
                 raise NotCached("not in the cache")
             return executable, seconds
+        def backend_compile_and_load(*args, **kwargs):
+            raise NotCached("not compiled here")   # a program jax looks up in no cache
         cc.get_executable_and_time = get_executable_and_time
+        compiler.backend_compile_and_load = backend_compile_and_load
         return True
 
-    def persistent_id(self, obj):
-        """('exec', bytes) for an executable read from the cache; None for what is not an
-        executable; a LookupError for one that was not read from the cache."""
-        from jax._src.lib import xla_client as xc
-        if not isinstance(obj, xc.LoadedExecutable):
-            return None
+    def forget(self, compiled) -> None:
+        """Lets go of what was kept for a program not handed over."""
         with self._lock:
-            read = self._read.pop(id(obj), None)
-        if read is not None and read[0] is obj:
-            return "exec", read[1]
-        raise LookupError("an executable not read from jax's cache")
+            for key in [k for k, v in self._read.items() if v[0] in _executables(compiled)]:
+                del self._read[key]
+
+    def serialize(self, compiled) -> tuple:
+        """(payload, in_tree, out_tree, device ids): jax.experimental.serialize_executable
+        .serialize with its executable as the bytes it was read from, and the devices it was
+        read for; a LookupError for a program with an executable not read from the cache."""
+        from jax.experimental import serialize_executable as se
+        from jax._src.lib import xla_client as xc
+        used = []
+
+        class Pickler(se._JaxPjrtPickler):
+            def persistent_id(self, obj):
+                if not isinstance(obj, xc.LoadedExecutable):
+                    return super().persistent_id(obj)
+                with seen._lock:
+                    read = seen._read.pop(id(obj), None)
+                if read is None or read[0] is not obj or read[2] is None:
+                    raise LookupError("an executable not read from jax's cache")
+                used.append(read[2])
+                return "exec", read[1]
+        seen = self
+        with _SERIALIZING:   # jax's serialize picks its pickler up by name
+            original, se._JaxPjrtPickler = se._JaxPjrtPickler, Pickler
+            try:
+                payload, in_tree, out_tree = se.serialize(compiled)
+            finally:
+                se._JaxPjrtPickler = original
+        if len(used) != 1:
+            raise LookupError(f"{len(used)} executables in one program")
+        return payload, in_tree, out_tree, used[0]
 
 
-def _serialize(compiled, executables: _Cached):
-    """jax.experimental.serialize_executable.serialize, each executable in it handed over as
-    `executables` says."""
-    from jax.experimental import serialize_executable as se
+def _executables(compiled) -> list:
+    executable = getattr(getattr(compiled, "_executable", None), "xla_executable", None)
+    return [executable] if executable is not None else []
 
-    class Pickler(se._JaxPjrtPickler):
-        def persistent_id(self, obj):
-            return executables.persistent_id(obj) or super().persistent_id(obj)
-    with _SERIALIZING:   # jax's serialize picks its pickler up by name
-        original, se._JaxPjrtPickler = se._JaxPjrtPickler, Pickler
-        try:
-            return se.serialize(compiled)
-        finally:
-            se._JaxPjrtPickler = original
+def kernel_fingerprint(kernel) -> str:
+    """What names a kernel's function across processes: its module and qualified name (and a
+    partial's arguments), so that the process builds the kernel the run has under that name."""
+    fn, more = kernel.fn, ""
+    if isinstance(fn, functools.partial):
+        fn, more = fn.func, f"{fn.args!r}{sorted(fn.keywords.items())!r}"
+    return f"{getattr(fn, '__module__', None)}:{getattr(fn, '__qualname__', type(fn).__name__)}" \
+        f"{more}"
+
 
 def _serve(receive: Connection, send: Connection) -> None:
     from concurrent.futures import Future
 
-    from harness.engine.compilation_cache import cache_stats, enable_compilation_cache
+    from harness.engine.compilation_cache import enable_compilation_cache
     from harness.engine.options import RunOptions
     from harness.engine.programs import Program, Programs, Timing, _markers
     from harness.engine.registry import all_kernels, load_kernel_module, mark_absl_flags_parsed
@@ -244,23 +305,37 @@ def _serve(receive: Connection, send: Connection) -> None:
     for path in options.kernel_modules:
         load_kernel_module(path)
     enable_compilation_cache(options.cache_dir)
+    executables = _Cached()
+    if not executables.watch():
+        return    # jax's cache is not where this looks for it: the run builds everything
     programs = Programs(deterministic_probe=options.deterministic_probe)
     programs.poisons_unwritten = False   # the run's process fills its blocks, not this one
     kernels = all_kernels()
-    lock = threading.Lock()
-    executables = _Cached()
-    watching = executables.watch()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def send_all():   # answers in the order given; this process's reading never waits on them
+        with contextlib.suppress(OSError, ValueError):
+            while True:
+                send.send(outbox.get())
+    threading.Thread(target=send_all, name="lowering-answers", daemon=True).start()
+
+    counts = {"hits": 0}   # programs read from the cache and handed over (it compiles none)
+    counting = threading.Lock()
 
     def answer(token: int, program: Program, done: Future) -> None:
         kind, payload = "failed", None
         if done.exception() is None:
-            with contextlib.suppress(Exception):   # not serializable: built in the run
-                executable, in_tree, out_tree = _serialize(done.result(), executables)
-                payload = pickle.dumps((executable, in_tree, out_tree, program.text,
+            try:
+                executable, in_tree, out_tree, devices = executables.serialize(done.result())
+                payload = pickle.dumps((executable, in_tree, out_tree, devices, program.text,
                                         program.timing.lower_s, program.timing.compile_s))
                 kind = "built"
-        with lock:
-            send.send((kind, token, payload, cache_stats()))
+            except Exception:   # not serializable: built in the run
+                with contextlib.suppress(Exception):
+                    executables.forget(done.result())
+        with counting:   # counted and queued together: the last answer has the total
+            counts["hits"] += kind == "built"
+            outbox.put((kind, token, payload, dict(counts)))
 
     while True:
         message = receive.recv()
@@ -268,11 +343,11 @@ def _serve(receive: Connection, send: Connection) -> None:
             return
         kind, token, *what = message
         try:
-            if not watching:
-                raise LookupError("jax's cache read is not where this process looks for it")
             if kind == "kernel":
-                name, case_id, mode = what
+                name, fingerprint, case_id, mode = what
                 kernel, case = kernels[name], Case.from_id(case_id)
+                if kernel_fingerprint(kernel) != fingerprint:
+                    raise LookupError(f"{name}: another function under that name here")
                 program = Program(name, _markers(kernel, mode), Timing(), mode)
                 programs._tracer.submit(programs._build_kernel, program, kernel, case)
             else:
@@ -281,8 +356,8 @@ def _serve(receive: Connection, send: Connection) -> None:
                 programs._tracer.submit(programs._build_oracle, program, Case.from_id(case_id),
                                         truth, convention)
         except Exception:
-            with lock:
-                send.send(("failed", token, None, cache_stats()))
+            with counting:
+                outbox.put(("failed", token, None, dict(counts)))
             continue
         program.compiled.add_done_callback(
             lambda done, token=token, program=program: answer(token, program, done))

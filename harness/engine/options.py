@@ -186,9 +186,9 @@ OPTIONS = (
            metavar="DIR"),
     Option("use_compilation_cache", "--no-compilation-cache", "compile everything afresh and "
            "keep nothing on disk", switch=True),
-    Option("lowering_process", "--no-lowering-process", "trace, lower and compile the "
-           "run's programs in each worker's own process, beside its run, not in a process of "
-           "their own (harness/engine/lowering_process.py)", switch=True),
+    Option("lowering_process", "--no-lowering-process", "trace and lower every program in "
+           "the run's own processes, not in a lowering process beside each that finds them in "
+           "jax's cache (harness/engine/lowering_process.py)", switch=True),
     Option("main_workers", "--main-workers", "on GPUs, run the kernels without an isolation "
            "group in N worker processes at once, whole shapes to each, sharing the three "
            "quarters of the device one worker has (a pair that lacks memory there runs again "

@@ -35,7 +35,7 @@ from harness.compiling import compile_lowered
 from harness.engine import lowering_process, own_programs, unwritten
 from harness.engine.compilation_cache import count_handed_over
 from harness.engine.environment import usable_cores
-from harness.engine.lowering_process import LoweringProcess
+from harness.engine.lowering_process import LoweringProcess, kernel_fingerprint
 from harness.engine.registry import all_kernels
 from harness.engine.trace_environment import ENVIRONMENT_LOCK, traced_under
 from harness.engine.program_functions import DEFAULT, FORWARD, argument_shapes, kernel_fn
@@ -221,8 +221,9 @@ class Programs:
         self._own = NO_AUTOTUNING if self.platform == "gpu" else {}
         # References asked for outside the runner's calls (a drop's prediction) come from here.
         share_programs(self)
-        # `lowering_process`: the run's options (as JSON data), to trace, lower and compile what
-        # `prefetch` announces in a process of their own (harness.engine.lowering_process).
+        # `lowering_process`: the run's options (as JSON data), to trace and lower what
+        # `prefetch` announces in a process of their own and read it from jax's cache there
+        # (harness.engine.lowering_process).
         self._apart = None if lowering_process is None else LoweringProcess(
             lowering_process, self._built_apart, self._failed_apart)
 
@@ -257,8 +258,8 @@ class Programs:
                                              kernel.name, _markers(kernel, mode), mode,
                                              bool(kernel.deterministic_env))
                 if fresh:
-                    message = ("kernel", kernel.name, case.id, mode) \
-                        if all_kernels().get(kernel.name) is kernel else None
+                    message = ("kernel", kernel.name, kernel_fingerprint(kernel), case.id,
+                               mode) if all_kernels().get(kernel.name) is kernel else None
                     self._build_ahead(program, message, self._build_kernel, kernel, case)
                 if mode != DETERMINISTIC:   # its outputs are the default build's
                     self._own_after(kernel, case, mode, probe)
@@ -292,13 +293,14 @@ class Programs:
         program, here = item
         start = time.perf_counter()
         try:
-            compiled, program.text, lower_s, compile_s = lowering_process.load(blob)
+            compiled, text, lower_s, compile_s = lowering_process.load(blob)
+            outputs = jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype),
+                                   compiled.out_info)
         except Exception:
             self._failed_apart(item)
             return
         count_handed_over(True)
-        program.outputs = jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype),
-                                       compiled.out_info)
+        program.text, program.outputs = text, outputs
         with self._lock:
             program.timing.programs += 1
             program.timing.lower_s += lower_s
@@ -346,8 +348,9 @@ class Programs:
                      if deterministic else None)
 
     def _own_after(self, kernel: Kernel, case: Case, mode: str, probe: bool) -> None:
-        """`_build_own` on the tracer thread once the programs whose outputs it reads are built:
-        next in line there, or when the lowering process has answered for all three."""
+        """`_build_own` on the tracer thread once the programs whose outputs it reads are built
+        (the oracle's two and the kernel's): next in line there, or, with a lowering process,
+        once all three are built, there or here."""
         convention = kernel.chunk_convention
         keys = [self._oracle_key(case, True, convention, mode),
                 self._oracle_key(case, False, convention, mode),

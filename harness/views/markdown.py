@@ -109,7 +109,7 @@ def timing_lines(header: dict) -> list[str]:
            "oracle's computing of a case, done once for all its kernels, is the oracle's row); "
            "lower and compile happen beside the run, in other threads or in a lowering "
            "process (compile seconds add up over the threads compiling at once, and include "
-           "loading a program the lowering process built); waited: how long the run stood still for a program not "
+           "loading a program the lowering process read from the cache); waited: how long the run stood still for a program not "
            "compiled yet, or for a trace's environment.", "",
            "| kernel | wall s | programs | lower s | compile s | waited s | runs | execute s | host s |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -130,8 +130,8 @@ def timing_lines(header: dict) -> list[str]:
                 f"read from disk, {cache.get('misses', 0)} compiled and written"]
         apart = cache.get("lowering_process")
         if apart:
-            out[-1] += (f"; {apart.get('loaded', 0)} programs traced, lowered and compiled in "
-                        "a lowering process and loaded by the run, "
+            out[-1] += (f"; {apart.get('loaded', 0)} programs traced and lowered in a "
+                        "lowering process, read from the cache there and loaded by the run, "
                         f"{apart.get('built_here', 0)} built by the run after that process "
                         "could not hand them over")
     return out
