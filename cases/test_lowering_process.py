@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from harness.engine import registry
-from harness.engine.compilation_cache import cache_stats, count_elsewhere
+from harness.engine.compilation_cache import cache_stats, count_handed_over
 from harness.engine.lowering_process import child_environment
 from harness.engine.options import RunOptions
 from harness.engine.programs import Programs, for_run
@@ -231,15 +231,18 @@ def test_the_header_counts_what_the_process_handed_over_and_merges_add_them():
     assert "1 built by the run after that process could not hand them over" in text
 
 
-def test_cache_counts_of_a_process_compiling_for_this_one_are_added(monkeypatch):
+def test_a_program_loaded_from_the_process_counts_as_a_cache_hit_once(monkeypatch):
+    from collections import defaultdict
+
     from harness.engine import compilation_cache
-    monkeypatch.setattr(compilation_cache, "_ELSEWHERE", {})
-    before = cache_stats()
-    source = ("test", object())
-    count_elsewhere(source, {"hits": 7, "misses": 2})
-    count_elsewhere(source, {"hits": 9, "misses": 2})     # its latest word counts, once
-    after = cache_stats()
-    assert after["hits"] - before["hits"] == 9 and after["misses"] - before["misses"] == 2
+    monkeypatch.setattr(compilation_cache, "_CACHE_EVENTS",
+                        defaultdict(int, {"cache_hits": 4, "cache_misses": 1}))
+    count_handed_over(True)
+    count_handed_over(True)
+    count_handed_over(False)    # built here: its own lookup here is what counts
+    stats = cache_stats()
+    assert (stats["hits"], stats["misses"]) == (6, 1)
+    assert stats["lowering_process"] == {"loaded": 2, "built_here": 1}
 
 
 TWO_DEVICES = """

@@ -49,17 +49,6 @@ def _count_cache_event(event: str, **_) -> None:
 jax.monitoring.register_event_listener(_count_cache_event)
 
 
-# The same counts from the processes that compile for this one (harness.engine
-# .lowering_process), each as it last said, by process.
-_ELSEWHERE: dict[object, dict] = {}
-
-
-def count_elsewhere(source, stats: dict) -> None:
-    """`stats` (a `cache_stats` of another process compiling for this one) as the latest
-    from `source` (a key naming that process)."""
-    _ELSEWHERE[source] = dict(stats)
-
-
 def count_handed_over(loaded: bool) -> None:
     """A program the lowering process built (harness.engine.lowering_process): `loaded` here,
     or built here after it could not hand it over."""
@@ -67,19 +56,16 @@ def count_handed_over(loaded: bool) -> None:
 
 
 def cache_stats() -> dict:
-    """This process's compilation-cache lookups, with those of the processes compiling for it:
-    hits (compiled programs read from disk) and misses (compiled, then written); `retried`,
-    where any compile was tried again after the host could not start the compiler
-    (harness.compiling); `lowering_process`, where one built programs for this process: how
-    many it handed over (`loaded` here) and how many it could not (`built_here`)."""
+    """This process's compilation-cache lookups: hits (compiled programs read from disk, by
+    this process or, for the programs it loaded, by its lowering process, which never
+    compiles) and misses (compiled here, then written); `retried`, where any compile was tried
+    again after the host could not start the compiler (harness.compiling);
+    `lowering_process`, where one read programs for this process: how many it handed over
+    (`loaded` here) and how many it could not (`built_here`)."""
     from harness.compiling import retried
-    elsewhere = list(_ELSEWHERE.values())
-    stats = {"hits": _CACHE_EVENTS["cache_hits"], "misses": _CACHE_EVENTS["cache_misses"]}
+    stats = {"hits": _CACHE_EVENTS["cache_hits"] + _CACHE_EVENTS["apart_loaded"],
+             "misses": _CACHE_EVENTS["cache_misses"]}
     tried_again = retried()   # read once: a compile thread may count one more meanwhile
-    for other in elsewhere:
-        stats["hits"] += other.get("hits", 0)
-        stats["misses"] += other.get("misses", 0)
-        tried_again += other.get("retried", 0)
     if tried_again:
         stats["retried"] = tried_again
     if _CACHE_EVENTS["apart_loaded"] or _CACHE_EVENTS["apart_built_here"]:

@@ -77,6 +77,7 @@ class _Cached:
             if executable is None:
                 raise NotCached("not in the cache")
             return executable, seconds
+
         def backend_compile_and_load(*args, **kwargs):
             raise NotCached("not compiled here")   # a program jax looks up in no cache
         cc.get_executable_and_time = get_executable_and_time
@@ -123,6 +124,7 @@ def _executables(compiled) -> list:
     executable = getattr(getattr(compiled, "_executable", None), "xla_executable", None)
     return [executable] if executable is not None else []
 
+
 def _serve(receive: Connection, send: Connection) -> None:
     from concurrent.futures import Future
 
@@ -151,9 +153,6 @@ def _serve(receive: Connection, send: Connection) -> None:
                 send.send(outbox.get())
     threading.Thread(target=send_all, name="lowering-answers", daemon=True).start()
 
-    counts = {"hits": 0}   # programs read from the cache and handed over (it compiles none)
-    counting = threading.Lock()
-
     def answer(token: int, program: Program, done: Future) -> None:
         kind, payload = "failed", None
         if done.exception() is None:
@@ -165,9 +164,7 @@ def _serve(receive: Connection, send: Connection) -> None:
             except Exception:   # not serializable: built in the run
                 with contextlib.suppress(Exception):
                     executables.forget(done.result())
-        with counting:   # counted and queued together: the last answer has the total
-            counts["hits"] += kind == "built"
-            outbox.put((kind, token, payload, dict(counts)))
+        outbox.put((kind, token, payload))
 
     while True:
         message = receive.recv()
@@ -188,8 +185,7 @@ def _serve(receive: Connection, send: Connection) -> None:
                 programs._tracer.submit(programs._build_oracle, program, Case.from_id(case_id),
                                         truth, convention)
         except Exception:
-            with counting:
-                outbox.put(("failed", token, None, dict(counts)))
+            outbox.put(("failed", token, None))
             continue
         program.compiled.add_done_callback(
             lambda done, token=token, program=program: answer(token, program, done))

@@ -8,28 +8,29 @@ thread that runs and judges the pairs, the two taking turns with the GIL. Here a
 (`python -m harness.engine.lowering_child`, started by `LoweringProcess` when the run has a
 cache) does that tracer's work for the programs the run announces
 (harness.engine.programs.Programs.prefetch), in the order announced, with the same code
-(`Programs` there too: the same environments, compiler options and cache folder). It traces
-and lowers each program, looks it up in jax's cache and, where the cache holds it, hands it
-over as the bytes jax read (harness.engine.lowering_child); the run's process loads it as
-jax's cache would and runs it. Nothing is keyed by anything but jax's own cache key: every run traces the code as
-it is now.
+(`Programs` there too: the same environments, compiler options and cache folder). It traces and
+lowers each program, looks it up in jax's cache and, where the cache holds it, hands it over as
+the bytes jax read (harness.engine.lowering_child); the run's process loads it as jax's cache
+would and runs it. Nothing is keyed by anything but jax's own cache key: every run traces the
+code as it is now.
 
 Whatever the process does not hand over is built in the run's own process, as without it: a
-program the cache does not hold (compiled by the run, so that XLA's autotuning stays inside
-the run's share of the device), a kernel the process cannot find under its name, a trace or
-compile that fails (the run then raises the kernel's own error), one jax cannot serialize,
-everything once the process is gone. The process never compiles: jax's compiler is wrapped
-there to refuse, as is a cache read that fails in any way. A handed-over program is
-loaded on the devices jax read it for, and is offered only for a kernel the process has
-under the same name and function (`kernel_fingerprint`). The run's header counts both
-(`lowering_process` in its `compilation_cache`; the process's hits are the programs it handed
-over). Each side sends from a thread of its own, so neither waits on a full pipe while the
-other waits on it. `--no-lowering-process` builds everything in the run's process.
+program the cache does not hold (compiled by the run, so that XLA's autotuning stays inside the
+run's share of the device), a kernel the process cannot find under its name, a trace or compile
+that fails (the run then raises the kernel's own error), one jax cannot serialize, everything
+once the process is gone. The process never compiles: jax's compiler is wrapped there to
+refuse, as is a cache read that fails in any way. A handed-over program is loaded on the
+devices jax read it for, and is offered only for a kernel the process has under the same name
+and function (`kernel_fingerprint`). The run's header counts both (`lowering_process` in its
+`compilation_cache`; a program loaded from the process counts as a cache hit, and nothing else
+of the process does). Each side sends from a thread of its own, so neither waits on a full pipe
+while the other waits on it. `--no-lowering-process` builds everything in the run's process.
 
 The process's environment is the run's, except that it takes device memory as it needs it
 (no preallocation): loading a program from the cache needs little."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -43,7 +44,6 @@ from multiprocessing.connection import Connection
 NO_PREALLOCATION = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 STOP_WAIT_S = 5.0
 CHILD = "harness.engine.lowering_child"   # the process itself
-_NAMES = itertools.count()
 
 
 def child_environment(environ=os.environ) -> dict:
@@ -65,7 +65,6 @@ class LoweringProcess:
         self._lock = threading.Lock()
         self._pending: dict[int, object] = {}
         self._tokens = itertools.count()
-        self._name = next(_NAMES)   # its cache counts' key (harness.engine.compilation_cache)
         self._proc: subprocess.Popen | None = None
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._gone = False
@@ -118,13 +117,11 @@ class LoweringProcess:
             conn.close()   # the process reads the end of its input and ends
 
     def _receive(self, conn: Connection) -> None:
-        from harness.engine.compilation_cache import count_elsewhere
         try:
             while True:
-                kind, token, payload, counts = conn.recv()
+                kind, token, payload = conn.recv()
                 with self._lock:
                     program = self._pending.pop(token, None)
-                count_elsewhere(self._name, counts)
                 if program is not None:
                     self._answer(program, payload if kind == "built" else None)
         except (EOFError, OSError):
@@ -138,12 +135,10 @@ class LoweringProcess:
                 self._answer(program, None)
 
     def _answer(self, program, payload: bytes | None) -> None:
-        try:
-            if payload is not None:
+        if payload is not None:
+            with contextlib.suppress(Exception):
                 self._built(program, payload)
                 return
-        except Exception:
-            pass
         self._failed(program)
 
     def close(self) -> None:

@@ -5,7 +5,8 @@ report goes, the leak probe's mode, the baseline, the compilation cache. Every o
 `Option` below: its flag, its default, its help and its check. The CLI's flags
 (harness.cli) and pytest's options (harness.pytest_plugin) are generated from these
 declarations, and `RunOptions.checked()` runs every check once, whoever built the options (the
-CLI, pytest, the census, a test). A value that fails its check is a UsageError of one line naming the option.
+CLI, pytest, the census, a test). A value that fails its check is a UsageError of one line
+naming the option.
 
 Options reach a worker process as JSON (`to_json` / `from_json`), never as an argv.
 """

@@ -243,6 +243,7 @@ class Programs:
         deterministic build; then the harness's own programs the pair calls (metrics, and with
         `probe` the leak probe's), from those programs' output shapes."""
         modes = [DEFAULT] + ([self.probe_mode] if self.probe_mode != DEFAULT else [])
+        registered = all_kernels()
         for kernel, case in pairs:
             convention = kernel.chunk_convention
             forward = [FORWARD] if kernel.forward_mode and not kernel.forward_reasons(case) \
@@ -259,7 +260,7 @@ class Programs:
                                              bool(kernel.deterministic_env))
                 if fresh:
                     message = ("kernel", kernel.name, kernel_fingerprint(kernel), case.id,
-                               mode) if all_kernels().get(kernel.name) is kernel else None
+                               mode) if registered.get(kernel.name) is kernel else None
                     self._build_ahead(program, message, self._build_kernel, kernel, case)
                 if mode != DETERMINISTIC:   # its outputs are the default build's
                     self._own_after(kernel, case, mode, probe)
@@ -351,26 +352,26 @@ class Programs:
         """`_build_own` on the tracer thread once the programs whose outputs it reads are built
         (the oracle's two and the kernel's): next in line there, or, with a lowering process,
         once all three are built, there or here."""
+        def build_own(_=None):
+            with contextlib.suppress(RuntimeError):   # closed: nothing more to compile
+                self._tracer.submit(self._build_own, kernel, case, mode, probe)
+        if self._apart is None:
+            build_own()
+            return
         convention = kernel.chunk_convention
         keys = [self._oracle_key(case, True, convention, mode),
                 self._oracle_key(case, False, convention, mode),
                 ("kernel", kernel, _shape(kernel, case), mode)]
         with self._lock:
             waits = [self._programs[k].compiled for k in keys]
-        if self._apart is None:
-            waits = []
         left = [len(waits)]
 
-        def one_done(_=None):
+        def one_done(_):
             with self._lock:
                 left[0] -= 1
                 if left[0] > 0:
                     return
-            with contextlib.suppress(RuntimeError):   # closed: nothing more to compile
-                self._tracer.submit(self._build_own, kernel, case, mode, probe)
-        if not waits:
-            left[0] = 1
-            one_done()
+            build_own()
         for done in waits:
             done.add_done_callback(one_done)
 

@@ -109,8 +109,8 @@ def timing_lines(header: dict) -> list[str]:
            "oracle's computing of a case, done once for all its kernels, is the oracle's row); "
            "lower and compile happen beside the run, in other threads or in a lowering "
            "process (compile seconds add up over the threads compiling at once, and include "
-           "loading a program the lowering process read from the cache); waited: how long the run stood still for a program not "
-           "compiled yet, or for a trace's environment.", "",
+           "loading a program the lowering process read from the cache); waited: how long the "
+           "run stood still for a program not compiled yet, or for a trace's environment.", "",
            "| kernel | wall s | programs | lower s | compile s | waited s | runs | execute s | host s |",
            "|---|---|---|---|---|---|---|---|---|"]
     for kernel, t in sorted(timing.items(), key=lambda kv: -kv[1].get("wall_s", 0)):
