@@ -13,7 +13,13 @@ import pytest
 
 from harness.engine import registry
 from harness.engine.compilation_cache import cache_stats, count_handed_over
-from harness.engine.lowering_process import child_environment
+from harness.engine.lowering_process import (
+    BUILD_FAILED,
+    LOAD_FAILED,
+    NOT_IN_CACHE,
+    PROCESS_GONE,
+    child_environment,
+)
 from harness.engine.options import RunOptions
 from harness.engine.programs import Programs, for_run
 from harness.kernels.kernel import Kernel
@@ -60,6 +66,14 @@ def _counts() -> dict:
     return {"loaded": 0, "built_here": 0, **cache_stats().get("lowering_process", {})}
 
 
+def _why_since(before: dict) -> dict:
+    """The programs built here since `before` (_counts), by reason."""
+    def totals(counts):
+        return {why: sum(names.values()) for why, names in counts.get("why", {}).items()}
+    then, now = totals(before), totals(_counts())
+    return {why: n - then.get(why, 0) for why, n in now.items() if n > then.get(why, 0)}
+
+
 def _outputs(programs, kernel, case):
     return [np.asarray(x) for x in programs.get(kernel, case)(*make_inputs(case).device_args)]
 
@@ -95,6 +109,7 @@ def test_handed_over_programs_compute_what_the_run_builds_cold_and_from_the_cach
         assert loaded + built_here == len(wanted), run
         if run == "cold":
             assert built_here == len(wanted), "the cache held none: the run compiled them"
+            assert _why_since(before) == {NOT_IN_CACHE: len(wanted)}
         else:
             assert loaded == len(wanted), "the process read every one from the cache"
             assert cache_stats()["hits"] - hits >= len(wanted)
@@ -122,6 +137,7 @@ def test_a_kernel_not_the_registrys_under_its_name_is_built_here(tmp_path):
     # only the oracle's programs went to the process (and came back: the cache is empty);
     # the kernel's were never offered
     assert _counts()["built_here"] - before["built_here"] == len(oracles) == 2
+    assert _why_since(before) == {NOT_IN_CACHE: 2}
 
 
 BREAKS = textwrap.dedent("""
@@ -166,6 +182,9 @@ def test_a_kernel_that_fails_in_the_process_fails_here_with_its_own_error(tmp_pa
     assert program.trace_error is error, "traced here: the run's refusal rule sees it"
     # every program was offered (the kernel's too) and every one came back to be built here
     assert _counts()["built_here"] - before["built_here"] == len(offered)
+    kernels = sum(1 for p in offered if not p.oracle)
+    assert kernels >= 1
+    assert _why_since(before) == {BUILD_FAILED: kernels, NOT_IN_CACHE: len(offered) - kernels}
 
 
 def test_programs_pending_when_the_process_dies_are_built_here(tmp_path, user_kernels):
@@ -200,6 +219,7 @@ def test_programs_pending_when_the_process_dies_are_built_here(tmp_path, user_ke
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
     assert _counts()["built_here"] - before["built_here"] == pending + later
+    assert _why_since(before) == {PROCESS_GONE: pending + later}
 
 
 def test_a_run_without_a_cache_or_with_no_lowering_process_builds_everything_here(tmp_path):
@@ -221,14 +241,21 @@ def test_the_process_has_the_runs_environment_but_takes_device_memory_as_it_need
 def test_the_header_counts_what_the_process_handed_over_and_merges_add_them():
     merged = merge_cache([
         {"compilation_cache": {"dir": "c", "hits": 3, "misses": 1,
-                               "lowering_process": {"loaded": 3, "built_here": 1}}},
+                               "lowering_process": {"loaded": 3, "built_here": 3, "why": {
+                                   NOT_IN_CACHE: {"xla": 1, "oracle": 1},
+                                   LOAD_FAILED: {"te:thd": 1}}}}},
         {"compilation_cache": {"dir": "c", "hits": 2, "misses": 0,
-                               "lowering_process": {"loaded": 2, "built_here": 0}}},
+                               "lowering_process": {"loaded": 2, "built_here": 2, "why": {
+                                   NOT_IN_CACHE: {"xla": 2}}}}},
         {"compilation_cache": {"dir": "c", "hits": 1, "misses": 0}}])
-    assert merged["lowering_process"] == {"loaded": 5, "built_here": 1}
+    assert merged["lowering_process"] == {
+        "loaded": 5, "built_here": 5,
+        "why": {NOT_IN_CACHE: {"oracle": 1, "xla": 3}, LOAD_FAILED: {"te:thd": 1}}}
     text = "\n".join(timing_lines({"timing": {"xla": {}}, "compilation_cache": merged}))
     assert "5 programs traced and lowered in a lowering process, read from the cache" in text
-    assert "1 built by the run after that process could not hand them over" in text
+    assert "5 built by the run after that process could not hand them over" in text
+    # a line per reason, the most programs first, its kernels the most first
+    assert f"- {NOT_IN_CACHE}: 4 (xla 3, oracle 1)\n- {LOAD_FAILED}: 1 (te:thd 1)" in text
 
 
 def test_a_program_loaded_from_the_process_counts_as_a_cache_hit_once(monkeypatch):
@@ -237,12 +264,15 @@ def test_a_program_loaded_from_the_process_counts_as_a_cache_hit_once(monkeypatc
     from harness.engine import compilation_cache
     monkeypatch.setattr(compilation_cache, "_CACHE_EVENTS",
                         defaultdict(int, {"cache_hits": 4, "cache_misses": 1}))
-    count_handed_over(True)
-    count_handed_over(True)
-    count_handed_over(False)    # built here: its own lookup here is what counts
+    monkeypatch.setattr(compilation_cache, "_BUILT_HERE_WHY",
+                        defaultdict(lambda: defaultdict(int)))
+    count_handed_over(True, "xla")
+    count_handed_over(True, "xla")
+    count_handed_over(False, "xla", NOT_IN_CACHE)   # built here: its own lookup here counts
     stats = cache_stats()
     assert (stats["hits"], stats["misses"]) == (6, 1)
-    assert stats["lowering_process"] == {"loaded": 2, "built_here": 1}
+    assert stats["lowering_process"] == {"loaded": 2, "built_here": 1,
+                                         "why": {NOT_IN_CACHE: {"xla": 1}}}
 
 
 TWO_DEVICES = """

@@ -110,7 +110,8 @@ step() {   # step NAME: its command under the time left, its log, its line in st
          -o "$r/$prof" -- "${cmd[@]}")
   fi
   if command -v nvidia-smi > /dev/null; then
-    nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 500 \
+    nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits \
+      -lms 500 \
       > "$r/$log.mem.txt" 2> /dev/null & mon=$!
   fi
   local limit=$(( $(left) - ${PACK_S:-40} ))
@@ -123,6 +124,11 @@ step() {   # step NAME: its command under the time left, its log, its line in st
   local peak=""
   [ -s "$r/$log.mem.txt" ] && peak=$(sort -t, -k1 -n "$r/$log.mem.txt" | tail -1 \
     | awk -F, '{printf " peak memory %d of %d MiB", $1, $2}')
+  # utilization.gpu: the share of the last sample period in which a kernel ran on the device
+  # (nvidia-smi's own measure, any process's kernels): its mean over the command's samples.
+  [ -s "$r/$log.mem.txt" ] && peak+=$(awk -F, 'NF >= 3 && $3 + 0 == $3 { s += $3; n++ }
+    END { if (n) printf ", device busy %.0f%% (mean of %d utilization.gpu samples)", s / n, n }' \
+    "$r/$log.mem.txt")
   echo "$s rc=$rc wall=$(( $(date +%s) - t0 ))s${peak}" | tee -a "$r/steps.txt"
   echo "$log.log.txt $log.alloc.txt $log.mem.txt" >> "$r/packed.txt"
   if [ -n "$prof" ] && [ -f "$r/$prof" ]; then xz -T0 -f "$r/$prof"; echo "$prof.xz" >> "$r/packed.txt"; fi

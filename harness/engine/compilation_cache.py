@@ -49,10 +49,16 @@ def _count_cache_event(event: str, **_) -> None:
 jax.monitoring.register_event_listener(_count_cache_event)
 
 
-def count_handed_over(loaded: bool) -> None:
-    """A program the lowering process built (harness.engine.lowering_process): `loaded` here,
-    or built here after it could not hand it over."""
+# Why the lowering process did not hand a program over: reason -> kernel (or "oracle") -> n.
+_BUILT_HERE_WHY: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+
+def count_handed_over(loaded: bool, name: str = "", why: str = "") -> None:
+    """A program of kernel `name` the lowering process built (harness.engine.lowering_process):
+    `loaded` here, or built here after it could not hand it over, for the reason `why`."""
     _CACHE_EVENTS["apart_loaded" if loaded else "apart_built_here"] += 1
+    if not loaded:
+        _BUILT_HERE_WHY[why or "unknown"][name] += 1
 
 
 def cache_stats() -> dict:
@@ -61,7 +67,8 @@ def cache_stats() -> dict:
     compiles) and misses (compiled here, then written); `retried`, where any compile was tried
     again after the host could not start the compiler (harness.compiling);
     `lowering_process`, where one read programs for this process: how many it handed over
-    (`loaded` here) and how many it could not (`built_here`)."""
+    (`loaded` here) and how many it could not (`built_here`), and why not (`why`: reason ->
+    kernel -> programs)."""
     from harness.compiling import retried
     stats = {"hits": _CACHE_EVENTS["cache_hits"] + _CACHE_EVENTS["apart_loaded"],
              "misses": _CACHE_EVENTS["cache_misses"]}
@@ -69,6 +76,9 @@ def cache_stats() -> dict:
     if tried_again:
         stats["retried"] = tried_again
     if _CACHE_EVENTS["apart_loaded"] or _CACHE_EVENTS["apart_built_here"]:
-        stats["lowering_process"] = {"loaded": _CACHE_EVENTS["apart_loaded"],
-                                     "built_here": _CACHE_EVENTS["apart_built_here"]}
+        stats["lowering_process"] = {
+            "loaded": _CACHE_EVENTS["apart_loaded"],
+            "built_here": _CACHE_EVENTS["apart_built_here"],
+            "why": {why: dict(sorted(names.items())) for why, names in
+                    sorted(list(_BUILT_HERE_WHY.items()))}}
     return stats

@@ -12,7 +12,16 @@ import sys
 import threading
 from multiprocessing.connection import Connection
 
-from harness.engine.lowering_process import kernel_fingerprint
+from harness.engine.lowering_process import (
+    BAD_REQUEST,
+    BUILD_FAILED,
+    CACHE_READ_FAILED,
+    NO_CACHE_LOOKUP,
+    NOT_IN_CACHE,
+    NOT_SERIALIZABLE,
+    UNKNOWN_KERNEL,
+    kernel_fingerprint,
+)
 
 _SERIALIZING = threading.Lock()
 
@@ -20,6 +29,15 @@ _SERIALIZING = threading.Lock()
 class NotCached(BaseException):
     """A program jax's persistent cache does not hold: the run compiles it. (Not an Exception:
     jax takes a failed cache read for a miss and compiles, which this must stop.)"""
+
+
+
+def why_not_built(exc: BaseException) -> str:
+    """The reason a program whose build ended in `exc` is not handed over."""
+    if not isinstance(exc, NotCached):
+        return BUILD_FAILED
+    return {NOT_IN_CACHE: NOT_IN_CACHE, NO_CACHE_LOOKUP: NO_CACHE_LOOKUP}.get(
+        str(exc), CACHE_READ_FAILED)
 
 
 class _Cached:
@@ -75,11 +93,11 @@ class _Cached:
             except Exception as exc:
                 raise NotCached(f"{type(exc).__name__}: {exc}") from exc
             if executable is None:
-                raise NotCached("not in the cache")
+                raise NotCached(NOT_IN_CACHE)
             return executable, seconds
 
         def backend_compile_and_load(*args, **kwargs):
-            raise NotCached("not compiled here")   # a program jax looks up in no cache
+            raise NotCached(NO_CACHE_LOOKUP)
         cc.get_executable_and_time = get_executable_and_time
         compiler.backend_compile_and_load = backend_compile_and_load
         return True
@@ -154,17 +172,21 @@ def _serve(receive: Connection, send: Connection) -> None:
     threading.Thread(target=send_all, name="lowering-answers", daemon=True).start()
 
     def answer(token: int, program: Program, done: Future) -> None:
-        kind, payload = "failed", None
-        if done.exception() is None:
-            try:
-                executable, in_tree, out_tree, devices = executables.serialize(done.result())
-                payload = pickle.dumps((executable, in_tree, out_tree, devices, program.text,
-                                        program.timing.lower_s, program.timing.compile_s))
-                kind = "built"
-            except Exception:   # not serializable: built in the run
-                with contextlib.suppress(Exception):
-                    executables.forget(done.result())
-        outbox.put((kind, token, payload))
+        # ("built", token, blob), or ("failed", token, why): the run builds it
+        exc = done.exception()
+        if exc is not None:
+            outbox.put(("failed", token, why_not_built(exc)))
+            return
+        try:
+            executable, in_tree, out_tree, devices = executables.serialize(done.result())
+            payload = pickle.dumps((executable, in_tree, out_tree, devices, program.text,
+                                    program.timing.lower_s, program.timing.compile_s))
+        except Exception:   # not serializable: built in the run
+            with contextlib.suppress(Exception):
+                executables.forget(done.result())
+            outbox.put(("failed", token, NOT_SERIALIZABLE))
+            return
+        outbox.put(("built", token, payload))
 
     while True:
         message = receive.recv()
@@ -184,8 +206,11 @@ def _serve(receive: Connection, send: Connection) -> None:
                 program = Program("oracle", (), Timing(), mode, oracle=True)
                 programs._tracer.submit(programs._build_oracle, program, Case.from_id(case_id),
                                         truth, convention)
+        except LookupError:   # a kernel this process does not have under that name
+            outbox.put(("failed", token, UNKNOWN_KERNEL))
+            continue
         except Exception:
-            outbox.put(("failed", token, None))
+            outbox.put(("failed", token, BAD_REQUEST))
             continue
         program.compiled.add_done_callback(
             lambda done, token=token, program=program: answer(token, program, done))

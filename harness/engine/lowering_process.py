@@ -45,6 +45,19 @@ NO_PREALLOCATION = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 STOP_WAIT_S = 5.0
 CHILD = "harness.engine.lowering_child"   # the process itself
 
+# Why a program was not handed over (the run's header counts them: compilation_cache): in the
+# process,
+NOT_IN_CACHE = "not in the cache"
+NO_CACHE_LOOKUP = "looked up in no cache"          # jax compiles it without reading its cache
+CACHE_READ_FAILED = "the cache read failed"
+BUILD_FAILED = "its trace or compile failed"       # the run raises the kernel's own error
+NOT_SERIALIZABLE = "not serializable"
+UNKNOWN_KERNEL = "no such kernel in the process"
+BAD_REQUEST = "the process could not read the request"
+# and in the run.
+LOAD_FAILED = "the run could not load it"
+PROCESS_GONE = "the process had ended"
+
 
 def child_environment(environ=os.environ) -> dict:
     """The process's environment: the run's (a kernel's trace may read any of it, its share
@@ -56,7 +69,7 @@ def child_environment(environ=os.environ) -> dict:
 class LoweringProcess:
     """The run's side: `request` hands a program's build over; the answer comes back on a
     thread of its own, as `built(program, blob)` or, where the process could not build it,
-    `failed(program)` (build it here). Every request gets one of the two, also when the
+    `failed(program, why)` (build it here; `why` is one of the reasons above). Every request gets one of the two, also when the
     process ends early."""
 
     def __init__(self, options: dict, built, failed):
@@ -123,7 +136,8 @@ class LoweringProcess:
                 with self._lock:
                     program = self._pending.pop(token, None)
                 if program is not None:
-                    self._answer(program, payload if kind == "built" else None)
+                    self._answer(program, payload if kind == "built" else None,
+                                 None if kind == "built" else str(payload))
         except (EOFError, OSError):
             pass
         finally:
@@ -132,14 +146,15 @@ class LoweringProcess:
                 self._gone = True
                 left, self._pending = list(self._pending.values()), {}
             for program in left:
-                self._answer(program, None)
+                self._answer(program, None, PROCESS_GONE)
 
-    def _answer(self, program, payload: bytes | None) -> None:
+    def _answer(self, program, payload: bytes | None, why: str | None) -> None:
         if payload is not None:
             with contextlib.suppress(Exception):
                 self._built(program, payload)
                 return
-        self._failed(program)
+            why = LOAD_FAILED
+        self._failed(program, why)
 
     def close(self) -> None:
         with self._lock:

@@ -276,7 +276,7 @@ class Programs:
         if self._apart is None or message is None:
             here()
         elif not self._apart.request((program, here), message):
-            self._failed_apart((program, here))   # the process is gone
+            self._failed_apart((program, here), lowering_process.PROCESS_GONE)
 
     def _built_apart(self, item, blob: bytes) -> None:
         try:
@@ -285,8 +285,8 @@ class Programs:
             item[0].compiled.set_exception(exc)
 
     @staticmethod
-    def _failed_apart(item) -> None:   # built here
-        count_handed_over(False)
+    def _failed_apart(item, why: str) -> None:   # built here
+        count_handed_over(False, item[0].name, why)
         item[1]()
 
     def _load(self, item, blob: bytes) -> None:
@@ -298,9 +298,9 @@ class Programs:
             outputs = jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype),
                                    compiled.out_info)
         except Exception:
-            self._failed_apart(item)
+            self._failed_apart(item, lowering_process.LOAD_FAILED)
             return
-        count_handed_over(True)
+        count_handed_over(True, program.name)
         program.text, program.outputs = text, outputs
         with self._lock:
             program.timing.programs += 1

@@ -134,7 +134,20 @@ def timing_lines(header: dict) -> list[str]:
                         "lowering process, read from the cache there and loaded by the run, "
                         f"{apart.get('built_here', 0)} built by the run after that process "
                         "could not hand them over")
+            out += _built_here_why(apart.get("why") or {})
     return out
+
+
+def _built_here_why(why: dict) -> list[str]:
+    """Why the lowering process did not hand programs over: a line per reason, its kernels
+    with the most programs first."""
+    out = []
+    for reason, names in sorted(why.items(), key=lambda kv: -sum(kv[1].values())):
+        kernels = sorted(names.items(), key=lambda kv: (-kv[1], kv[0]))
+        listed = ", ".join(f"{name} {n}" for name, n in kernels[:8])
+        more = f", {len(kernels) - 8} more kernels" if len(kernels) > 8 else ""
+        out.append(f"- {reason}: {sum(names.values())} ({listed}{more})")
+    return ["", "Built by the run, and why:", ""] + out if out else []
 
 
 def _problem_table(rows: list[Record]) -> list[str]:
