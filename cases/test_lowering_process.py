@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.engine import lowering_process, registry
+from harness.engine import registry
 from harness.engine.compilation_cache import cache_stats, count_handed_over
 from harness.engine.lowering_process import (
     BUILD_FAILED,
@@ -19,7 +19,6 @@ from harness.engine.lowering_process import (
     NOT_IN_CACHE,
     PROCESS_GONE,
     child_environment,
-    processes_wanted,
 )
 from harness.engine.options import RunOptions
 from harness.engine.programs import Programs, for_run
@@ -56,16 +55,6 @@ def _warm(tmp_path, kernel: str, cases, module: str = "") -> None:
     another process (as an earlier run fills it)."""
     subprocess.run([sys.executable, "-c", WARM, str(tmp_path / "cache"), kernel, module,
                     *(c.id for c in cases)], cwd=ROOT, check=True, timeout=300)
-
-
-@pytest.fixture(autouse=True)
-def processes(monkeypatch):
-    """One lowering process per run, whatever this machine's cores (processes_wanted); a test
-    sets another count through the fixture."""
-    def wanted(n: int) -> None:
-        monkeypatch.setattr(lowering_process, "processes_wanted", lambda: n)
-    wanted(1)
-    return wanted
 
 
 def _apart(tmp_path, **options) -> Programs:
@@ -107,7 +96,7 @@ def test_handed_over_programs_compute_what_the_run_builds_cold_and_from_the_cach
             programs.prefetch([(kernel, CASE)])
             got = _outputs(programs, kernel, CASE)
             truth = programs.oracle(CASE, True)(*make_inputs(CASE).device_args)
-            assert programs._apart.processes(), run
+            assert programs._apart._proc is not None, run
             wanted = [p.compiled for p in programs._programs.values()]
             assert len(wanted) >= 3     # the kernel's default build, the two oracles
             for done in wanted:
@@ -208,7 +197,7 @@ def test_programs_pending_when_the_process_dies_are_built_here(tmp_path, user_ke
         programs.get(kernel, CASE).compiled.result(timeout=120)
         first = len(programs._programs)
         assert _counts()["loaded"] - before["loaded"] == first
-        [process] = programs._apart.processes()
+        process = programs._apart._proc
         os.kill(process.pid, signal.SIGSTOP)
         programs.prefetch([(kernel, OTHER)])          # pending: the process cannot answer
         pending = len(programs._programs) - first
@@ -284,59 +273,6 @@ def test_a_program_loaded_from_the_process_counts_as_a_cache_hit_once(monkeypatc
     assert (stats["hits"], stats["misses"]) == (6, 1)
     assert stats["lowering_process"] == {"loaded": 2, "built_here": 1,
                                          "why": {NOT_IN_CACHE: {"xla": 1}}}
-
-
-def test_two_processes_share_the_programs_one_lowering_to_one_process(tmp_path, processes,
-                                                                      user_kernels):
-    cases = [Case("packed/many", 2, t, 2, 1, 16, "float32", 3) for t in (16, 32, 48, 64)]
-    kernel = registry.all_kernels()["lp_plain"]
-    _warm(tmp_path, "lp_plain", cases, user_kernels)
-    processes(2)
-    programs = _apart(tmp_path, kernel_modules=(user_kernels,))
-    before = _counts()
-    try:
-        programs.prefetch([(kernel, c) for c in cases])
-        got = [_outputs(programs, kernel, c) for c in cases]
-        for p in programs._programs.values():
-            p.compiled.result(timeout=120)
-        assert len(programs._apart.processes()) == 2
-        routes = programs._apart._routes
-        # dealt out in turn, a lowering (the kernel's at a shape, the oracle's) to one process
-        assert len(routes) == 2 * len(cases)
-        assert sorted(routes.values()) == [0] * len(cases) + [1] * len(cases)
-        assert routes[("lp_plain", (cases[0].shape_key, None))] != routes[
-            ("oracle", cases[0].shape_key)]
-        assert _counts()["loaded"] - before["loaded"] == len(programs._programs), \
-            "both read theirs from the cache"
-        first = set(programs._programs)
-        # process 0 killed: the other goes on. Two new shapes (not in the cache): each one's
-        # oracle is dealt to process 0 (gone: built here), its kernel to process 1 (not in the
-        # cache: built here)
-        victim = programs._apart.processes()[0]
-        victim.kill()
-        victim.wait()
-        more = [Case("packed/many", 2, t, 2, 1, 16, "float32", 3) for t in (80, 96)]
-        programs.prefetch([(kernel, c) for c in more])
-        for p in programs._programs.values():
-            p.compiled.result(timeout=120)
-        new = [p for key, p in programs._programs.items() if key not in first]
-    finally:
-        programs.close()
-    oracles = sum(1 for p in new if p.oracle)
-    assert oracles >= 4 and len(new) > oracles
-    assert _why_since(before) == {PROCESS_GONE: oracles, NOT_IN_CACHE: len(new) - oracles}
-    here = Programs()
-    for c, outputs in zip(cases, got, strict=True):
-        for a, b in zip(outputs, _outputs(here, kernel, c), strict=True):
-            np.testing.assert_array_equal(a, b)
-    here.close()
-
-
-def test_one_lowering_process_per_four_cores_at_most_two(monkeypatch):
-    from harness.engine import environment
-    for cores, want in ((1, 1), (2, 1), (4, 1), (8, 2), (16, 2), (128, 2)):
-        monkeypatch.setattr(environment, "usable_cores", lambda cores=cores: cores)
-        assert processes_wanted() == want, cores
 
 
 TWO_DEVICES = """

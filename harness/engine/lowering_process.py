@@ -12,8 +12,7 @@ cache) does that tracer's work for the programs the run announces
 lowers each program, looks it up in jax's cache and, where the cache holds it, hands it over as
 the bytes jax read (harness.engine.lowering_child); the run's process loads it as jax's cache
 would and runs it. Nothing is keyed by anything but jax's own cache key: every run traces the
-code as it is now. Where the run may use eight cores or more there are two such processes
-(`processes_wanted`), each taking every other lowering as the run announces them.
+code as it is now.
 
 Whatever the process does not hand over is built in the run's own process, as without it: a
 program the cache does not hold (compiled by the run, so that XLA's autotuning stays inside the
@@ -24,9 +23,8 @@ refuse, as is a cache read that fails in any way. A handed-over program is loade
 devices jax read it for, and is offered only for a kernel the process has under the same name
 and function (`kernel_fingerprint`). The run's header counts both (`lowering_process` in its
 `compilation_cache`; a program loaded from the process counts as a cache hit, and nothing else
-of the process does), and why a program was not handed over (`why`, the reasons below). Each
-side sends from a thread of its own, so neither waits on a full pipe while the other waits on
-it. `--no-lowering-process` builds everything in the run's process.
+of the process does). Each side sends from a thread of its own, so neither waits on a full pipe
+while the other waits on it. `--no-lowering-process` builds everything in the run's process.
 
 The process's environment is the run's, except that it takes device memory as it needs it
 (no preallocation): loading a program from the cache needs little."""
@@ -45,8 +43,6 @@ from multiprocessing.connection import Connection
 
 NO_PREALLOCATION = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 STOP_WAIT_S = 5.0
-MAX_PROCESSES = 2     # lowering processes per run (processes_wanted)
-PROCESS_CORES = 4     # cores per lowering process
 CHILD = "harness.engine.lowering_child"   # the process itself
 
 # Why a program was not handed over (the run's header counts them: compilation_cache): in the
@@ -70,70 +66,31 @@ def child_environment(environ=os.environ) -> dict:
     return {**environ, **NO_PREALLOCATION}
 
 
-def processes_wanted() -> int:
-    """How many lowering processes a run starts: one per PROCESS_CORES of the cores it may use
-    (harness.engine.environment.usable_cores), at least one and at most MAX_PROCESSES. On the
-    H200 at 1b487e6 one process's tracer worked 69 s of its 97 s and the warm run's main
-    worker waited 11 s for kernels' programs (reports/nightly-h200-1b487e6/)."""
-    from harness.engine.environment import usable_cores
-    return max(1, min(MAX_PROCESSES, usable_cores() // PROCESS_CORES))
-
-
 class LoweringProcess:
-    """The run's side: `request` hands a program's build over to one of its processes (the
-    programs of one lowering, a kernel's at one shape or the oracle's, all to the same one,
-    dealt out in turn as they come, so that each process works through its share in the order
-    announced); the answer comes back on a thread of its own, as `built(program, blob)` or,
-    where the process could not build it, `failed(program, why)` (build it here; `why` is
-    one of the reasons above). Every request gets one of the two, also when a process ends
-    early."""
+    """The run's side: `request` hands a program's build over; the answer comes back on a
+    thread of its own, as `built(program, blob)` or, where the process could not build it,
+    `failed(program, why)` (build it here; `why` is one of the reasons above). Every request gets one of the two, also when the
+    process ends early."""
 
-    def __init__(self, options: dict, built, failed, count: int | None = None):
-        # Taken now: a later copy could catch a trace's temporary setting (traced_under).
-        environment = child_environment()
-        self._children = [_Child(options, built, failed, environment)
-                          for _ in range(count or processes_wanted())]
-        self._lock = threading.Lock()
-        self._routes: dict = {}
-
-    def request(self, program, message: tuple, route=None) -> bool:
-        """Hands (kind, *what) over for `program` to the process of its `route` (its lowering);
-        False where that process is not there (build it here). Never waits on a pipe."""
-        with self._lock:
-            index = self._routes.setdefault(route, len(self._routes) % len(self._children))
-        return self._children[index].request(program, message)
-
-    def processes(self) -> list:
-        """The processes started so far (subprocess.Popen)."""
-        return [c.proc for c in self._children if c.proc is not None]
-
-    def close(self) -> None:
-        for child in self._children:
-            child.stop()
-        for child in self._children:
-            child.wait()
-
-
-class _Child:
-    """One lowering process, started at its first request: its pipes, each with a thread of
-    its own, and the programs it has not answered for yet."""
-
-    def __init__(self, options: dict, built, failed, environment: dict):
+    def __init__(self, options: dict, built, failed):
         self._options = options
         self._built, self._failed = built, failed
-        self._environment = environment
         self._lock = threading.Lock()
         self._pending: dict[int, object] = {}
         self._tokens = itertools.count()
-        self.proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | None = None
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._gone = False
+        # Taken now: a later copy could catch a trace's temporary setting (traced_under).
+        self._environment = child_environment()
 
     def request(self, program, message: tuple) -> bool:
+        """Hands (kind, *what) over for `program`; False where the process is not there (build
+        it here). Never waits on the pipe: a thread of its own sends."""
         with self._lock:
             if self._gone:
                 return False
-            if self.proc is None and not self._start():
+            if self._proc is None and not self._start():
                 return False
             token = next(self._tokens)
             self._pending[token] = program
@@ -144,7 +101,7 @@ class _Child:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         try:
-            self.proc = subprocess.Popen(
+            self._proc = subprocess.Popen(
                 [sys.executable, "-m", CHILD, str(to_child_r), str(from_child_w)],
                 pass_fds=(to_child_r, from_child_w), env=self._environment,
                 stdout=subprocess.DEVNULL)
@@ -199,19 +156,17 @@ class _Child:
             why = LOAD_FAILED
         self._failed(program, why)
 
-    def stop(self) -> None:
+    def close(self) -> None:
         with self._lock:
             self._gone = True
+            proc = self._proc
         self._outbox.put(None)
-
-    def wait(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            self.proc.wait(STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if proc is not None:
+            try:
+                proc.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def load(blob: bytes):

@@ -221,8 +221,9 @@ class Programs:
         self._own = NO_AUTOTUNING if self.platform == "gpu" else {}
         # References asked for outside the runner's calls (a drop's prediction) come from here.
         share_programs(self)
-        # `lowering_process`: the run's options (JSON data), to trace and lower what `prefetch`
-        # announces in processes of their own, reading jax's cache there (lowering_process).
+        # `lowering_process`: the run's options (as JSON data), to trace and lower what
+        # `prefetch` announces in a process of their own and read it from jax's cache there
+        # (harness.engine.lowering_process).
         self._apart = None if lowering_process is None else LoweringProcess(
             lowering_process, self._built_apart, self._failed_apart)
 
@@ -252,8 +253,7 @@ class Programs:
                     program, fresh = self._oracle_entry(case, truth, convention, mode)
                     if fresh:
                         self._build_ahead(program, ("oracle", case.id, truth, convention, mode),
-                                          (ORACLE, case.shape_key), self._build_oracle, case,
-                                          truth, convention)
+                                          self._build_oracle, case, truth, convention)
             for mode in modes + forward:
                 program, fresh = self._entry(("kernel", kernel, _shape(kernel, case), mode),
                                              kernel.name, _markers(kernel, mode), mode,
@@ -261,14 +261,13 @@ class Programs:
                 if fresh:
                     message = ("kernel", kernel.name, kernel_fingerprint(kernel), case.id,
                                mode) if registered.get(kernel.name) is kernel else None
-                    self._build_ahead(program, message, (kernel.name, _shape(kernel, case)),
-                                      self._build_kernel, kernel, case)
+                    self._build_ahead(program, message, self._build_kernel, kernel, case)
                 if mode != DETERMINISTIC:   # its outputs are the default build's
                     self._own_after(kernel, case, mode, probe)
 
-    def _build_ahead(self, program: Program, message: tuple | None, route, build, *args):
+    def _build_ahead(self, program: Program, message: tuple | None, build, *args) -> None:
         """`build(program, *args)` on the tracer thread, or `message` handed to the lowering
-        process of `route` (None: a kernel it cannot know, not the registry's under its name)."""
+        process (None: a kernel it cannot know, not the registry's under its name)."""
         def here():
             try:
                 self._tracer.submit(build, program, *args)
@@ -276,7 +275,7 @@ class Programs:
                 program.compiled.set_exception(exc)
         if self._apart is None or message is None:
             here()
-        elif not self._apart.request((program, here), message, route):
+        elif not self._apart.request((program, here), message):
             self._failed_apart((program, here), lowering_process.PROCESS_GONE)
 
     def _built_apart(self, item, blob: bytes) -> None:
