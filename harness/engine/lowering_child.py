@@ -31,7 +31,6 @@ class NotCached(BaseException):
     jax takes a failed cache read for a miss and compiles, which this must stop.)"""
 
 
-
 def why_not_built(exc: BaseException) -> str:
     """The reason a program whose build ended in `exc` is not handed over."""
     if not isinstance(exc, NotCached):

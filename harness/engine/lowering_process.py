@@ -69,8 +69,8 @@ def child_environment(environ=os.environ) -> dict:
 class LoweringProcess:
     """The run's side: `request` hands a program's build over; the answer comes back on a
     thread of its own, as `built(program, blob)` or, where the process could not build it,
-    `failed(program, why)` (build it here; `why` is one of the reasons above). Every request gets one of the two, also when the
-    process ends early."""
+    `failed(program, why)` (build it here; `why` is one of the reasons above). Every request
+    gets one of the two, also when the process ends early."""
 
     def __init__(self, options: dict, built, failed):
         self._options = options
