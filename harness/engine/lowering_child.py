@@ -35,8 +35,7 @@ def why_not_built(exc: BaseException) -> str:
     """The reason a program whose build ended in `exc` is not handed over."""
     if not isinstance(exc, NotCached):
         return BUILD_FAILED
-    return {NOT_IN_CACHE: NOT_IN_CACHE, NO_CACHE_LOOKUP: NO_CACHE_LOOKUP}.get(
-        str(exc), CACHE_READ_FAILED)
+    return str(exc) if str(exc) in (NOT_IN_CACHE, NO_CACHE_LOOKUP) else CACHE_READ_FAILED
 
 
 class _Cached:

@@ -53,11 +53,7 @@ def merge_cache(headers: list[dict]) -> dict | None:
     if apart:
         out["lowering_process"] = {k: sum(a.get(k, 0) for a in apart)
                                    for k in ("loaded", "built_here")}
-        why: dict[str, dict[str, int]] = {}
-        for a in apart:
-            for reason, names in a.get("why", {}).items():
-                for name, n in names.items():
-                    why.setdefault(reason, {})[name] = why.get(reason, {}).get(name, 0) + n
+        why = merge_timing([a.get("why") for a in apart])   # reason -> kernel -> programs
         if why:
             out["lowering_process"]["why"] = {r: dict(sorted(why[r].items()))
                                               for r in sorted(why)}
