@@ -13,18 +13,24 @@ import pytest
 
 from harness.engine import registry
 from harness.engine.compilation_cache import cache_stats, count_handed_over
+from harness.engine.lowering_child import trace_error_blob
 from harness.engine.lowering_process import (
     BUILD_FAILED,
     LOAD_FAILED,
     NOT_IN_CACHE,
     PROCESS_GONE,
     child_environment,
+    load_raised,
 )
 from harness.engine.options import RunOptions
+from harness.engine.environment import current_platform
 from harness.engine.programs import Programs, for_run
+from harness.engine.runner import run_kernel_case
+from harness.judge.vocabulary import ERROR, KNOWN, REFUSED
 from harness.kernels.kernel import Kernel
 from harness.kernels.reference import dot_product
 from harness.model.case import Case, make_inputs
+from harness.model.features import Features
 from harness.store.merge import merge_cache
 from harness.views.markdown import timing_lines
 
@@ -63,7 +69,8 @@ def _apart(tmp_path, **options) -> Programs:
 
 
 def _counts() -> dict:
-    return {"loaded": 0, "built_here": 0, **cache_stats().get("lowering_process", {})}
+    return {"loaded": 0, "trace_errors": 0, "built_here": 0,
+            **cache_stats().get("lowering_process", {})}
 
 
 def _why_since(before: dict) -> dict:
@@ -149,6 +156,22 @@ BREAKS = textwrap.dedent("""
 
     harness.register_kernel("lp_breaks", breaks_when_traced, dtypes=("float32",))
     harness.register_kernel("lp_plain", dot_product, dtypes=("float32",))
+
+    def refuses_the_window(q, k, v, seg, *, window=None, **kw):
+        if window is not None:
+            raise NotImplementedError(f"lp-test: no sliding window here, asked for {window}")
+        return dot_product(q, k, v, seg, **kw)
+
+    def crashes_as_declared(q, k, v, seg, **kw):
+        try:
+            {}["lp-test"]
+        except KeyError as exc:
+            raise RuntimeError("lp-test: the declared crash") from exc
+
+    harness.register_kernel("lp_refuses", refuses_the_window, dtypes=("float32",),
+                            features=("window",))
+    harness.register_kernel("lp_crashes", crashes_as_declared, dtypes=("float32",),
+                            expect_error="lp-test: the declared crash")
 """)
 
 
@@ -160,7 +183,7 @@ def user_kernels(tmp_path):
     try:
         yield str(module)
     finally:
-        for name in ("lp_breaks", "lp_plain"):
+        for name in ("lp_breaks", "lp_plain", "lp_refuses", "lp_crashes"):
             registry._USER.pop(name, None)
 
 
@@ -185,6 +208,58 @@ def test_a_kernel_that_fails_in_the_process_fails_here_with_its_own_error(tmp_pa
     kernels = sum(1 for p in offered if not p.oracle)
     assert kernels >= 1
     assert _why_since(before) == {BUILD_FAILED: kernels, NOT_IN_CACHE: len(offered) - kernels}
+
+
+WINDOWED = Case("packed/many", 2, 64, 2, 1, 16, "float32", 3, features=Features(window=(8, 0)))
+
+
+def test_a_refusal_or_a_declared_crash_comes_back_from_the_process_as_the_kernels_own(
+        tmp_path, user_kernels):
+    """A trace error that decides its pair without an error verdict is raised from the
+    process's trace, not traced again: the records are those of a run that traced it itself,
+    the traceback's frames the kernel's, and the header counts it."""
+    kernels = registry.all_kernels()
+    pairs = [(kernels["lp_refuses"], WINDOWED), (kernels["lp_crashes"], CASE),
+             (kernels["lp_breaks"], CASE)]
+    platform = current_platform()
+    before = _counts()
+    programs = _apart(tmp_path, kernel_modules=(user_kernels,))
+    try:
+        programs.prefetch(pairs, probe=False)
+        apart = [run_kernel_case(k, c, platform, programs, leak=False).records for k, c in pairs]
+        offered = list(programs._programs.values())
+    finally:
+        programs.close()
+    here = Programs()
+    try:
+        mine = [run_kernel_case(k, c, platform, here, leak=False).records for k, c in pairs]
+    finally:
+        here.close()
+    assert [[r.outcome for r in rs] for rs in apart] == [[REFUSED], [KNOWN], [ERROR]]
+    for got, want in zip(apart, mine, strict=True):
+        assert [r.to_json() for r in got] == [r.to_json() for r in want]
+    # the declared crash's traceback ends in the kernel's frame, its cause's too
+    assert 'in crashes_as_declared\n    raise RuntimeError("lp-test: the declared crash")' \
+        in apart[1][0].traceback
+    assert "KeyError: 'lp-test'" in apart[1][0].traceback
+    # two handed over (the refusal and the crash); the other error was traced again here
+    assert _counts()["trace_errors"] - before["trace_errors"] == 2
+    kernel_programs = sum(1 for p in offered if not p.oracle)
+    assert _why_since(before) == {BUILD_FAILED: kernel_programs - 2,
+                                  NOT_IN_CACHE: len(offered) - kernel_programs}
+
+
+def test_a_trace_error_that_does_not_pickle_is_traced_again_in_the_run():
+    class Unpicklable(Exception):
+        def __init__(self, a, b):   # pickle calls it with one argument: it cannot come back
+            super().__init__(f"{a} {b}")
+    assert trace_error_blob(Unpicklable("no", "window"), 0.1) is None
+    try:
+        raise ValueError("lp-test: no window")
+    except ValueError as exc:
+        raised, seconds = load_raised(trace_error_blob(exc, 0.25))
+    assert (type(raised), str(raised), seconds) == (ValueError, "lp-test: no window", 0.25)
+    assert raised.__traceback__ is not None
 
 
 def test_programs_pending_when_the_process_dies_are_built_here(tmp_path, user_kernels):
@@ -241,7 +316,8 @@ def test_the_process_has_the_runs_environment_but_takes_device_memory_as_it_need
 def test_the_header_counts_what_the_process_handed_over_and_merges_add_them():
     merged = merge_cache([
         {"compilation_cache": {"dir": "c", "hits": 3, "misses": 1,
-                               "lowering_process": {"loaded": 3, "built_here": 3, "why": {
+                               "lowering_process": {"loaded": 3, "trace_errors": 2,
+                                                    "built_here": 3, "why": {
                                    NOT_IN_CACHE: {"xla": 1, "oracle": 1},
                                    LOAD_FAILED: {"te:thd": 1}}}}},
         {"compilation_cache": {"dir": "c", "hits": 2, "misses": 0,
@@ -249,10 +325,11 @@ def test_the_header_counts_what_the_process_handed_over_and_merges_add_them():
                                    NOT_IN_CACHE: {"xla": 2}}}}},
         {"compilation_cache": {"dir": "c", "hits": 1, "misses": 0}}])
     assert merged["lowering_process"] == {
-        "loaded": 5, "built_here": 5,
+        "loaded": 5, "trace_errors": 2, "built_here": 5,
         "why": {NOT_IN_CACHE: {"oracle": 1, "xla": 3}, LOAD_FAILED: {"te:thd": 1}}}
     text = "\n".join(timing_lines({"timing": {"xla": {}}, "compilation_cache": merged}))
     assert "5 programs traced and lowered in a lowering process, read from the cache" in text
+    assert "2 kernels' trace errors handed over from there" in text
     assert "5 built by the run after that process could not hand them over" in text
     # a line per reason, the most programs first, its kernels the most first
     assert f"- {NOT_IN_CACHE}: 4 (xla 3, oracle 1)\n- {LOAD_FAILED}: 1 (te:thd 1)" in text
@@ -271,7 +348,7 @@ def test_a_program_loaded_from_the_process_counts_as_a_cache_hit_once(monkeypatc
     count_handed_over(False, "xla", NOT_IN_CACHE)   # built here: its own lookup here counts
     stats = cache_stats()
     assert (stats["hits"], stats["misses"]) == (6, 1)
-    assert stats["lowering_process"] == {"loaded": 2, "built_here": 1,
+    assert stats["lowering_process"] == {"loaded": 2, "trace_errors": 0, "built_here": 1,
                                          "why": {NOT_IN_CACHE: {"xla": 1}}}
 
 

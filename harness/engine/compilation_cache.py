@@ -61,23 +61,31 @@ def count_handed_over(loaded: bool, name: str = "", why: str = "") -> None:
         _BUILT_HERE_WHY[why or "unknown"][name] += 1
 
 
+def count_trace_error_handed_over() -> None:
+    """A kernel's trace error the lowering process handed over: raised here, not traced again
+    (harness.engine.lowering_process.load_raised); no cache lookup."""
+    _CACHE_EVENTS["apart_raised"] += 1
+
+
 def cache_stats() -> dict:
     """This process's compilation-cache lookups: hits (compiled programs read from disk, by
     this process or, for the programs it loaded, by its lowering process, which never
     compiles) and misses (compiled here, then written); `retried`, where any compile was tried
     again after the host could not start the compiler (harness.compiling);
     `lowering_process`, where one read programs for this process: how many it handed over
-    (`loaded` here) and how many it could not (`built_here`), and why not (`why`: reason ->
-    kernel -> programs)."""
+    (`loaded` here), how many kernels' trace errors it handed over (`trace_errors`: raised
+    here, not traced again), and how many it could not (`built_here`), and why not (`why`:
+    reason -> kernel -> programs)."""
     from harness.compiling import retried
     stats = {"hits": _CACHE_EVENTS["cache_hits"] + _CACHE_EVENTS["apart_loaded"],
              "misses": _CACHE_EVENTS["cache_misses"]}
     tried_again = retried()   # read once: a compile thread may count one more meanwhile
     if tried_again:
         stats["retried"] = tried_again
-    if _CACHE_EVENTS["apart_loaded"] or _CACHE_EVENTS["apart_built_here"]:
+    if any(_CACHE_EVENTS[k] for k in ("apart_loaded", "apart_built_here", "apart_raised")):
         stats["lowering_process"] = {
             "loaded": _CACHE_EVENTS["apart_loaded"],
+            "trace_errors": _CACHE_EVENTS["apart_raised"],
             "built_here": _CACHE_EVENTS["apart_built_here"],
             "why": {why: dict(sorted(names.items())) for why, names in
                     sorted(list(_BUILT_HERE_WHY.items()))}}

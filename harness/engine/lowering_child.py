@@ -136,6 +136,21 @@ class _Cached:
         return payload, in_tree, out_tree, used[0]
 
 
+def trace_error_blob(exc: BaseException, lower_s: float) -> bytes | None:
+    """(exc, lower_s) pickled with exc's traceback and chain (tblib): the run raises it as
+    the kernel's own error, its frames those of this process's trace, which ran the same code
+    (harness.engine.lowering_process.load_raised). None where it does not come back from
+    pickle as itself (the run traces the kernel again)."""
+    try:
+        from tblib import pickling_support
+        pickling_support.install(exc)
+        blob = pickle.dumps((exc, lower_s))
+        back, _ = pickle.loads(blob)
+    except Exception:
+        return None
+    return blob if type(back) is type(exc) and str(back) == str(exc) else None
+
+
 def _executables(compiled) -> list:
     executable = getattr(getattr(compiled, "_executable", None), "xla_executable", None)
     return [executable] if executable is not None else []
@@ -148,6 +163,7 @@ def _serve(receive: Connection, send: Connection) -> None:
     from harness.engine.options import RunOptions
     from harness.engine.programs import Program, Programs, Timing, _markers
     from harness.engine.registry import all_kernels, load_kernel_module, mark_absl_flags_parsed
+    from harness.judge import judging
     from harness.model.case import Case
 
     options = RunOptions.from_json(receive.recv())
@@ -169,11 +185,18 @@ def _serve(receive: Connection, send: Connection) -> None:
                 send.send(outbox.get())
     threading.Thread(target=send_all, name="lowering-answers", daemon=True).start()
 
-    def answer(token: int, program: Program, done: Future) -> None:
-        # ("built", token, blob), or ("failed", token, why): the run builds it
+    def answer(token: int, program: Program, done: Future, kernel=None, case=None) -> None:
+        # ("built", token, blob), ("raised", token, blob): the kernel's trace error, or
+        # ("failed", token, why): the run builds it
         exc = done.exception()
         if exc is not None:
-            outbox.put(("failed", token, why_not_built(exc)))
+            blob = None
+            with contextlib.suppress(Exception):   # every request is answered
+                if kernel is not None and program.trace_error is exc \
+                        and judging.trace_error_settles(kernel, case, exc):
+                    blob = trace_error_blob(exc, program.timing.lower_s)
+            outbox.put(("raised", token, blob) if blob is not None else
+                       ("failed", token, why_not_built(exc)))
             return
         try:
             executable, in_tree, out_tree, devices = executables.serialize(done.result())
@@ -198,10 +221,12 @@ def _serve(receive: Connection, send: Connection) -> None:
                 if kernel_fingerprint(kernel) != fingerprint:
                     raise LookupError(f"{name}: another function under that name here")
                 program = Program(name, _markers(kernel, mode), Timing(), mode)
+                pair = (kernel, case)
                 programs._tracer.submit(programs._build_kernel, program, kernel, case)
             else:
                 case_id, truth, convention, mode = what
                 program = Program("oracle", (), Timing(), mode, oracle=True)
+                pair = (None, None)
                 programs._tracer.submit(programs._build_oracle, program, Case.from_id(case_id),
                                         truth, convention)
         except LookupError:   # a kernel this process does not have under that name
@@ -211,7 +236,8 @@ def _serve(receive: Connection, send: Connection) -> None:
             outbox.put(("failed", token, BAD_REQUEST))
             continue
         program.compiled.add_done_callback(
-            lambda done, token=token, program=program: answer(token, program, done))
+            lambda done, token=token, program=program, pair=pair:
+            answer(token, program, done, *pair))
 
 
 def main(argv: list[str]) -> int:

@@ -18,8 +18,14 @@ Whatever the process does not hand over is built in the run's own process, as wi
 program the cache does not hold (compiled by the run, so that XLA's autotuning stays inside the
 run's share of the device), a kernel the process cannot find under its name, a trace or compile
 that fails (the run then raises the kernel's own error), one jax cannot serialize, everything
-once the process is gone. The process never compiles: jax's compiler is wrapped there to
-refuse, as is a cache read that fails in any way. A handed-over program is loaded on the
+once the process is gone. One kind of failed trace comes back instead: a kernel's error that
+decides its pair without an error verdict, a refusal of a feature or the crash the kernel
+declares (harness.judge.judging.trace_error_settles), pickled with its traceback (tblib); the
+run raises it as its own trace would have. (On the H200's warm nightly at 1b487e6, 351 of the
+362 programs the run built itself were failed traces, traced again beside the run's thread:
+MaxText's flash, TE's unfused fallback, tokamax's Mosaic and Triton paths, the op's refusals.)
+Any other error the run confirms with its own trace. The process never compiles: jax's
+compiler is wrapped there to refuse, as is a cache read that fails in any way. A handed-over program is loaded on the
 devices jax read it for, and is offered only for a kernel the process has under the same name
 and function (`kernel_fingerprint`). The run's header counts both (`lowering_process` in its
 `compilation_cache`; a program loaded from the process counts as a cache hit, and nothing else
@@ -50,7 +56,7 @@ CHILD = "harness.engine.lowering_child"   # the process itself
 NOT_IN_CACHE = "not in the cache"
 NO_CACHE_LOOKUP = "looked up in no cache"          # jax compiles it without reading its cache
 CACHE_READ_FAILED = "the cache read failed"
-BUILD_FAILED = "its trace or compile failed"       # the run raises the kernel's own error
+BUILD_FAILED = "its trace or compile failed"       # an error the run confirms: traced again
 NOT_SERIALIZABLE = "not serializable"
 UNKNOWN_KERNEL = "no such kernel in the process"
 BAD_REQUEST = "the process could not read the request"
@@ -68,13 +74,15 @@ def child_environment(environ=os.environ) -> dict:
 
 class LoweringProcess:
     """The run's side: `request` hands a program's build over; the answer comes back on a
-    thread of its own, as `built(program, blob)` or, where the process could not build it,
-    `failed(program, why)` (build it here; `why` is one of the reasons above). Every request
-    gets one of the two, also when the process ends early."""
+    thread of its own, as `built(program, blob)`, `raised(program, blob)` (a kernel's trace
+    error that decides its pair without an error verdict: a refusal, a declared crash;
+    load_raised) or, where the process could not build it, `failed(program, why)` (build it
+    here; `why` is one of the reasons above). Every request gets one of the three, also when
+    the process ends early."""
 
-    def __init__(self, options: dict, built, failed):
+    def __init__(self, options: dict, built, failed, raised):
         self._options = options
-        self._built, self._failed = built, failed
+        self._built, self._failed, self._raised = built, failed, raised
         self._lock = threading.Lock()
         self._pending: dict[int, object] = {}
         self._tokens = itertools.count()
@@ -136,8 +144,7 @@ class LoweringProcess:
                 with self._lock:
                     program = self._pending.pop(token, None)
                 if program is not None:
-                    self._answer(program, payload if kind == "built" else None,
-                                 None if kind == "built" else str(payload))
+                    self._answer(program, kind, payload)
         except (EOFError, OSError):
             pass
         finally:
@@ -146,15 +153,15 @@ class LoweringProcess:
                 self._gone = True
                 left, self._pending = list(self._pending.values()), {}
             for program in left:
-                self._answer(program, None, PROCESS_GONE)
+                self._answer(program, "failed", PROCESS_GONE)
 
-    def _answer(self, program, payload: bytes | None, why: str | None) -> None:
-        if payload is not None:
+    def _answer(self, program, kind: str, payload) -> None:
+        if kind in ("built", "raised"):
             with contextlib.suppress(Exception):
-                self._built(program, payload)
+                (self._built if kind == "built" else self._raised)(program, payload)
                 return
-            why = LOAD_FAILED
-        self._failed(program, why)
+            payload = LOAD_FAILED
+        self._failed(program, str(payload))
 
     def close(self) -> None:
         with self._lock:
@@ -180,6 +187,12 @@ def load(blob: bytes):
     compiled = deserialize_and_load(payload, in_tree, out_tree,
                                     execution_devices=[by_id[i] for i in devices])
     return compiled, text, lower_s, compile_s
+
+
+def load_raised(blob: bytes) -> tuple[BaseException, float]:
+    """(the kernel's error, its trace's seconds) from a "raised" answer: the error with the
+    traceback and chain of the process's trace (tblib reads them back)."""
+    return pickle.loads(blob)
 
 
 def kernel_fingerprint(kernel) -> str:

@@ -33,7 +33,7 @@ import jax
 
 from harness.compiling import compile_lowered
 from harness.engine import lowering_process, own_programs, unwritten
-from harness.engine.compilation_cache import count_handed_over
+from harness.engine.compilation_cache import count_handed_over, count_trace_error_handed_over
 from harness.engine.environment import usable_cores
 from harness.engine.lowering_process import LoweringProcess, kernel_fingerprint
 from harness.engine.registry import all_kernels
@@ -225,7 +225,7 @@ class Programs:
         # `prefetch` announces in a process of their own and read it from jax's cache there
         # (harness.engine.lowering_process).
         self._apart = None if lowering_process is None else LoweringProcess(
-            lowering_process, self._built_apart, self._failed_apart)
+            lowering_process, self._built_apart, self._failed_apart, self._raised_apart)
 
     # ----- kernels ----------------------------------------------------------------------------
 
@@ -288,6 +288,21 @@ class Programs:
     def _failed_apart(item, why: str) -> None:   # built here
         count_handed_over(False, item[0].name, why)
         item[1]()
+
+    def _raised_apart(self, item, blob: bytes) -> None:
+        """A kernel's trace error from the lowering process (a refusal, a declared crash): the
+        program fails with it, as if traced here, and is not traced again."""
+        program = item[0]
+        try:
+            exc, lower_s = lowering_process.load_raised(blob)
+        except Exception:
+            self._failed_apart(item, lowering_process.LOAD_FAILED)
+            return
+        count_trace_error_handed_over()
+        with self._lock:
+            program.timing.lower_s += lower_s
+        program.trace_error = exc
+        program.compiled.set_exception(exc)
 
     def _load(self, item, blob: bytes) -> None:
         """A program the lowering process built, loaded here; built here where it fails."""

@@ -105,14 +105,14 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
     try:
         inputs, ref, results, errs = _measure(kernel, case, programs)
     except Exception as exc:  # a kernel that raises is an error, never a skip
-        message = f"{type(exc).__name__}: {exc}".strip()
+        message = judging.error_message(exc)
         # Raised while tracing, naming a feature the case handed over: refused before any
         # computing, which a path may always do (judging.refused_feature).
         feature = judging.refused_feature(case, programs.get(kernel, case, DEFAULT).trace_error)
         if feature is not None:
             return KernelCaseResult([judging.refused_record(kernel, case, feature, message)])
         return KernelCaseResult([judging.error_record(
-            kernel, case, message, traceback.format_exc(limit=-3)[-4000:])])
+            kernel, case, message, _traceback())])
     out = KernelCaseResult(judging.kernel_level_records(kernel, case))
     out.records.append(judging.contract_record(kernel, case, str(results[0].dtype)))
     for chk, err in zip(TENSORS, errs):
@@ -170,7 +170,7 @@ def _jvp_records(kernel, case, programs, inputs) -> tuple[list[Record], tuple | 
         program.require_markers()
     except Exception as exc:  # declared and raising: an error, never a skip
         return [judging.error_record(kernel, case, f"jvp: {type(exc).__name__}: {exc}".strip(),
-                                     traceback.format_exc(limit=-3)[-4000:], check=JVP.name)], None
+                                     _traceback(), check=JVP.name)], None
     errs = token_errors(tangent, ref.truth)
     records, _ = judging.tensor_records(kernel, case, JVP, errs[0], ref, FORWARD)
     return records, errs[0]
@@ -285,6 +285,14 @@ def _leak_records(kernel, case, programs: Programs, inputs, results, disagreemen
         return [judging.error_record(kernel, case, f"leak probe: {type(exc).__name__}: {exc}",
                                      check=LEAK.name)]
     return judging.leak_records(kernel, case, found, mode, note)
+
+
+def _traceback() -> str:
+    """The end of the error being handled, as records keep it: its three innermost frames (of
+    each exception in its chain), without the lines of markers under a frame's code (an error
+    the lowering process handed over has its frames, not their columns)."""
+    lines = traceback.format_exc(limit=-3).splitlines(keepends=True)
+    return "".join(x for x in lines if not x.strip() or x.strip(" ^~\n"))[-4000:]
 
 
 class BuildDisagrees(RuntimeError):

@@ -223,6 +223,20 @@ def refused_feature(case, error: BaseException | None) -> str | None:
     return min(found)[1] if found else None
 
 
+def error_message(exc: BaseException) -> str:
+    """A raised error as its records name it."""
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+def trace_error_settles(kernel, case, exc: BaseException) -> bool:
+    """Whether an error raised while `kernel` was traced on `case` decides the pair without an
+    error verdict: a refusal of a feature the case handed over, or the crash the kernel declares
+    (harness.engine.lowering_process hands such errors over; any other trace error the run
+    confirms with its own trace)."""
+    return refused_feature(case, exc) is not None or \
+        error_outcome(error_message(exc), kernel.error_expected(case))[1] == v.KNOWN
+
+
 def refused_record(kernel, case, feature: str, message: str) -> Record:
     """A feature refused before computing: the path's honest answer, never a pass of the
     checks it did not run."""

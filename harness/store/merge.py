@@ -52,7 +52,7 @@ def merge_cache(headers: list[dict]) -> dict | None:
     apart = [c["lowering_process"] for c in seen if c.get("lowering_process")]
     if apart:
         out["lowering_process"] = {k: sum(a.get(k, 0) for a in apart)
-                                   for k in ("loaded", "built_here")}
+                                   for k in ("loaded", "trace_errors", "built_here")}
         why = merge_timing([a.get("why") for a in apart])   # reason -> kernel -> programs
         if why:
             out["lowering_process"]["why"] = {r: dict(sorted(why[r].items()))
