@@ -25,9 +25,9 @@ run raises it as its own trace would have. (On the H200's warm nightly at 1b487e
 362 programs the run built itself were failed traces, traced again beside the run's thread:
 MaxText's flash, TE's unfused fallback, tokamax's Mosaic and Triton paths, the op's refusals.)
 Any other error the run confirms with its own trace. The process never compiles: jax's
-compiler is wrapped there to refuse, as is a cache read that fails in any way. A handed-over program is loaded on the
-devices jax read it for, and is offered only for a kernel the process has under the same name
-and function (`kernel_fingerprint`). The run's header counts both (`lowering_process` in its
+compiler is wrapped there to refuse, as is a cache read that fails in any way. A handed-over
+program is loaded on the devices jax read it for, and is offered only for a kernel the process
+has under the same name and function (`kernel_fingerprint`). The run's header counts both (`lowering_process` in its
 `compilation_cache`; a program loaded from the process counts as a cache hit, and nothing else
 of the process does). Each side sends from a thread of its own, so neither waits on a full pipe
 while the other waits on it. `--no-lowering-process` builds everything in the run's process.
