@@ -29,8 +29,9 @@ compiler is wrapped there to refuse, as is a cache read that fails in any way. A
 program is loaded on the devices jax read it for, and is offered only for a kernel the process
 has under the same name and function (`kernel_fingerprint`). The run's header counts all
 three (`lowering_process` in its `compilation_cache`; a program loaded from the process counts
-as a cache hit, and nothing else of the process does). Each side sends from a thread of its own, so neither waits on a full pipe
-while the other waits on it. `--no-lowering-process` builds everything in the run's process.
+as a cache hit, and nothing else of the process does). Each side sends from a thread of its
+own, so neither waits on a full pipe while the other waits on it. `--no-lowering-process`
+builds everything in the run's process.
 
 The process's environment is the run's, except that it takes device memory as it needs it
 (no preallocation): loading a program from the cache needs little."""
