@@ -26,7 +26,10 @@
 # PYSPY (optional): a py-spy binary; each run step then runs under `py-spy record --nonblocking
 # --idle --threads --subprocesses --rate 20 --format raw` (sampling without pausing the run),
 # its raw profile packed beside the step's log as NAME.pyspy.txt.xz (scripts/pyspy_digest.py
-# reads it).
+# reads it). With PYSPY_GIL=1 it samples a thread only while it holds the GIL (--gil in place
+# of --idle): which threads' Python the run's thread waits behind.
+# .gpu/python (optional, `pip install --no-deps --target .gpu/python PKG` here): pure-Python
+# dependencies the runner lacks (it has no package registry), put on PYTHONPATH.
 # HARNESS_ARGS (optional) is appended to every harness command (e.g. `--suite smoke` to try a
 # step on a CPU, as cases/test_gpu_script.py does). Each step runs under what is left of the
 # call (CALL_S seconds, default 570, so that a call of the device tool ends inside its ten
@@ -93,7 +96,8 @@ for b in fa maxtext te new; do   # the bundles carried (BUNDLES: another folder 
   [ -f "${BUNDLES:-.gpu}/$b/activate.sh" ] && { source "${BUNDLES:-.gpu}/$b/activate.sh" || exit 3; }
 done
 [ -n "${HARNESS_GIT_COMMIT:-}" ] || source scripts/gpu_stamp.sh check
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 CUDA_CACHE_PATH=/tmp/nvcache CUDA_CACHE_MAXSIZE=4294967296 \
+py_deps=${BUNDLES:-.gpu}/python; [ -d "$py_deps" ] && py_deps=:$(cd "$py_deps" && pwd) || py_deps=""
+export PYTHONPATH=$PWD$py_deps:${PYTHONPATH:-} PYTHONUNBUFFERED=1 CUDA_CACHE_PATH=/tmp/nvcache CUDA_CACHE_MAXSIZE=4294967296 \
   HARNESS_COMPILATION_CACHE=${HARNESS_COMPILATION_CACHE:-/tmp/jaxcache} HARNESS_GIT_COMMIT HARNESS_GIT_DIRTY
 echo "tree: commit $HARNESS_GIT_COMMIT, dirty $HARNESS_GIT_DIRTY (scripts/gpu_stamp.sh)" >> "$r/steps.txt"
 : > "$r/packed.txt"
@@ -106,7 +110,8 @@ step() {   # step NAME: its command under the time left, its log, its line in st
   local prof=""
   if [ -n "${PYSPY:-}" ]; then
     prof=$log.pyspy.txt
-    cmd=("$PYSPY" record --nonblocking --idle --threads --subprocesses --rate 20 --format raw
+    local sampled=--idle; [ "${PYSPY_GIL:-0}" = 1 ] && sampled=--gil
+    cmd=("$PYSPY" record --nonblocking "$sampled" --threads --subprocesses --rate 20 --format raw
          -o "$r/$prof" -- "${cmd[@]}")
   fi
   if command -v nvidia-smi > /dev/null; then
@@ -138,7 +143,7 @@ for s in "$@"; do
   case "$s" in
     env)
       { nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv 2>&1
-        for m in transformer_engine maxtext tokamax flash_attn_jax flash_attn3_jax dew_flash_attn fa4_jax; do
+        for m in tblib transformer_engine maxtext tokamax flash_attn_jax flash_attn3_jax dew_flash_attn fa4_jax; do
           # The import's last line where it fails (flash_attn_jax read "no" on runs whose
           # kernels then ran: the reason was never kept).
           if why=$(python3 -c "import $m" 2>&1); then echo "import $m: ok"
