@@ -217,9 +217,10 @@ def test_a_pytest_process_lets_go_of_the_last_cases_references_at_the_next_case(
 
 def test_the_next_cases_reference_is_launched_ahead_and_read_once(monkeypatch):
     """The runner launches the next case's reference once this case's first kernel has run
-    (oracle.launch_reference) and the next case reads it: each case's truth and peer run once,
-    the records are those of a run that computes each reference when its case comes, and
-    nothing launched stays after the run."""
+    (oracle.launch_reference), and its jvp check's reference (xla has forward mode), and the
+    next case reads them: each case's truth and peer run once in each mode, the records are
+    those of a run that computes each reference when its case comes, and nothing launched
+    stays after the run."""
     from harness.engine import runner
     from harness.engine.programs import ORACLE, Programs
     from harness.engine.registry import select_kernels
@@ -235,7 +236,7 @@ def test_the_next_cases_reference_is_launched_ahead_and_read_once(monkeypatch):
         def pop(self, key, default=None):
             got = super().pop(key, default)
             if got is not None:
-                read.append(key[0])
+                read.append((key[0], key[3]))   # (case, forward)
             return got
 
     def run(launch, on_result=None):
@@ -248,6 +249,7 @@ def test_the_next_cases_reference_is_launched_ahead_and_read_once(monkeypatch):
             for case in cases:
                 for truth in (True, False):
                     programs.oracle(case, truth).compiled.result()
+                    programs.oracle_jvp(case, truth).compiled.result()
             out = runner.run_matrix(kernels, cases, Platform("cpu"), programs=programs,
                                     leak=False, on_result=on_result)
         finally:
@@ -256,9 +258,9 @@ def test_the_next_cases_reference_is_launched_ahead_and_read_once(monkeypatch):
         return [r.to_json() for r in out.records], programs.timing[ORACLE].runs
 
     ahead, ahead_runs = run(oracle.launch_reference)
-    assert read == cases[1:]
+    assert read == [(c, forward) for c in cases[1:] for forward in (False, True)]
     read.clear()
-    plain, plain_runs = run(lambda *a: False)
+    plain, plain_runs = run(lambda *a, **k: False)
     assert read == []
     # Truth and peer once per case, and the jvp check's (xla has forward mode) once per case.
     assert ahead_runs == plain_runs == 2 * len(cases) + 2 * len(cases)
@@ -278,7 +280,8 @@ def test_the_next_cases_reference_is_launched_ahead_and_read_once(monkeypatch):
 
 
 def test_launching_a_reference_lets_go_of_the_one_launched_before():
-    """One reference is launched ahead at a time (a long row's are GiBs of device memory)."""
+    """One reference of each mode is launched ahead at a time (a long row's are GiBs of device
+    memory)."""
     from harness.engine.programs import Programs
     from harness.judge import oracle
 
@@ -292,6 +295,13 @@ def test_launching_a_reference_lets_go_of_the_one_launched_before():
         assert [k[0] for k in oracle._launched] == [first]
         assert oracle.launch_reference(second, programs)
         assert [k[0] for k in oracle._launched] == [second]
+        # the jvp check's reference is launched beside it, one at a time too
+        for case in (first, second):
+            for truth in (True, False):
+                programs.oracle_jvp(case, truth).compiled.result()
+        assert oracle.launch_reference(first, programs, forward=True)
+        assert oracle.launch_reference(second, programs, forward=True)
+        assert [k[0::3] for k in oracle._launched] == [(second, False), (second, True)]
     finally:
         oracle.forget_launched()
         programs.close()

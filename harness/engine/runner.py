@@ -14,6 +14,7 @@ are arguments of compiled programs, so a kernel compiles once per shape, not per
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 import traceback
@@ -384,9 +385,11 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
     ahead = {c: drawing.submit(draw, c) for c in cases[:INPUTS_AHEAD]}
     # Each case's first kernel (its chunk convention is the reference's) for the reference
     # launched ahead.
-    first_kernel = {}
+    first_kernel, first_forward = {}, {}
     for k, c in supported:
         first_kernel.setdefault(c, k)
+        if k.forward_mode and not k.forward_reasons(c):   # its jvp check's reference too
+            first_forward.setdefault(c, k)
     try:
         for i, case in enumerate(cases):
             drawn = ahead.pop(case, None)
@@ -411,7 +414,8 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
                 if on_result:
                     on_result(kernel, case, result)
                 if kernel is first_kernel.get(case) and i + 1 < len(cases):
-                    _launch_next_reference(programs, cases[i + 1], first_kernel, ahead)
+                    _launch_next_reference(programs, cases[i + 1], first_kernel, ahead,
+                                           first_forward)
             # The case's perturbations and references go before the next case's kernels need
             # the device's memory (a long row's are GiBs); the next case's reference, launched
             # ahead, stays.
@@ -424,11 +428,12 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
 
 
 def _launch_next_reference(programs: Programs, nxt: Case, first_kernel: dict,
-                           ahead: dict) -> None:
-    """Launches the next case's reference (oracle.launch_reference) once this case's first
-    kernel has run, so that the device computes it while the host judges this case's kernels;
-    not where the next case's inputs are still being drawn (it does not wait for them), and
-    not where no kernel will run on it. The launch's time is the oracle's; the device runs in
+                           ahead: dict, first_forward: dict) -> None:
+    """Launches the next case's reference (oracle.launch_reference), and its jvp check's where
+    a kernel will run that check on it, once this case's first kernel has run, so that the
+    device computes them while the host judges this case's kernels; not where the next case's
+    inputs are still being drawn (it does not wait for them), and not where no kernel will
+    run on it. The launch's time is the oracle's; the device runs in
     order, so a run of this case's next kernel that is waited for may wait for the reference's
     computing too, and that wait counts in the kernel's execute seconds."""
     if nxt not in first_kernel:
@@ -437,4 +442,7 @@ def _launch_next_reference(programs: Programs, nxt: Case, first_kernel: dict,
     if drawn is not None and not (drawn.done() and drawn.exception() is None):
         return
     _oracle(programs, launch_reference, nxt, first_kernel[nxt].chunk_convention)
+    if nxt in first_forward:
+        _oracle(programs, functools.partial(launch_reference, forward=True), nxt,
+                first_forward[nxt].chunk_convention)
 

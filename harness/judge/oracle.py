@@ -355,30 +355,58 @@ def forget_references() -> None:
     _kept_jvp_reference.cache_clear()
 
 
-# The truth's and the peer's outputs of the one reference launched ahead, not yet read:
-# (case, programs, chunk convention) -> (truth program, its outputs, peer program, its outputs).
+# The truth's and the peer's outputs of the references launched ahead, not yet read: (case,
+# programs, chunk convention, forward) -> (truth program, its outputs, peer program, its
+# outputs); one of each mode at a time.
 _launched: dict = {}
 
 
-def launch_reference(case: Case, programs, chunk_convention: str = "segment") -> bool:
-    """Launches the case's truth and peer without waiting for them, where both are compiled
-    (a program still compiling is not waited for here): the runner launches the next case's
-    while this case's kernels are judged, and the device computes it in the gaps the host
-    leaves (on the H200's warm nightly at c4f8fc7 the run thread launched and waited for the
-    oracle's runs for 43 s). reference_for reads it when the case comes. One reference is launched
-    ahead at a time; launching another lets go of the one before. A launch that fails is
-    dropped: reference_for then computes the reference and meets the failure itself."""
-    _launched.clear()
-    pair = [oracle_program(case, truth, chunk_convention, programs) for truth in (True, False)]
+def launch_reference(case: Case, programs, chunk_convention: str = "segment",
+                     forward: bool = False) -> bool:
+    """Launches the case's truth and peer (`forward`: their forward mode, the jvp check's
+    reference) without waiting for them, where both are compiled (a program still compiling is
+    not waited for here): the runner launches the next case's while this case's kernels are
+    judged, and the device computes it in the gaps the host leaves (on the H200's warm nightly
+    at c4f8fc7 the run thread launched and waited for the oracle's runs for 43 s; at 1b487e6
+    it waited 5.5 s for the jvp references, then computed when their first kernel came).
+    reference_for (jvp_reference_for) reads it when the case comes. One reference of each
+    mode is launched ahead at a time; launching another lets go of the one before. A launch
+    that fails is dropped: the reference is then computed when asked for, meeting the
+    failure itself."""
+    for key in [k for k in _launched if k[3] == forward]:
+        del _launched[key]
+    pair = [oracle_program(case, truth, chunk_convention, programs, forward=forward)
+            for truth in (True, False)]
     if not all(p.compiled.done() and p.compiled.exception() is None for p in pair):
         return False
     try:
-        args = make_inputs(case).device_args
+        args = _reference_args(case, forward)
         outs = [p.launch(*args) for p in pair]
     except Exception:
         return False
-    _launched[(case, programs, chunk_convention)] = (pair[0], outs[0], pair[1], outs[1])
+    _launched[(case, programs, chunk_convention, forward)] = (pair[0], outs[0], pair[1], outs[1])
     return True
+
+
+def _reference_args(case: Case, forward: bool) -> tuple:
+    """The oracle's arguments: the case's inputs; in forward mode with the input tangents
+    (harness.model.case.make_tangents) in place of the cotangent."""
+    args = make_inputs(case).device_args
+    if not forward:
+        return args
+    from harness.model.case import make_tangents
+    return args[:-1] + make_tangents(case)
+
+
+def _truth_and_peer(case: Case, programs, chunk_convention: str, forward: bool) -> tuple:
+    """The truth's and the peer's outputs: those launched ahead, else computed now."""
+    launched = _launched.pop((case, programs, chunk_convention, forward), None)
+    if launched is not None:
+        truth_program, truth, peer_program, peer = launched
+        return truth_program.wait(truth), peer_program.wait(peer)
+    args = _reference_args(case, forward)
+    return tuple(oracle_program(case, truth, chunk_convention, programs, forward=forward)(*args)
+                 for truth in (True, False))
 
 
 def forget_launched() -> None:
@@ -406,13 +434,7 @@ def jvp_reference_for(case: Case, programs=None, chunk_convention: str = "segmen
 @functools.lru_cache(maxsize=REFERENCES_KEPT)
 def _kept_reference(case: Case, programs, chunk_convention: str) -> Reference:
     args = make_inputs(case).device_args
-    launched = _launched.pop((case, programs, chunk_convention), None)
-    if launched is not None:
-        truth_program, truth, peer_program, peer = launched
-        truth, peer = truth_program.wait(truth), peer_program.wait(peer)
-    else:
-        truth = oracle_program(case, True, chunk_convention, programs)(*args)
-        peer = oracle_program(case, False, chunk_convention, programs)(*args)
+    truth, peer = _truth_and_peer(case, programs, chunk_convention, False)
     errors, biggest = jax.device_get((token_errors(peer[:4], truth[:4]),
                                       scales(truth[:4], args[3])))
     out = Reference(truth=truth,
@@ -427,10 +449,8 @@ def _kept_reference(case: Case, programs, chunk_convention: str) -> Reference:
 
 @functools.lru_cache(maxsize=REFERENCES_KEPT)
 def _kept_jvp_reference(case: Case, programs, chunk_convention: str) -> Reference:
-    from harness.model.case import make_tangents
-    args = make_inputs(case).device_args[:-1] + make_tangents(case)
-    truth = oracle_program(case, True, chunk_convention, programs, forward=True)(*args)
-    peer = oracle_program(case, False, chunk_convention, programs, forward=True)(*args)
+    args = _reference_args(case, True)
+    truth, peer = _truth_and_peer(case, programs, chunk_convention, True)
     errors, biggest = jax.device_get((token_errors(peer, truth), scales(truth, args[3])))
     return Reference(truth=truth, peer_token_err={JVP.name: errors[0][0]},
                      scale={JVP.name: float(biggest[0])})
