@@ -329,7 +329,7 @@ def test_the_header_counts_what_the_process_handed_over_and_merges_add_them():
         "why": {NOT_IN_CACHE: {"oracle": 1, "xla": 3}, LOAD_FAILED: {"te:thd": 1}}}
     text = "\n".join(timing_lines({"timing": {"xla": {}}, "compilation_cache": merged}))
     assert "5 programs traced and lowered in a lowering process, read from the cache" in text
-    assert "2 kernels' trace errors handed over from there" in text
+    assert "2 programs whose kernel's trace failed there handed over as that error" in text
     assert "5 built by the run after that process could not hand them over" in text
     # a line per reason, the most programs first, its kernels the most first
     assert f"- {NOT_IN_CACHE}: 4 (xla 3, oracle 1)\n- {LOAD_FAILED}: 1 (te:thd 1)" in text

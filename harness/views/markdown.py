@@ -132,9 +132,9 @@ def timing_lines(header: dict) -> list[str]:
         if apart:
             out[-1] += (f"; {apart.get('loaded', 0)} programs traced and lowered in a "
                         "lowering process, read from the cache there and loaded by the run, "
-                        f"{apart.get('trace_errors', 0)} kernels' trace errors handed over "
-                        "from there (refusals and declared crashes, raised by the run as the "
-                        "kernel's own error, not traced again), "
+                        f"{apart.get('trace_errors', 0)} programs whose kernel's trace failed "
+                        "there handed over as that error (refusals and declared crashes, raised "
+                        "by the run as the kernel's own error, not traced again), "
                         f"{apart.get('built_here', 0)} built by the run after that process "
                         "could not hand them over")
             out += _built_here_why(apart.get("why") or {})
