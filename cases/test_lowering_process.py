@@ -24,7 +24,7 @@ from harness.engine.lowering_process import (
 )
 from harness.engine.options import RunOptions
 from harness.engine.environment import current_platform
-from harness.engine.programs import Programs, for_run
+from harness.engine.programs import Program, Programs, Timing, for_run
 from harness.engine.runner import run_kernel_case
 from harness.judge.vocabulary import ERROR, KNOWN, REFUSED
 from harness.kernels.kernel import Kernel
@@ -249,17 +249,27 @@ def test_a_refusal_or_a_declared_crash_comes_back_from_the_process_as_the_kernel
                                   NOT_IN_CACHE: len(offered) - kernel_programs}
 
 
-def test_a_trace_error_that_does_not_pickle_is_traced_again_in_the_run():
-    class Unpicklable(Exception):
-        def __init__(self, a, b):   # pickle calls it with one argument: it cannot come back
-            super().__init__(f"{a} {b}")
-    assert trace_error_blob(Unpicklable("no", "window"), 0.1) is None
+def test_a_trace_error_that_cannot_make_the_trip_is_traced_again_in_the_run():
+    """The process sends no error that does not come back from pickle as itself, and the run
+    traces a kernel again where it cannot read the error it was sent."""
+    class Local(Exception):   # a class defined in a function: pickle cannot name it
+        pass
+    assert trace_error_blob(Local("lp-test: no window"), 0.1) is None
     try:
         raise ValueError("lp-test: no window")
     except ValueError as exc:
         raised, seconds = load_raised(trace_error_blob(exc, 0.25))
     assert (type(raised), str(raised), seconds) == (ValueError, "lp-test: no window", 0.25)
     assert raised.__traceback__ is not None
+    programs = Programs()
+    program, traced_here, before = Program("lp_test", (), Timing()), [], _counts()
+    try:
+        programs._raised_apart((program, lambda: traced_here.append(True)), b"not a pickle")
+    finally:
+        programs.close()
+    assert traced_here == [True] and not program.compiled.done()
+    assert _why_since(before) == {LOAD_FAILED: 1}
+    assert _counts()["trace_errors"] == before["trace_errors"]
 
 
 def test_programs_pending_when_the_process_dies_are_built_here(tmp_path, user_kernels):

@@ -215,19 +215,22 @@ def test_a_pytest_process_lets_go_of_the_last_cases_references_at_the_next_case(
 
 
 
-def test_the_next_cases_reference_is_launched_ahead_and_read_once(monkeypatch):
+@pytest.mark.parametrize("names", [["dot_product", "xla"], ["canary_ignores_segments", "xla"]])
+def test_the_next_cases_reference_is_launched_ahead_and_read_once(monkeypatch, names):
     """The runner launches the next case's reference once this case's first kernel has run
-    (oracle.launch_reference), and its jvp check's reference (xla has forward mode), and the
-    next case reads them: each case's truth and peer run once in each mode, the records are
-    those of a run that computes each reference when its case comes, and nothing launched
-    stays after the run."""
+    (oracle.launch_reference), and its jvp check's reference (xla has forward mode) once this
+    case's first kernel with that check has run (the canary has none: this case's own is read
+    before the next one's is launched), and the next case reads them: each case's truth and
+    peer run once in each mode, the records are those of a run that computes each reference
+    when its case comes, and nothing launched stays after the run."""
     from harness.engine import runner
     from harness.engine.programs import ORACLE, Programs
     from harness.engine.registry import select_kernels
     from harness.judge import oracle
     from harness.kernels.kernel import Platform
 
-    kernels = select_kernels(["dot_product", "xla"])
+    kernels = select_kernels(names)
+    assert [k.name for k in kernels] == names
     # bfloat16: the truth (float32) and the peer (bfloat16) differ, so a swap would show.
     cases = [Case("packed/random", 2, 128, 2, 2, 16, "bfloat16", seed=s) for s in (3, 4, 5)]
     read = []

@@ -71,9 +71,8 @@ def cmd_merge(args) -> int:
     for source in args.sources:
         rec.resolve(source)
     rec.check_writable(args.out, option="merge OUT")
-    status, overlaps = engine.merge(Path(args.out), [Path(s) for s in args.sources],
-                                    rejudge=args.rejudge)
-    header, records = rec.read(args.out)
+    status, overlaps, header, records = engine.merge(
+        Path(args.out), [Path(s) for s in args.sources], rejudge=args.rejudge)
     print_console(records, header)
     for source, n in overlaps:
         print(f"note: {source} repeats {n} kernel x case pairs of an earlier source; its "

@@ -73,9 +73,9 @@ def cache_stats() -> dict:
     compiles) and misses (compiled here, then written); `retried`, where any compile was tried
     again after the host could not start the compiler (harness.compiling);
     `lowering_process`, where one read programs for this process: how many it handed over
-    (`loaded` here), how many kernels' trace errors it handed over (`trace_errors`: raised
-    here, not traced again), and how many it could not (`built_here`), and why not (`why`:
-    reason -> kernel -> programs)."""
+    (`loaded` here), how many programs' trace errors it handed over (`trace_errors`, a
+    kernel's error per build: raised here, not traced again), and how many it could not
+    (`built_here`), and why not (`why`: reason -> kernel -> programs)."""
     from harness.compiling import retried
     stats = {"hits": _CACHE_EVENTS["cache_hits"] + _CACHE_EVENTS["apart_loaded"],
              "misses": _CACHE_EVENTS["cache_misses"]}

@@ -278,10 +278,11 @@ def finish(report_dir: Path, options: RunOptions, *, state: str = FINISHED,
     return status
 
 
-def merge(out: Path, sources: list[Path], rejudge: bool = False) -> tuple[int, list]:
+def merge(out: Path, sources: list[Path], rejudge: bool = False
+          ) -> tuple[int, list, dict, list]:
     """`harness merge`: several reports (the shards of a suite) joined into one, optionally
     with every expectation recomputed from the kernels as registered now; the views written.
-    Returns (status, overlaps)."""
+    Returns (status, overlaps, the joined header, its records)."""
     from harness.store.merge import merge_reports
     from harness.views.report_dir import write_views
     transform = None
@@ -291,7 +292,7 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False) -> tuple[int, l
 
         def transform(records):
             return rejudged(records, all_kernels())
-    suites = {rec.read(s)[0].get("suite") for s in sources}
+    suites = {rec.read_header(s).get("suite") for s in sources}
     if len(suites) > 1:
         names = ", ".join(map(str, sorted(suites, key=str)))
         print(f"note: merging reports of different suites ({names}): "
@@ -300,7 +301,7 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False) -> tuple[int, l
     overlaps = merge_reports(Path(out), [Path(s) for s in sources], transform,
                              rejudged=rejudge)
     header, records = write_views(Path(out))
-    return tallies.run_status(records, header), overlaps
+    return tallies.run_status(records, header), overlaps, header, records
 
 
 def check_not_running(report_dir: Path) -> None:

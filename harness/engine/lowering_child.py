@@ -161,6 +161,7 @@ def _serve(receive: Connection, send: Connection) -> None:
 
     from harness.engine.compilation_cache import enable_compilation_cache
     from harness.engine.options import RunOptions
+    from harness.engine.program_functions import DEFAULT
     from harness.engine.programs import Program, Programs, Timing, _markers
     from harness.engine.registry import all_kernels, load_kernel_module, mark_absl_flags_parsed
     from harness.judge import judging
@@ -191,10 +192,13 @@ def _serve(receive: Connection, send: Connection) -> None:
         exc = done.exception()
         if exc is not None:
             blob = None
-            with contextlib.suppress(Exception):   # every request is answered
-                if kernel is not None and program.trace_error is exc \
-                        and judging.trace_error_settles(kernel, case, exc):
+            try:   # every request is answered, whatever this raises
+                if kernel is not None and program.trace_error is exc and \
+                        judging.trace_error_settles(kernel, case, exc,
+                                                    refusals=program.mode == DEFAULT):
                     blob = trace_error_blob(exc, program.timing.lower_s)
+            except BaseException:   # noqa: BLE001 - then the run traces it again
+                blob = None
             outbox.put(("raised", token, blob) if blob is not None else
                        ("failed", token, why_not_built(exc)))
             return

@@ -19,18 +19,18 @@ program the cache does not hold (compiled by the run, so that XLA's autotuning s
 run's share of the device), a kernel the process cannot find under its name, a trace or compile
 that fails (the run then raises the kernel's own error), one jax cannot serialize, everything
 once the process is gone. One kind of failed trace comes back instead: a kernel's error that
-decides its pair without an error verdict, a refusal of a feature or the crash the kernel
-declares (harness.judge.judging.trace_error_settles), pickled with its traceback (tblib); the
-run raises it as its own trace would have. (On the H200's warm nightly at 1b487e6, 351 of the
-362 programs the run built itself were failed traces, traced again beside the run's thread:
-MaxText's flash, TE's unfused fallback, tokamax's Mosaic and Triton paths, the op's refusals.)
-Any other error the run confirms with its own trace. The process never compiles: jax's
-compiler is wrapped there to refuse, as is a cache read that fails in any way. A handed-over
-program is loaded on the devices jax read it for, and is offered only for a kernel the process
-has under the same name and function (`kernel_fingerprint`). The run's header counts all
-three (`lowering_process` in its `compilation_cache`; a program loaded from the process counts
-as a cache hit, and nothing else of the process does). Each side sends from a thread of its
-own, so neither waits on a full pipe while the other waits on it. `--no-lowering-process`
+decides its check without an error verdict, the crash the kernel declares or, on a default
+build, a refusal of a feature (harness.judge.judging.trace_error_settles), pickled with its
+traceback (tblib); the run raises it as its own trace would have. (On the H200's warm nightly at
+1b487e6, 351 of the 362 programs the run built itself were failed traces, traced again beside
+the run's thread: MaxText's flash, TE's unfused fallback, tokamax's Mosaic and Triton paths, the
+op's refusals.) Any other error the run confirms with its own trace. The process never compiles:
+jax's compiler is wrapped there to refuse, as is a cache read that fails in any way. A
+handed-over program is loaded on the devices jax read it for, and is offered only for a kernel
+the process has under the same name and function (`kernel_fingerprint`). The run's header counts
+all three (`lowering_process` in its `compilation_cache`; a program loaded from the process
+counts as a cache hit, and nothing else of the process does). Each side sends from a thread of
+its own, so neither waits on a full pipe while the other waits on it. `--no-lowering-process`
 builds everything in the run's process.
 
 The process's environment is the run's, except that it takes device memory as it needs it

@@ -413,36 +413,40 @@ def run_matrix(kernels: Iterable[Kernel], cases: Iterable[Case], platform: Platf
                 total.traces += result.traces
                 if on_result:
                     on_result(kernel, case, result)
-                if kernel is first_kernel.get(case) and i + 1 < len(cases):
-                    _launch_next_reference(programs, cases[i + 1], first_kernel, ahead,
-                                           first_forward)
+                if i + 1 < len(cases):
+                    _launch_next_references(programs, case, cases[i + 1], kernel, first_kernel,
+                                            first_forward, ahead)
             # The case's perturbations and references go before the next case's kernels need
-            # the device's memory (a long row's are GiBs); the next case's reference, launched
-            # ahead, stays.
+            # the device's memory (a long row's are GiBs), and so does any of its references
+            # launched ahead and never read (its kernels raised first); the next case's stay.
             leak_probe.perturbed.cache_clear()
             forget_references()
+            forget_launched(keep=cases[i + 1] if i + 1 < len(cases) else None)
     finally:
         drawing.shutdown(wait=False, cancel_futures=True)
         forget_launched()
     return total
 
 
-def _launch_next_reference(programs: Programs, nxt: Case, first_kernel: dict,
-                           ahead: dict, first_forward: dict) -> None:
-    """Launches the next case's reference (oracle.launch_reference), and its jvp check's where
-    a kernel will run that check on it, once this case's first kernel has run, so that the
-    device computes them while the host judges this case's kernels; not where the next case's
-    inputs are still being drawn (it does not wait for them), and not where no kernel will
-    run on it. The launch's time is the oracle's; the device runs in
-    order, so a run of this case's next kernel that is waited for may wait for the reference's
-    computing too, and that wait counts in the kernel's execute seconds."""
+def _launch_next_references(programs: Programs, case: Case, nxt: Case, kernel: Kernel,
+                            first_kernel: dict, first_forward: dict, ahead: dict) -> None:
+    """Launches the next case's reference (oracle.launch_reference) once this case's first
+    kernel has run, and its jvp check's reference, where a kernel will run that check on it,
+    once this case's first kernel with that check has run (its own, launched ahead, read by
+    then; the first kernel where none has it): the device computes them while the host judges
+    this case's kernels. Not where the next case's inputs are still being drawn (it does not
+    wait for them), and not where no kernel will run on it. The launches' time is the
+    oracle's; the device runs in order, so a run of this case's next kernel that is waited for
+    may wait for a reference's computing too, and that wait counts in the kernel's execute
+    seconds."""
     if nxt not in first_kernel:
         return
     drawn = ahead.get(nxt)
     if drawn is not None and not (drawn.done() and drawn.exception() is None):
         return
-    _oracle(programs, launch_reference, nxt, first_kernel[nxt].chunk_convention)
-    if nxt in first_forward:
+    if kernel is first_kernel.get(case):
+        _oracle(programs, launch_reference, nxt, first_kernel[nxt].chunk_convention)
+    if nxt in first_forward and kernel is first_forward.get(case, first_kernel.get(case)):
         _oracle(programs, functools.partial(launch_reference, forward=True), nxt,
                 first_forward[nxt].chunk_convention)
 

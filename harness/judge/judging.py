@@ -228,12 +228,13 @@ def error_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()
 
 
-def trace_error_settles(kernel, case, exc: BaseException) -> bool:
-    """Whether an error raised while `kernel` was traced on `case` decides the pair without an
-    error verdict: a refusal of a feature the case handed over, or the crash the kernel declares
+def trace_error_settles(kernel, case, exc: BaseException, refusals: bool = True) -> bool:
+    """Whether an error raised while `kernel` was traced on `case` decides its check without
+    an error verdict: the crash the kernel declares, or, with `refusals` (the build whose
+    check reads them: a kernel's default build), a refusal of a feature the case handed over
     (harness.engine.lowering_process hands such errors over; any other trace error the run
     confirms with its own trace)."""
-    return refused_feature(case, exc) is not None or \
+    return (refusals and refused_feature(case, exc) is not None) or \
         error_outcome(error_message(exc), kernel.error_expected(case))[1] == v.KNOWN
 
 

@@ -409,9 +409,11 @@ def _truth_and_peer(case: Case, programs, chunk_convention: str, forward: bool) 
                  for truth in (True, False))
 
 
-def forget_launched() -> None:
-    """Lets go of a reference launched ahead and not read (the runner, at its end)."""
-    _launched.clear()
+def forget_launched(keep: Case | None = None) -> None:
+    """Lets go of the references launched ahead and not read, both modes, but those of case
+    `keep` (the runner: at a case's end, keeping the next case's; at its end, all)."""
+    for key in [k for k in _launched if k[0] != keep]:
+        del _launched[key]
 
 
 def reference_for(case: Case, programs=None, chunk_convention: str = "segment") -> Reference:

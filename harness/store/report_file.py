@@ -115,6 +115,27 @@ def read(path: str | Path, what: str = "report") -> tuple[dict, list[Record]]:
     return header, records
 
 
+def read_header(path: str | Path, what: str = "report") -> dict:
+    """The report's run header alone (its first line, as written), without reading its
+    records; a UsageError where `read` would give one for the header."""
+    path = resolve(path, what)
+    try:
+        with _open(path) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if row.get("type") == "run":
+                    if row.get("schema") not in READABLE:
+                        raise UsageError(f"{what} {path}:{n}: report schema "
+                                         f"{row.get('schema')}, this harness reads {READABLE}")
+                    return row
+    except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError, TypeError,
+            KeyError, AttributeError) as exc:
+        raise UsageError(f"{what} {path}: not a harness report ({type(exc).__name__})") from None
+    raise UsageError(f"{what} {path}: no run header line; not a harness report")
+
+
 def read_traces(path: str | Path) -> list[Trace]:
     path = Path(path)
     if not path.exists():

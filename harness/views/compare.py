@@ -40,8 +40,8 @@ def check_comparable(new_path, base_path) -> None:
     """Mistakes before comparing: the same report twice (nothing can regress against itself),
     a baseline file given as the new report."""
     from harness.errors import UsageError
-    new_header, _ = rec.read(new_path)
-    base_header, _ = rec.read(base_path, what="baseline")
+    new_header = rec.read_header(new_path)
+    base_header = rec.read_header(base_path, what="baseline")
     if _identity(new_path) == _identity(base_path):
         raise UsageError(f"compare {new_path} {base_path}: the same report twice; give a new "
                          "run and an earlier one")
@@ -62,7 +62,7 @@ def check_baseline_sources(sources) -> None:
     from harness.errors import UsageError
     headers = {}
     for src in sources:
-        header, _ = rec.read(src)
+        header = rec.read_header(src)
         key = _identity(src)
         if key in headers:
             raise UsageError(f"baseline: {src} given twice")
