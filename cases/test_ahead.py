@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from harness.ahead import Ahead, ahead
-from harness.engine.programs import OWN, Programs, Timing
+from harness.engine.program import Timing
+from harness.engine.programs import OWN, Programs
 from harness.engine.runner import run_matrix
 from harness.judge import leak_probe, metrics, probe_runs
 from harness.kernels.kernel import Kernel, Platform

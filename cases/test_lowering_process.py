@@ -24,7 +24,8 @@ from harness.engine.lowering_process import (
 )
 from harness.engine.options import RunOptions
 from harness.engine.environment import current_platform
-from harness.engine.programs import Program, Programs, Timing, for_run
+from harness.engine.program import Program, Timing
+from harness.engine.programs import Programs, for_run
 from harness.engine.runner import run_kernel_case
 from harness.judge.vocabulary import ERROR, KNOWN, REFUSED
 from harness.kernels.kernel import Kernel

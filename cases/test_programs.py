@@ -194,7 +194,7 @@ def test_a_checked_run_that_missed_the_filled_blocks_is_filled_and_run_again(mon
     """Another thread can take a freed block before the run does; the run's outputs then sit
     in blocks nobody filled (unwritten.landed says so), and the fill and run are done again."""
     from harness.engine import unwritten
-    from harness.engine.programs import POISON_ATTEMPTS
+    from harness.engine.program import POISON_ATTEMPTS
 
     class At:
         def __init__(self, address):

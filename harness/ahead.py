@@ -87,7 +87,7 @@ class Ahead:
                       **static) -> bool:
         """Compiles the signature of `shapes` (jax.ShapeDtypeStruct trees) and `static` through
         `submit` (which runs a callable on a compile thread), once; its seconds go to `timing`
-        (harness.engine.programs.Timing). False where it was compiled ahead already."""
+        (harness.engine.program.Timing). False where it was compiled ahead already."""
         key = signature(shapes, static)
         with self._lock:
             if key in self._entries:

@@ -162,7 +162,8 @@ def _serve(receive: Connection, send: Connection) -> None:
     from harness.engine.compilation_cache import enable_compilation_cache
     from harness.engine.options import RunOptions
     from harness.engine.program_functions import DEFAULT
-    from harness.engine.programs import Program, Programs, Timing, _markers
+    from harness.engine.program import Program, Timing
+    from harness.engine.programs import Programs, _markers
     from harness.engine.registry import all_kernels, load_kernel_module, mark_absl_flags_parsed
     from harness.judge import judging
     from harness.model.case import Case

@@ -18,7 +18,7 @@ def compile_ahead(case: Case, forward: bool, probe: bool, args: tuple, truth, pe
     `args`: the kernel program's argument shapes; `truth`, `peer`, `mine`: the output shapes
     of the oracle's programs and the kernel's (None for one that failed to lower: its calls,
     if any, compile when made); `submit` runs a callable on a compile thread; `timing` takes
-    the seconds (harness.engine.programs.Timing)."""
+    the seconds (harness.engine.program.Timing)."""
     def ahead(fn, *shapes, **static):
         fn.compile_ahead(submit, timing, *shapes, **static)
 

@@ -44,7 +44,7 @@ RUNS_IN_FLIGHT = 8
 
 def all_changes(program, base, runs: list[tuple]) -> list:
     """changes(base, the run's first len(base) results) for each run's arguments, in order.
-    Where `program` can launch a run without waiting for it (harness.engine.programs.Program),
+    Where `program` can launch a run without waiting for it (harness.engine.program.Program),
     up to RUNS_IN_FLIGHT runs are launched, each with its comparison, and then read back
     together: one wait and one device_get per batch, not one per run (on the H200's warm nightly
     at c4f8fc7, launching two at a time and reading each run back took the worker's run thread
