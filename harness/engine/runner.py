@@ -170,7 +170,7 @@ def _jvp_records(kernel, case, programs, inputs) -> tuple[list[Record], tuple | 
         tangent = program(*args, poison_unwritten=programs.poisons_unwritten)
         program.require_markers()
     except Exception as exc:  # declared and raising: an error, never a skip
-        return [judging.error_record(kernel, case, f"jvp: {type(exc).__name__}: {exc}".strip(),
+        return [judging.error_record(kernel, case, f"jvp: {judging.error_message(exc)}",
                                      _traceback(), check=JVP.name)], None
     errs = token_errors(tangent, ref.truth)
     records, _ = judging.tensor_records(kernel, case, JVP, errs[0], ref, FORWARD)

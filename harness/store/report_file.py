@@ -92,6 +92,16 @@ def resolve(path: str | Path, what: str = "report") -> Path:
 
 def read(path: str | Path, what: str = "report") -> tuple[dict, list[Record]]:
     """(header, records) of a report file or folder; a UsageError for anything else."""
+    return _read(path, what, with_records=True)
+
+
+def read_header(path: str | Path, what: str = "report") -> dict:
+    """The report's run header alone (its first line, as written), without reading its
+    records; a UsageError where `read` would give one for the header."""
+    return _read(path, what, with_records=False)[0]
+
+
+def _read(path: str | Path, what: str, with_records: bool) -> tuple[dict, list[Record]]:
     path = resolve(path, what)
     header, records = None, []
     try:
@@ -105,35 +115,16 @@ def read(path: str | Path, what: str = "report") -> tuple[dict, list[Record]]:
                         raise UsageError(f"{what} {path}:{n}: report schema {row.get('schema')}, "
                                          f"this harness reads {READABLE}")
                     header = header or row
-                elif row.get("type") == "record":
+                    if not with_records:
+                        break
+                elif with_records and row.get("type") == "record":
                     records.append(Record.from_json(row))
     except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError, TypeError,
-            KeyError) as exc:
+            KeyError, AttributeError) as exc:
         raise UsageError(f"{what} {path}: not a harness report ({type(exc).__name__})") from None
     if header is None:
         raise UsageError(f"{what} {path}: no run header line; not a harness report")
     return header, records
-
-
-def read_header(path: str | Path, what: str = "report") -> dict:
-    """The report's run header alone (its first line, as written), without reading its
-    records; a UsageError where `read` would give one for the header."""
-    path = resolve(path, what)
-    try:
-        with _open(path) as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                if row.get("type") == "run":
-                    if row.get("schema") not in READABLE:
-                        raise UsageError(f"{what} {path}:{n}: report schema "
-                                         f"{row.get('schema')}, this harness reads {READABLE}")
-                    return row
-    except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError, TypeError,
-            KeyError, AttributeError) as exc:
-        raise UsageError(f"{what} {path}: not a harness report ({type(exc).__name__})") from None
-    raise UsageError(f"{what} {path}: no run header line; not a harness report")
 
 
 def read_traces(path: str | Path) -> list[Trace]:
