@@ -84,6 +84,12 @@ def test_kernels_that_cannot_share_a_process_run_in_workers(tmp_path):
                                                       if r["outcome"] != "ok"][:3]
     assert header["isolation"] == {"a": ["clash_a"], "b": ["clash_b"], "main": ["plain"]}
     assert header["selection"]["cases"] == ONE and header["environment"]["platform"] == "cpu"
+    # Where the wall time went outside the table: each worker's start and pairs, the join.
+    starts = [m["startup_s"] for m in header["merged_from"]]
+    assert len(starts) == 3 and all(s > 0 for s in starts), header["merged_from"]
+    assert 0 <= header["merge_s"] <= header["wall_s"]
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert "Worker processes: " in summary and "reports joined in" in summary
     # The clash is real: in one process, the second library fails (an error, never a pass).
     same = tmp_path / "same.py"
     same.write_text(CLASHING.replace('isolation="b"', 'isolation="a"'))

@@ -245,12 +245,14 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
         dirs.append(crash_dir)
     parts = main_parts.header_parts(futures, rerun=not interrupted)
     run_again = workers.run_again_entries(futures, again)
+    joined = time.monotonic()
     merge_reports(report_dir, dirs, **run_info(
         options, selection, isolation={g or "main": [k.name for k in m]
                                        for g, m in groups.items()},
         **({"main_parts": parts} if parts else {}),
         **({"run_again": run_again} if run_again else {})))
-    return {"wall_s": round(time.monotonic() - start, 1)}, interrupted
+    end = time.monotonic()
+    return {"wall_s": round(end - start, 1), "merge_s": round(end - joined, 1)}, interrupted
 
 
 def finish(report_dir: Path, options: RunOptions, *, state: str = FINISHED,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import jax
 
 from harness.engine import unwritten
-from harness.engine.program_functions import DEFAULT
+from harness.engine.program_functions import DEFAULT, DETERMINISTIC
 from harness.engine.trace_environment import ENVIRONMENT_LOCK
 
 # Fills and runs of a kernel's checked run until its outputs sit in the filled blocks
@@ -24,6 +24,7 @@ class Timing:
     lower_s: float = 0.0
     compile_s: float = 0.0
     execute_s: float = 0.0
+    probe_execute_s: float = 0.0   # of execute_s: the leak probe's deterministic build (GPUs)
     wait_s: float = 0.0        # the run waited for its programs (compiling; a trace's environment)
     wall_s: float = 0.0        # the run's time on this kernel, checks and probe included
     programs: int = 0
@@ -35,7 +36,9 @@ class Timing:
         # waited.
         host = max(self.wall_s - self.execute_s - self.wait_s, 0.0) if self.wall_s else 0.0
         return {"lower_s": round(self.lower_s, 3), "compile_s": round(self.compile_s, 3),
-                "execute_s": round(self.execute_s, 3), "wait_s": round(self.wait_s, 3),
+                "execute_s": round(self.execute_s, 3),
+                "probe_execute_s": round(self.probe_execute_s, 3),
+                "wait_s": round(self.wait_s, 3),
                 "wall_s": round(self.wall_s, 3), "host_s": round(host, 3),
                 "programs": self.programs, "runs": self.runs}
 
@@ -104,15 +107,20 @@ class Program:
     def wait(self, out):
         start = time.perf_counter()
         jax.block_until_ready(out)
-        self.timing.execute_s += time.perf_counter() - start
+        self._executed(time.perf_counter() - start)
         return out
 
     def _launched(self, compiled, args):
         start = time.perf_counter()
         out = compiled(*args)
-        self.timing.execute_s += time.perf_counter() - start
+        self._executed(time.perf_counter() - start)
         self.timing.runs += 1
         return out
+
+    def _executed(self, seconds: float) -> None:
+        self.timing.execute_s += seconds
+        if self.mode == DETERMINISTIC:
+            self.timing.probe_execute_s += seconds
 
     def _ready(self):   # the compiled program, once compiled (the run's wait for it counted)
         if not self.compiled.done():

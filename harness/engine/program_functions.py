@@ -15,6 +15,9 @@ DEFAULT = "default"
 # The kernel's forward mode: (q, k, v, seg[, sinks], tangents) -> (the output's tangent,),
 # through jax.jvp (the jvp check of kernels that declare forward_mode).
 FORWARD = "forward"
+# The leak probe's build on GPUs (harness.engine.programs): the default's lowering compiled
+# with XLA's deterministic ops.
+DETERMINISTIC = "deterministic"
 
 
 def feature_arguments(case: Case) -> dict:

@@ -38,12 +38,17 @@ from harness.engine.lowering_process import LoweringProcess, kernel_fingerprint
 from harness.engine.program import Program, Timing
 from harness.engine.registry import all_kernels
 from harness.engine.trace_environment import traced_under
-from harness.engine.program_functions import DEFAULT, FORWARD, argument_shapes, kernel_fn
+from harness.engine.program_functions import (
+    DEFAULT,
+    DETERMINISTIC,
+    FORWARD,
+    argument_shapes,
+    kernel_fn,
+)
 from harness.judge.oracle import reference_fn, reference_jvp_fn, share_programs
 from harness.kernels.kernel import Kernel
 from harness.model.case import Case
 
-DETERMINISTIC = "deterministic"
 DETERMINISTIC_COMPILER_OPTIONS = {"xla_gpu_deterministic_ops": True}
 # The harness's own programs on GPUs (the oracle, the probe's deterministic builds) skip XLA's
 # autotuning: it times candidate GEMM algorithms and Triton configurations on the device for

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 
@@ -45,6 +46,8 @@ def run_pairs(spec: dict) -> int:
     programs = for_run(options)
     writer = ReportWriter(report_dir, describe(), suite=options.suite,
                           probe_mode=programs.probe_mode, leak_probe=options.leak_probe)
+    # From the controller's spec to here: the process, its imports, the device, the programs.
+    began = time.time()
     started = (report_dir / STARTED_FILE).open("a")
     finished = (report_dir / FINISHED_FILE).open("a")
     deferred = (report_dir / DEFERRED_FILE).open("a") if spec.get("defer_memory") else None
@@ -87,7 +90,8 @@ def run_pairs(spec: dict) -> int:
     from harness.engine.compilation_cache import cache_stats
 
     def close_report():
-        writer.close(timing=programs.report(),
+        writer.close(timing=programs.report(), worker=report_dir.parent.name,
+                     startup_s=round(began - spec.get("written", began), 1),
                      compilation_cache={"dir": options.cache_dir, **cache_stats()})
     try:
         run_matrix(kernels, cases, current_platform(), on_result=on_result,

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -279,7 +280,9 @@ def write_spec(path: Path, options, pairs: list, report_dir: Path,
     options = dataclasses.replace(options, kernel_modules=modules, source="worker")
     path.write_text(json.dumps({"options": options.to_json(), "pairs": [list(p) for p in pairs],
                                 "report_dir": str(report_dir), "defer_memory": defer_memory,
-                                "run_again": [list(p) for p in run_again]}))
+                                "run_again": [list(p) for p in run_again],
+                                # when the worker was asked for (its header's startup_s)
+                                "written": time.time()}))
     return path
 
 

@@ -89,23 +89,28 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
     traces: dict[tuple, list] = {}
     headers, overlaps = [], []
     for src in sources:
-        head, records = rec.read(src)
+        # Each record's line as its source wrote it, where nothing rewrites them.
+        if transform is None:
+            head, rows = rec.read_lines(src)
+        else:
+            head, records = rec.read(src)
+            rows = [(r.pair, r) for r in records]
         headers.append(head)
         fresh: dict[tuple, list] = {}
-        for r in records:
-            fresh.setdefault(r.pair, []).append(r)
+        for pair, row in rows:
+            fresh.setdefault(pair, []).append(row)
         replaced = sorted(set(fresh) & set(by_case))
         if replaced:
             overlaps.append((src, len(replaced)))
         by_case.update(fresh)
         fresh_traces: dict[tuple, list] = {key: [] for key in fresh}
         folder = Path(src) if Path(src).is_dir() else Path(src).parent
-        for t in rec.read_traces(folder / rec.TRACES_FILE):
-            fresh_traces.setdefault((t.kernel, t.case_id), []).append(t)
+        for pair, line in rec.read_trace_lines(folder / rec.TRACES_FILE):
+            fresh_traces.setdefault(pair, []).append(line)
         traces.update(fresh_traces)
-    records = [r for rows in by_case.values() for r in rows]
+    rows = [r for pair_rows in by_case.values() for r in pair_rows]
     if transform is not None:
-        records = transform(records)
+        rows = [rec.record_line(r) for r in transform(rows)]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     facts = merged_environment([{k: h.get(k) for k in RUN_FACTS} for h in headers])
@@ -116,14 +121,16 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                      merged_environment([h["environment"] for h in headers]),
                      **{**facts, "suite": suites[0] if len(suites) == 1 else suites,
                         "merged_from": [{"path": str(s), "environment": h["environment"],
-                                         "wall_s": h.get("wall_s")}
+                                         "wall_s": h.get("wall_s"),
+                                         **{k: h[k] for k in ("worker", "startup_s")
+                                            if h.get(k) is not None}}
                                         for s, h in zip(sources, headers)],
                         "timing": merge_timing([h.get("timing") for h in headers]),
                         "compilation_cache": merge_cache(headers),
                         "selection": merged_selection(headers),
                         **header})
-    rec.append(out_dir / rec.RECORDS_FILE, records)
-    (out_dir / rec.TRACES_FILE).write_text("")
-    rec.append(out_dir / rec.TRACES_FILE,
-               [t for key in by_case for t in traces.get(key, [])], kind="trace")
+    with (out_dir / rec.RECORDS_FILE).open("a") as f:
+        f.writelines(rows)
+    with (out_dir / rec.TRACES_FILE).open("w") as f:
+        f.writelines(line for key in by_case for line in traces.get(key, []))
     return overlaps

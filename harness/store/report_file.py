@@ -63,11 +63,15 @@ def update_header(path: Path, **run_info) -> None:
     os.replace(fresh, path)
 
 
+def record_line(item, kind: str = "record") -> str:
+    """A record's (or trace's) line in the report."""
+    return json.dumps({"type": kind, **item.to_json()}) + "\n"
+
+
 def append(path: Path, items: list, kind: str = "record") -> None:
     """Appends records (or traces) as it goes, so a run that dies keeps what it had finished."""
     with path.open("a") as f:
-        for item in items:
-            f.write(json.dumps({"type": kind, **item.to_json()}) + "\n")
+        f.writelines(record_line(item, kind) for item in items)
 
 
 def _open(path: Path):
@@ -101,7 +105,15 @@ def read_header(path: str | Path, what: str = "report") -> dict:
     return _read(path, what, with_records=False)[0]
 
 
-def _read(path: str | Path, what: str, with_records: bool) -> tuple[dict, list[Record]]:
+def read_lines(path: str | Path, what: str = "report") -> tuple[dict, list[tuple]]:
+    """(header, [((kernel, case_id), line), ...]) of a report file or folder: each record's
+    line as written, with its pair, not made a Record (what a merge copies: on the H200's
+    87,496-record nightly, parsing each record and writing it again was most of the merge)."""
+    return _read(path, what, with_records=True, as_lines=True)
+
+
+def _read(path: str | Path, what: str, with_records: bool, as_lines: bool = False
+          ) -> tuple[dict, list]:
     path = resolve(path, what)
     header, records = None, []
     try:
@@ -118,7 +130,9 @@ def _read(path: str | Path, what: str, with_records: bool) -> tuple[dict, list[R
                     if not with_records:
                         break
                 elif with_records and row.get("type") == "record":
-                    records.append(Record.from_json(row))
+                    records.append(((row["kernel"], row["case_id"]),
+                                    line if line.endswith("\n") else line + "\n")
+                                   if as_lines else Record.from_json(row))
     except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError, TypeError,
             KeyError, AttributeError) as exc:
         raise UsageError(f"{what} {path}: not a harness report ({type(exc).__name__})") from None
@@ -133,6 +147,16 @@ def read_traces(path: str | Path) -> list[Trace]:
         return []
     with _open(path) as f:
         return [Trace.from_json(json.loads(line)) for line in f if line.strip()]
+
+
+def read_trace_lines(path: str | Path) -> list[tuple]:
+    """[((kernel, case_id), line), ...] of a traces file, each line as written."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with _open(path) as f:
+        return [(((row := json.loads(line))["kernel"], row["case_id"]),
+                 line if line.endswith("\n") else line + "\n") for line in f if line.strip()]
 
 
 def check_writable(report_dir: str | Path, option: str = "--report-dir") -> Path:

@@ -111,19 +111,22 @@ def timing_lines(header: dict) -> list[str]:
            "process (compile seconds add up over the threads compiling at once, and include "
            "loading a program the lowering process read from the cache); waited: how long the "
            "run stood still for a program not compiled yet, or for a trace's environment.", "",
-           "| kernel | wall s | programs | lower s | compile s | waited s | runs | execute s | host s |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| kernel | wall s | programs | lower s | compile s | waited s | runs | execute s | "
+           "of which probe build s | host s |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for kernel, t in sorted(timing.items(), key=lambda kv: -kv[1].get("wall_s", 0)):
         out.append(f"| {kernel} | {t.get('wall_s', 0):.1f} | {t.get('programs', 0)} | "
                    f"{t.get('lower_s', 0):.1f} | {t.get('compile_s', 0):.1f} | "
                    f"{t.get('wait_s', 0):.1f} | {t.get('runs', 0)} | {t.get('execute_s', 0):.1f} "
-                   f"| {t.get('host_s', 0):.1f} |")
+                   f"| {t.get('probe_execute_s', 0):.1f} | {t.get('host_s', 0):.1f} |")
     out += ["", "host: the run's own work on the kernel beside the device and the compiler "
             "(per-token metrics, judging, the leak probe's comparisons, transfers, Python): "
-            "wall less execute and waited. The harness's own programs (per-token metrics, the "
-            "probe's perturbations and comparisons, the jvp check's tangents) compile ahead, "
+            "wall less execute and waited. Of which probe build: the execute seconds of the "
+            "leak probe's deterministic build (GPUs; on CPUs the probe runs the default build). "
+            "The harness's own programs (per-token metrics, the probe's perturbations and comparisons, the jvp check's tangents) compile ahead, "
             "beside the kernels' (their row: waited is the run's wait for one still "
             "compiling; their runs count in the kernel's host time)."]
+    out += _process_lines(header)
     cache = header.get("compilation_cache")
     if cache:
         out += ["", f"compilation cache `{cache.get('dir')}`: {cache.get('hits', 0)} programs "
@@ -139,6 +142,18 @@ def timing_lines(header: dict) -> list[str]:
                         "could not hand them over")
             out += _built_here_why(apart.get("why") or {})
     return out
+
+
+def _process_lines(header: dict) -> list[str]:
+    """Where a run in worker processes spent its wall time outside the table: each worker's
+    start (imports, the device, its lowering process) and time on its pairs, and the join of
+    their reports (the run's wall time covers them side by side, then the join)."""
+    workers = [m for m in header.get("merged_from") or [] if m.get("startup_s") is not None]
+    if not workers or header.get("merge_s") is None:
+        return []
+    each = "; ".join(f"{m.get('worker', m['path'])} {m['startup_s']:.1f} s starting, "
+                     f"{m.get('wall_s') or 0:.1f} s on its pairs" for m in workers)
+    return ["", f"Worker processes: {each}; their reports joined in {header['merge_s']:.1f} s."]
 
 
 def _built_here_why(why: dict) -> list[str]:
