@@ -191,7 +191,7 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
 
     from harness.engine.environment import describe_host
     from harness.store.merge import merge_reports
-    start = time.monotonic()
+    start, started_at = time.monotonic(), time.time()
     rec.write_header(report_dir / rec.RECORDS_FILE, describe_host(), state="running",
                      **run_info(options, selection))
     (report_dir / rec.TRACES_FILE).write_text("")
@@ -245,14 +245,15 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
         dirs.append(crash_dir)
     parts = main_parts.header_parts(futures, rerun=not interrupted)
     run_again = workers.run_again_entries(futures, again)
-    joined = time.monotonic()
+    joined, joined_at = time.monotonic(), time.time()
     merge_reports(report_dir, dirs, **run_info(
         options, selection, isolation={g or "main": [k.name for k in m]
                                        for g, m in groups.items()},
         **({"main_parts": parts} if parts else {}),
         **({"run_again": run_again} if run_again else {})))
     end = time.monotonic()
-    return {"wall_s": round(end - start, 1), "merge_s": round(end - joined, 1)}, interrupted
+    return {"wall_s": round(end - start, 1), "merge_s": round(end - joined, 1),
+            "started_at": started_at, "joined_at": joined_at}, interrupted
 
 
 def finish(report_dir: Path, options: RunOptions, *, state: str = FINISHED,

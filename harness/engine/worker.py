@@ -91,7 +91,7 @@ def run_pairs(spec: dict) -> int:
 
     def close_report():
         writer.close(timing=programs.report(), worker=report_dir.parent.name,
-                     startup_s=round(began - spec.get("written", began), 1),
+                     startup_s=round(began - spec.get("written", began), 1), began_at=began,
                      compilation_cache={"dir": options.cache_dir, **cache_stats()})
     try:
         run_matrix(kernels, cases, current_platform(), on_result=on_result,

@@ -153,7 +153,16 @@ def _process_lines(header: dict) -> list[str]:
         return []
     each = "; ".join(f"{m.get('worker', m['path'])} {m['startup_s']:.1f} s starting, "
                      f"{m.get('wall_s') or 0:.1f} s on its pairs" for m in workers)
-    return ["", f"Worker processes: {each}; their reports joined in {header['merge_s']:.1f} s."]
+    line = f"Worker processes: {each}; their reports joined in {header['merge_s']:.1f} s"
+    stamped = [m for m in workers if m.get("began_at") is not None]
+    if stamped and header.get("started_at") is not None and header.get("joined_at"):
+        first = min(m["began_at"] for m in stamped) - header["started_at"]
+        last = header["joined_at"] - max(m["began_at"] + (m.get("wall_s") or 0)
+                                         for m in stamped)
+        line += (f" (from the run's start to a worker's first pair {first:.1f} s; from the "
+                 f"last worker's last pair to the join {last:.1f} s: its exit, the controller's "
+                 "wait and bookkeeping)")
+    return ["", line + "."]
 
 
 def _built_here_why(why: dict) -> list[str]:
