@@ -29,9 +29,11 @@ def _gpu_sh(*args, env=None, timeout=600):
 def test_the_plan_names_every_steps_command():
     out = _gpu_sh("--plan", "env", "nightly:n1", "census:te", "census:fa", "bench",
                   "features:f", "patch-test", "repro:reports/repro/x.py", "flake:4",
-                  "census:drops=maxtext:cudnn_flash_jax,te:thd")
+                  "census:drops=maxtext:cudnn_flash_jax,te:thd", "costs:tokamax:xla,xla")
     assert out.returncode == 0, out.stderr
     said = out.stdout
+    assert ("costs:tokamax:xla,xla: python3 scripts/program_costs.py --suite nightly --kernels "
+            "tokamax:xla,xla") in said
     assert "nightly:n1: python3 -m harness run --suite nightly --report-dir" in said
     assert "census:te: python3 -m harness census --part te --without flash_attn*" in said
     assert "--features window,softcap,chunk,sinks,head_dim_v" in said

@@ -22,6 +22,9 @@
 #   patch-test          MaxText's own test of the patch (scripts/maxtext_patch_test.py)
 #   repro:PATH          a committed reproducer script, its output beside it in repro/
 #   flake:SEEDS         every kernel on the main nightly shapes under SEEDS seeds, into flake/
+#   costs:KERNELS       seconds per run of the nightly's oracle programs and of these kernels'
+#                       default and deterministic builds (scripts/program_costs.py; after a
+#                       nightly, whose compilation cache it reads), into costs.log.txt
 #
 # PYSPY (optional): a py-spy binary; each run step then runs under `py-spy record --nonblocking
 # --idle --threads --subprocesses --rate 20 --format raw` (sampling without pausing the run),
@@ -46,8 +49,8 @@ if [ "${1:-}" = --plan ]; then plan=1; shift; fi
 [ $# -gt 0 ] || { echo "usage: [OUT=DIR] bash scripts/gpu.sh [--plan] STEP... (see the header)" >&2; exit 2; }
 for s in "$@"; do
   case "$s" in
-    env|bench|patch-test|nightly:?*|pytest:?*|census:te|census:fa|census:new|census:?*=?*|features:?*|sharded:?*|repro:?*|flake:[0-9]*) ;;
-    *) echo "gpu.sh: unknown step '$s' (env, nightly:NAME, pytest:NAME, census:te|fa|new|PART=KERNELS, features:NAME, sharded:NAME, bench, patch-test, repro:PATH, flake:SEEDS)" >&2; exit 2 ;;
+    env|bench|patch-test|nightly:?*|pytest:?*|census:te|census:fa|census:new|census:?*=?*|features:?*|sharded:?*|repro:?*|flake:[0-9]*|costs:?*) ;;
+    *) echo "gpu.sh: unknown step '$s' (env, nightly:NAME, pytest:NAME, census:te|fa|new|PART=KERNELS, features:NAME, sharded:NAME, bench, patch-test, repro:PATH, flake:SEEDS, costs:KERNELS)" >&2; exit 2 ;;
   esac
 done
 t_start=$(date +%s)
@@ -77,6 +80,7 @@ command_of() {   # the command a step runs, one word per line (run and --plan pr
     bench)      printf '%s\n' python3 -m harness bench --shapes hopper --repeats 10 --output "$r/bench.json" ;;
     patch-test) printf '%s\n' python3 scripts/maxtext_patch_test.py -q ;;
     repro:*)    printf '%s\n' python3 "$name" ;;
+    costs:*)    printf '%s\n' python3 scripts/program_costs.py --suite nightly --kernels "$name" "${extra[@]}" ;;
   esac
 }
 gpus() { local n; n=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU '); [ "${n:-0}" -gt 0 ] && echo "$n" || echo 1; }
@@ -163,6 +167,8 @@ for s in "$@"; do
       step bench bench; echo bench.json >> "$r/packed.txt" ;;
     patch-test)
       step patch-test patch-test ;;
+    costs:*)
+      step "$s" costs ;;
     repro:*)
       mkdir -p "$r/repro"; step "$s" "repro-$(basename "$name" .py)"
       mv "$r/repro-$(basename "$name" .py).log.txt" "$r/repro/$(basename "$name" .py).txt" 2> /dev/null
