@@ -45,7 +45,7 @@ from harness.engine.program_functions import (
     argument_shapes,
     kernel_fn,
 )
-from harness.judge.oracle import reference_fn, reference_jvp_fn, share_programs
+from harness.judge.oracle import case_key_span, reference_fn, reference_jvp_fn, share_programs
 from harness.kernels.kernel import Kernel
 from harness.model.case import Case
 
@@ -292,8 +292,9 @@ class Programs:
 
     @staticmethod
     def _oracle_key(case: Case, truth: bool, chunk_convention: str, mode: str) -> tuple:
-        # The convention changes the program only where the case has chunks.
-        key = ("oracle", case.shape_key, truth, mode)
+        # The convention changes the program only where the case has chunks; the keys a block
+        # of queries reads on long rows (oracle.case_key_span) depend on the case's layout.
+        key = ("oracle", case.shape_key, truth, mode, case_key_span(case))
         return key + (chunk_convention,) if case.features.chunk is not None else key
 
     def _oracle_entry(self, case: Case, truth: bool, chunk_convention: str = "segment",

@@ -74,9 +74,9 @@ _BLOCK_BYTES = 1 << 29
 
 
 def _attend(query, key, value, seg_q, seg_k, pos_q, *, scale, causal, truth, features=None,
-            chunk_convention="segment", sinks=None, spos_q=None, spos_k=None):
+            chunk_convention="segment", sinks=None, spos_q=None, spos_k=None, idx_k=None):
     """Attention of a block of queries (at row indices pos_q; within-segment positions spos_q)
-    over the whole row."""
+    over the keys at row indices idx_k (by default the whole row)."""
     heads = query.shape[2]
     if truth:
         dtype, precision = jnp.float32, jax.lax.Precision.HIGHEST
@@ -90,12 +90,14 @@ def _attend(query, key, value, seg_q, seg_k, pos_q, *, scale, causal, truth, fea
     v = repeat_kv(value.astype(dtype), heads)
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=precision,
                         preferred_element_type=dtype)
+    if idx_k is None:
+        idx_k = jnp.arange(seg_k.shape[1])
     mask = (seg_q[:, :, None] == seg_k[:, None, :]) & (seg_q[:, :, None] > 0)
     if causal:
-        mask = mask & (jnp.arange(seg_k.shape[1])[None, None, :] <= pos_q[None, :, None])
+        mask = mask & (idx_k[None, None, :] <= pos_q[None, :, None])
     if features is not None and (features.window is not None or features.chunk is not None):
-        mask = mask & feature_mask(pos_q[None], jnp.arange(seg_k.shape[1])[None], spos_q,
-                                   spos_k, features, chunk_convention)
+        mask = mask & feature_mask(pos_q[None], idx_k[None], spos_q, spos_k, features,
+                                   chunk_convention)
     if features is not None and features.softcap is not None:
         cap = jnp.asarray(features.softcap, scores.dtype)
         scores = cap * jnp.tanh(scores / cap)
@@ -119,14 +121,50 @@ def query_block(batch: int, heads: int, seq_len: int) -> int:
     return seq_len if rows >= seq_len else max(16, 1 << (max(rows, 1).bit_length() - 1))
 
 
+# A block's keys (key_span) are read in multiples of this many.
+SPAN_QUANTUM = 256
+
+
+def key_span(segment_ids, block: int) -> int | None:
+    """How many keys, from the first token of the earliest segment its queries are in, cover
+    every key each block of `block` queries can attend to (their segments: a query reads
+    nothing outside its own), over every row, rounded up to SPAN_QUANTUM; None where that is
+    the whole row. Worked out from the case's segment ids, so a program built with it is one
+    case layout's (harness.engine.programs keys the oracle's programs by it)."""
+    seg = np.asarray(segment_ids)
+    b, t = seg.shape
+    if block >= t:
+        return None
+    n = -(-t // block)
+    lo, hi = np.full(n, t), np.zeros(n, np.int64)
+    for s in check_segment_ids(seg, padding="anywhere"):
+        first, last = s.start // block, (s.stop - 1) // block
+        lo[first:last + 1] = np.minimum(lo[first:last + 1], s.start)
+        hi[first:last + 1] = np.maximum(hi[first:last + 1], s.stop)
+    read = hi > 0
+    widest = int((hi - lo)[read].max()) if read.any() else 1
+    span = -(-widest // SPAN_QUANTUM) * SPAN_QUANTUM
+    return None if span >= t else span
+
+
+@functools.lru_cache(maxsize=256)
+def case_key_span(case: Case) -> int | None:
+    """key_span of the case's segment ids in the case's blocks of queries: part of what its
+    oracle program is (harness.engine.programs keys the programs by it)."""
+    return key_span(case.segment_ids, query_block(case.batch, case.heads, case.seq_len))
+
+
 def dense_attention(query, key, value, segment_ids, sinks=None, *, scale: float,
                     causal: bool = True, truth: bool = True, block: int | None = None,
-                    features=None, chunk_convention: str = "segment"):
+                    features=None, chunk_convention: str = "segment", span: int | None = None):
     """Attention with the dense same-segment (and causal) mask and the case's features. Long
     rows are computed in blocks of `block` queries, each rematerialized in the backward pass
     (jax.checkpoint), so memory stays bounded by one block's [batch, heads, block, seq] scores:
-    a 32768-token row fits on one GPU. Every query sees the whole row either way: the same
-    math."""
+    a 32768-token row fits on one GPU. With `span` (key_span of these segment ids and block),
+    a block's queries are scored against the `span` keys from the first token of the earliest
+    segment they are in, not the whole row: every key outside those is masked for all of them
+    (another segment's), so the softmax and the sums see the same terms, less zeros (the
+    H200's packed 32768-token row took 4 s a run over the whole row). The same math."""
     b, t, heads, _ = query.shape
     block = block or query_block(b, heads, t)
     spos = segment_positions(segment_ids) if features else None
@@ -142,11 +180,27 @@ def dense_attention(query, key, value, segment_ids, sinks=None, *, scale: float,
     blocks = (q.reshape(b, n, block, *q.shape[2:]).swapaxes(0, 1),
               seg_q.reshape(b, n, block).swapaxes(0, 1),
               jnp.arange(n * block).reshape(n, block))
+    spos_blocks = None
     if spos is not None:
-        blocks += (jnp.pad(spos, ((0, 0), (0, pad))).reshape(b, n, block).swapaxes(0, 1),)
-    step = jax.checkpoint(lambda x: attend(x[0], key, value, x[1], segment_ids, x[2],
-                                           spos_q=x[3] if len(x) > 3 else None))
-    out = jax.lax.map(step, blocks)                        # [n, b, block, heads, d]
+        spos_blocks = jnp.pad(spos, ((0, 0), (0, pad))).reshape(b, n, block).swapaxes(0, 1)
+    if span is None:
+        step = jax.checkpoint(lambda x: attend(x[0], key, value, x[1], segment_ids, x[2],
+                                               spos_q=x[3]))
+        out = jax.lax.map(step, blocks + (spos_blocks,))   # [n, b, block, heads, d]
+        return out.swapaxes(0, 1).reshape(b, n * block, *out.shape[3:])[:, :t]
+    # Each query's segment's first token; padding reads nothing (t: never the smallest).
+    idx = jnp.arange(t, dtype=jnp.int32)
+    first = jnp.where(segment_ids > 0, idx[None] - segment_positions(segment_ids), t)
+    firsts = jnp.pad(first, ((0, 0), (0, pad)), constant_values=t).reshape(b, n, block)
+    starts = jnp.clip(firsts.min(axis=(0, 2)), 0, t - span)          # [n]: one per block
+
+    def window(x):
+        q_b, seg_b, pos_b, spos_b, at = x
+        k, v, seg_k, spos_k = (None if a is None else jax.lax.dynamic_slice_in_dim(a, at, span, 1)
+                               for a in (key, value, segment_ids, spos))
+        return attend(q_b, k, v, seg_b, seg_k, pos_b, spos_q=spos_b, spos_k=spos_k,
+                      idx_k=at + jnp.arange(span))
+    out = jax.lax.map(jax.checkpoint(window), blocks + (spos_blocks, starts))
     return out.swapaxes(0, 1).reshape(b, n * block, *out.shape[3:])[:, :t]
 
 
@@ -244,7 +298,9 @@ def _reference(case: Case, truth: bool, chunk_convention: str, differentiate):
     ids."""
     attend = functools.partial(dense_attention, scale=case.scale, causal=case.causal,
                                truth=truth, features=case.features or None,
-                               chunk_convention=chunk_convention)
+                               chunk_convention=chunk_convention,
+                               block=query_block(case.batch, case.heads, case.seq_len),
+                               span=case_key_span(case))
     program = differentiate(attend)
     if not truth:
         return program
