@@ -21,7 +21,8 @@ import pytest
 from harness.engine.registry import all_kernels
 from harness.engine.runner import run_kernel_case
 from harness.judge import vocabulary as v
-from harness.judge.oracle import jvp_reference_for, segment_loop_attention
+from harness.judge.loop_oracle import segment_loop_attention
+from harness.judge.oracle import jvp_reference_for
 from harness.kernels.kernel import Kernel, Platform
 from harness.model.case import Case, make_inputs, make_tangents
 from harness.model.features import Features

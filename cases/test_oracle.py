@@ -10,7 +10,8 @@ import pytest
 from harness.model.case import Case, make_inputs
 from harness.model.features import Features
 from harness.model.layouts import LAYOUTS
-from harness.judge.oracle import dense_attention, reference_for, segment_loop_attention
+from harness.judge.loop_oracle import segment_loop_attention
+from harness.judge.oracle import dense_attention, reference_for
 
 
 def _agree(case, rtol, convention="segment"):
