@@ -115,22 +115,24 @@ def test_blockwise_oracle_is_the_dense_one(causal, truth):
             assert np.abs(a - b).max() <= tol * max(np.abs(a).max(), 1.0)
 
 
-@pytest.mark.parametrize("layout,causal,features,convention", [
-    ("packed/dozens", True, {}, "segment"),
-    ("packed/dozens", False, {"window": (15, 8), "sinks": True}, "segment"),
-    ("packed/many", True, {"chunk": 32}, "row"),
-    ("padded/between", False, {"softcap": 2.0}, "segment"),
-    ("padded/between", True, {"window": (15, 0), "chunk": 32}, "segment"),
+@pytest.mark.parametrize("layout,batch,causal,features,convention", [
+    ("packed/dozens", 1, True, {}, "segment"),
+    ("packed/dozens", 1, False, {"window": (15, 8), "sinks": True}, "segment"),
+    ("packed/many", 1, True, {"chunk": 32}, "row"),
+    ("padded/between", 2, False, {"softcap": 2.0}, "segment"),
+    ("padded/between", 2, True, {"window": (15, 0), "chunk": 32}, "segment"),
 ])
 def test_the_oracle_on_the_keys_its_blocks_read_is_the_oracle_on_the_whole_row(
-        layout, causal, features, convention):
+        layout, batch, causal, features, convention):
     """key_span: a long row's blocks of queries scored against the keys of their own segments
-    only give the whole row's output and gradients (float32 rounding apart), features and
-    padding included; and the span covers every query's segment."""
+    only give the whole row's output, gradients and forward-mode tangent (float32 rounding
+    apart), features, padding and rows sharing a block's keys included; the span covers every
+    block's segments."""
     import jax
-    from harness.judge.oracle import gradient_inputs, key_span, with_gradients
+    from harness.judge.oracle import gradient_inputs, key_span, with_gradients, with_tangents
+    from harness.model.case import make_tangents
 
-    case = Case(layout, 1, 2048, 2, 1, 8, "float32", seed=3, causal=causal,
+    case = Case(layout, batch, 2048, 2, 1, 8, "float32", seed=3, causal=causal,
                 features=Features(**features))
     span = key_span(case.segment_ids, 128)
     assert span is not None and span < case.seq_len
@@ -139,19 +141,41 @@ def test_the_oracle_on_the_keys_its_blocks_read_is_the_oracle_on_the_whole_row(
                     if x.start // 128 <= block <= (x.stop - 1) // 128]
         if touching:
             assert max(x.stop for x in touching) - min(x.start for x in touching) <= span
-    outs = []
-    for sp in (None, span):
-        fn = functools.partial(dense_attention, scale=case.scale, causal=causal, block=128,
-                               features=case.features, chunk_convention=convention, span=sp)
-        outs.append(jax.jit(with_gradients(fn, diff=gradient_inputs(case)))(
-            *make_inputs(case).device_args))
-    valid = (case.segment_ids > 0)[:, :, None, None]
-    for whole, spanned in zip(*outs):
-        whole, spanned = np.asarray(whole, np.float64), np.asarray(spanned, np.float64)
-        if whole.ndim == 4:
-            whole, spanned = np.where(valid, whole, 0), np.where(valid, spanned, 0)
-        assert np.abs(whole - spanned).max() <= 1e-6 * max(np.abs(whole).max(), 1.0)
+    args = make_inputs(case).device_args
+    for mode in ("reverse", "forward"):
+        outs = []
+        for sp in (None, span):
+            fn = functools.partial(dense_attention, scale=case.scale, causal=causal, block=128,
+                                   features=case.features, chunk_convention=convention, span=sp)
+            if mode == "reverse":
+                outs.append(jax.jit(with_gradients(fn, diff=gradient_inputs(case)))(*args))
+            else:
+                outs.append(jax.jit(with_tangents(fn, bool(case.features.sinks)))(
+                    *args[:-1], *make_tangents(case)))
+        valid = (case.segment_ids > 0)[:, :, None, None]
+        for whole, spanned in zip(*outs):
+            whole, spanned = np.asarray(whole, np.float64), np.asarray(spanned, np.float64)
+            if whole.ndim == 4:
+                whole, spanned = np.where(valid, whole, 0), np.where(valid, spanned, 0)
+            assert np.abs(whole - spanned).max() <= 1e-6 * max(np.abs(whole).max(), 1.0), mode
     assert key_span(case.segment_ids, case.seq_len) is None   # one block: the whole row
+
+
+def test_a_span_too_short_for_the_segments_gives_a_nan_truth_not_a_wrong_one():
+    """A program whose span does not cover the segment ids it is handed (built for another
+    layout) says so: the blocks it cannot cover are NaN."""
+    from harness.judge.oracle import key_span
+
+    case = Case("packed/dozens", 1, 2048, 2, 1, 8, "float32", seed=3)
+    x = make_inputs(case)
+    span = key_span(case.segment_ids, 128)
+    short = np.asarray(dense_attention(x.query, x.key, x.value, x.segment_ids, scale=case.scale,
+                                       block=128, span=span - 256))
+    valid = case.segment_ids > 0
+    assert np.isnan(short[valid]).any()
+    right = np.asarray(dense_attention(x.query, x.key, x.value, x.segment_ids, scale=case.scale,
+                                       block=128, span=span))
+    assert not np.isnan(right[valid]).any()
 
 
 def test_oracle_attends_within_segment_only():

@@ -24,7 +24,8 @@
 #   flake:SEEDS         every kernel on the main nightly shapes under SEEDS seeds, into flake/
 #   costs:KERNELS       seconds per run of the nightly's oracle programs and of these kernels'
 #                       default and deterministic builds (scripts/program_costs.py; after a
-#                       nightly, whose compilation cache it reads), into costs.log.txt
+#                       nightly, whose compilation cache it reads), into costs.log.txt;
+#                       HARNESS_ARGS (options of `harness run`) are not passed to it
 #
 # PYSPY (optional): a py-spy binary; each run step then runs under `py-spy record --nonblocking
 # --idle --threads --subprocesses --rate 20 --format raw` (sampling without pausing the run),
@@ -80,7 +81,7 @@ command_of() {   # the command a step runs, one word per line (run and --plan pr
     bench)      printf '%s\n' python3 -m harness bench --shapes hopper --repeats 10 --output "$r/bench.json" ;;
     patch-test) printf '%s\n' python3 scripts/maxtext_patch_test.py -q ;;
     repro:*)    printf '%s\n' python3 "$name" ;;
-    costs:*)    printf '%s\n' python3 scripts/program_costs.py --suite nightly --kernels "$name" "${extra[@]}" ;;
+    costs:*)    printf '%s\n' python3 scripts/program_costs.py --suite nightly --kernels "$name" ;;
   esac
 }
 gpus() { local n; n=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU '); [ "${n:-0}" -gt 0 ] && echo "$n" || echo 1; }

@@ -1,10 +1,10 @@
 """Seconds per run of the programs behind a nightly's largest execute rows, on the machine whose
 compilation cache a nightly just filled (the programs are built as the run builds them, so
 they load from that cache): the oracle's truth and peer, reverse mode and forward mode, on one
-case per shape and feature set of the suite, and each named kernel's default build against the
-leak probe's deterministic build on one case per shape. Each program runs once untimed (its
-load), then `--runs` times, each launched and waited for; the median and the total a night
-spends on it are printed (runs per night are not known here: the table gives per-run costs).
+case per oracle program of the suite (its shape, features and key span), and each named
+kernel's default build against the leak probe's deterministic build on one case per shape.
+Each program runs once untimed (its load), then `--runs` times, each launched and waited for;
+the median is printed, per run (how many runs a night makes of each is in its timing table).
 
     python3 scripts/program_costs.py --suite nightly --kernels tokamax:xla_chunked,dot_product
 
@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     from harness.engine.program_functions import DEFAULT
     from harness.engine.environment import current_platform
     from harness.engine.registry import mark_absl_flags_parsed, select_kernels
+    from harness.judge.oracle import case_key_span
     from harness.model.case import make_inputs, make_tangents
     from harness.model.suites import suite_cases
     mark_absl_flags_parsed()
@@ -63,24 +64,21 @@ def main(argv=None) -> int:
         print(f"| {what} | `{case.id}` | {ms} |", flush=True)
 
     chosen, seen, shapes = [], set(), set()
-    for case in cases:
-        if (case.shape_key, case.features) not in seen:
-            seen.add((case.shape_key, case.features))
+    for case in cases:   # shape_key holds the features
+        if (case.shape_key, case_key_span(case)) not in seen:
+            seen.add((case.shape_key, case_key_span(case)))
             chosen.append(case)
     plain = [c for c in chosen if not c.features and not (c.shape_key in shapes
                                                           or shapes.add(c.shape_key))]
     # Everything compiled ahead on every core, as a run does (one at a time here would take
-    # the oracle's 100 programs most of ten minutes on a cold cache).
-    programs.prefetch([(kernels[0], c) for c in chosen]
-                      + [(k, c) for c in plain for k in kernels[1:]], probe=False)
+    # the oracle's 100 programs most of ten minutes on a cold cache): the oracle's through a
+    # kernel with the default chunk convention and a forward mode (dot_product), as timed.
+    reference, = select_kernels(["dot_product"])
+    programs.prefetch([(reference, c) for c in chosen]
+                      + [(k, c) for c in plain for k in kernels], probe=False)
     started = time.perf_counter()
-    while True:   # all of them compiled (or failed) before anything is timed
-        pending = [p for p in list(programs._programs.values()) if not p.compiled.done()]
-        if not pending:
-            break
-        pending[0].compiled.exception()
-    print(f"compiled (or loaded) {len(programs._programs)} programs in "
-          f"{time.perf_counter() - started:.0f} s\n")
+    built = programs.wait_all()   # all compiled (or failed) before anything is timed
+    print(f"compiled (or loaded) {built} programs in {time.perf_counter() - started:.0f} s\n")
     print("| program | case | median ms per run |\n|---|---|---|")
     for case in chosen:
         inputs = make_inputs(case).device_args

@@ -349,6 +349,15 @@ class Programs:
             program.timing.compile_s += time.perf_counter() - start
         program.compiled.set_result(compiled)
 
+    def wait_all(self) -> int:
+        """Waits until every program started so far is compiled or has failed (a tool that
+        times programs: scripts/program_costs.py); how many there are."""
+        while True:
+            pending = [p for p in list(self._programs.values()) if not p.compiled.done()]
+            if not pending:
+                return len(self._programs)
+            pending[0].compiled.exception()
+
     def add_oracle_wall(self, seconds: float) -> None:
         """Oracle work done outside the runner's own calls (harness.judge.oracle
         .charged_to_oracle): the oracle's wall time, which the runner takes out of the

@@ -46,7 +46,8 @@ def run_pairs(spec: dict) -> int:
     programs = for_run(options)
     writer = ReportWriter(report_dir, describe(), suite=options.suite,
                           probe_mode=programs.probe_mode, leak_probe=options.leak_probe)
-    # From the controller's spec to here: the process, its imports, the device, the programs.
+    # From the controller's spec to here (the start of its pairs, their programs' building
+    # included from here on): the process, its imports, the device, the lowering process.
     began = time.time()
     started = (report_dir / STARTED_FILE).open("a")
     finished = (report_dir / FINISHED_FILE).open("a")
@@ -90,8 +91,9 @@ def run_pairs(spec: dict) -> int:
     from harness.engine.compilation_cache import cache_stats
 
     def close_report():
-        writer.close(timing=programs.report(), worker=report_dir.parent.name,
-                     startup_s=round(began - spec.get("written", began), 1), began_at=began,
+        since = {"startup_s": round(began - spec["written"], 1)} if "written" in spec else {}
+        writer.close(timing=programs.report(), worker=report_dir.parent.name, began_at=began,
+                     **since,
                      compilation_cache={"dir": options.cache_dir, **cache_stats()})
     try:
         run_matrix(kernels, cases, current_platform(), on_result=on_result,

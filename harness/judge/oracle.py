@@ -10,7 +10,8 @@ denominator and no value. Padding tokens attend to nothing; their outputs are de
 here and are never compared.
 
 - `dense_attention(..., truth=True)`: float32 inputs, HIGHEST matmul precision, dense [B,T,T] mask
-  (in blocks of queries for long rows). The truth every kernel is compared with.
+  (on long rows in blocks of queries, each against the keys of its own segments: key_span).
+  The truth every kernel is compared with.
 - `dense_attention(..., truth=False)`: the same formula in the input dtype with the operations in
   another order (keys scaled instead of queries, scores rounded to the dtype). Its distance from
   the truth estimates the rounding noise any kernel of that dtype must be allowed.
@@ -194,14 +195,21 @@ def dense_attention(query, key, value, segment_ids, sinks=None, *, scale: float,
     first = jnp.where(segment_ids > 0, idx[None] - segment_positions(segment_ids), t)
     firsts = jnp.pad(first, ((0, 0), (0, pad)), constant_values=t).reshape(b, n, block)
     starts = jnp.clip(firsts.min(axis=(0, 2)), 0, t - span)          # [n]: one per block
+    # A span too short for these segment ids (a program built for another layout) would drop
+    # keys silently: such a block's truth is NaN instead, which no kernel passes against.
+    to_end = segment_positions(segment_ids[:, ::-1])[:, ::-1]        # tokens after, in its run
+    ends = jnp.where(segment_ids > 0, idx[None] + to_end + 1, 0)
+    covered = jnp.pad(ends, ((0, 0), (0, pad))).reshape(b, n, block).max(axis=(0, 2)) \
+        <= starts + span
 
     def window(x):
-        q_b, seg_b, pos_b, spos_b, at = x
+        q_b, seg_b, pos_b, spos_b, at, ok = x
         k, v, seg_k, spos_k = (None if a is None else jax.lax.dynamic_slice_in_dim(a, at, span, 1)
                                for a in (key, value, segment_ids, spos))
-        return attend(q_b, k, v, seg_b, seg_k, pos_b, spos_q=spos_b, spos_k=spos_k,
-                      idx_k=at + jnp.arange(span))
-    out = jax.lax.map(jax.checkpoint(window), blocks + (spos_blocks, starts))
+        out = attend(q_b, k, v, seg_b, seg_k, pos_b, spos_q=spos_b, spos_k=spos_k,
+                     idx_k=at + jnp.arange(span))
+        return jnp.where(ok, out, jnp.nan)
+    out = jax.lax.map(jax.checkpoint(window), blocks + (spos_blocks, starts, covered))
     return out.swapaxes(0, 1).reshape(b, n * block, *out.shape[3:])[:, :t]
 
 

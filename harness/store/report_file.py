@@ -5,7 +5,8 @@ Schema 2. Line 1: {"type": "run", "schema": 2, "environment": {...}, "suite": ..
 once the run finished "wall_s" and "timing" (per kernel: wall, lower, compile, wait and execute
 seconds)}. Every other line is {"type": "record", ...}: a harness.judge.record.Record (its
 fields are listed there, the words in harness.judge.vocabulary), or {"type": "trace", ...}
-in traces.jsonl. Records are read and written through Record.from_json / to_json alone. Schema
+in traces.jsonl. Records are read and written through Record.from_json / to_json, but where a
+merge copies each line as its source wrote it (read_lines, harness.store.merge). Schema
 1 reports (before the leak probe's modes) are read too.
 """
 from __future__ import annotations

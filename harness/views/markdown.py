@@ -123,9 +123,10 @@ def timing_lines(header: dict) -> list[str]:
             "(per-token metrics, judging, the leak probe's comparisons, transfers, Python): "
             "wall less execute and waited. Of which probe build: the execute seconds of the "
             "leak probe's deterministic build (GPUs; on CPUs the probe runs the default build). "
-            "The harness's own programs (per-token metrics, the probe's perturbations and comparisons, the jvp check's tangents) compile ahead, "
-            "beside the kernels' (their row: waited is the run's wait for one still "
-            "compiling; their runs count in the kernel's host time)."]
+            "The harness's own programs (per-token metrics, the probe's perturbations and "
+            "comparisons, the jvp check's tangents) compile ahead, beside the kernels' (their "
+            "row: waited is the run's wait for one still compiling; their runs count in the "
+            "kernel's host time)."]
     out += _process_lines(header)
     cache = header.get("compilation_cache")
     if cache:
@@ -147,7 +148,8 @@ def timing_lines(header: dict) -> list[str]:
 def _process_lines(header: dict) -> list[str]:
     """Where a run in worker processes spent its wall time outside the table: each worker's
     start (imports, the device, its lowering process) and time on its pairs, and the join of
-    their reports (the run's wall time covers them side by side, then the join)."""
+    their reports (the run's wall time covers them side by side, then the join). Workers
+    that crashed wrote no header to say it: they are not in the line."""
     workers = [m for m in header.get("merged_from") or [] if m.get("startup_s") is not None]
     if not workers or header.get("merge_s") is None:
         return []
@@ -155,13 +157,13 @@ def _process_lines(header: dict) -> list[str]:
                      f"{m.get('wall_s') or 0:.1f} s on its pairs" for m in workers)
     line = f"Worker processes: {each}; their reports joined in {header['merge_s']:.1f} s"
     stamped = [m for m in workers if m.get("began_at") is not None]
-    if stamped and header.get("started_at") is not None and header.get("joined_at"):
+    if stamped and None not in (header.get("started_at"), header.get("joined_at")):
         first = min(m["began_at"] for m in stamped) - header["started_at"]
         last = header["joined_at"] - max(m["began_at"] + (m.get("wall_s") or 0)
                                          for m in stamped)
-        line += (f" (from the run's start to a worker's first pair {first:.1f} s; from the "
-                 f"last worker's last pair to the join {last:.1f} s: its exit, the controller's "
-                 "wait and bookkeeping)")
+        line += (f" (from the run's start to the first worker's pairs {first:.1f} s; from the "
+                 f"end of the last worker's pairs, its programs closed, to the join {last:.1f} "
+                 "s: its exit, the controller's wait and bookkeeping)")
     return ["", line + "."]
 
 
