@@ -90,6 +90,7 @@ def test_kernels_that_cannot_share_a_process_run_in_workers(tmp_path):
     assert 0 <= header["merge_s"] <= header["wall_s"]
     summary = (tmp_path / "r" / "summary.md").read_text()
     assert "Worker processes: " in summary and "reports joined in" in summary
+    assert "<p>Worker processes: " in (tmp_path / "r" / "report.html").read_text()
     # The clash is real: in one process, the second library fails (an error, never a pass).
     same = tmp_path / "same.py"
     same.write_text(CLASHING.replace('isolation="b"', 'isolation="a"'))

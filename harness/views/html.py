@@ -11,7 +11,14 @@ import jinja2
 
 from harness.judge import judging, tallies
 from harness.judge import vocabulary as v
-from harness.views.markdown import NONE_BAD, NONE_BAD_UNFINISHED, env_line, run_line, unfinished
+from harness.views.markdown import (
+    NONE_BAD,
+    NONE_BAD_UNFINISHED,
+    env_line,
+    process_lines,
+    run_line,
+    unfinished,
+)
 from harness.views.summary import (
     coverage_lines,
     fmt,
@@ -71,7 +78,7 @@ img { max-width: 100%; }
 <th>compile s</th><th>waited s</th><th>runs</th><th>execute s</th><th>of which probe build s</th><th>host s</th></tr>
 {% for k, t in timing %}<tr><td>{{ k }}</td><td>{{ "%.1f"|format(t.wall_s or 0) }}</td><td>{{ t.programs }}</td><td>{{ "%.1f"|format(t.lower_s) }}</td>
 <td>{{ "%.1f"|format(t.compile_s) }}</td><td>{{ "%.1f"|format(t.wait_s or 0) }}</td><td>{{ t.runs }}</td><td>{{ "%.1f"|format(t.execute_s) }}</td><td>{{ "%.1f"|format(t.probe_execute_s or 0) }}</td><td>{{ "%.1f"|format(t.host_s or 0) }}</td></tr>
-{% endfor %}</table>{% endif %}
+{% endfor %}</table>{% for line in processes %}<p>{{ line }}</p>{% endfor %}{% endif %}
 <h2>Error by token position (failing and near-failing rows)</h2>
 <p>Grey lines: segment boundaries. Dashed: each segment's tolerance. Red points: tokens over it.
 {% if dropped %} {{ dropped }} more rows not plotted.{% endif %}</p>
@@ -217,4 +224,5 @@ def write_html(path: Path, header: dict, records: list, traces: list) -> None:
         coverage=coverage_lines(records), power=power_rows(records),
         padding=padding_lines(records),
         n_unjudged=tallies.counts(records).get(v.UNJUDGED, 0),
-        n_unprobed=sum(tallies.unprobed(records).values()), timing=timing))
+        n_unprobed=sum(tallies.unprobed(records).values()), timing=timing,
+        processes=[line for line in process_lines(header) if line]))

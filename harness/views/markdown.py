@@ -127,7 +127,7 @@ def timing_lines(header: dict) -> list[str]:
             "comparisons, the jvp check's tangents) compile ahead, beside the kernels' (their "
             "row: waited is the run's wait for one still compiling; their runs count in the "
             "kernel's host time)."]
-    out += _process_lines(header)
+    out += process_lines(header)
     cache = header.get("compilation_cache")
     if cache:
         out += ["", f"compilation cache `{cache.get('dir')}`: {cache.get('hits', 0)} programs "
@@ -145,7 +145,7 @@ def timing_lines(header: dict) -> list[str]:
     return out
 
 
-def _process_lines(header: dict) -> list[str]:
+def process_lines(header: dict) -> list[str]:
     """Where a run in worker processes spent its wall time outside the table: each worker's
     start (imports, the device, its lowering process) and time on its pairs, and the join of
     their reports (the run's wall time covers them side by side, then the join). Workers
