@@ -63,13 +63,14 @@ def main(argv=None) -> int:
             ms = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
         print(f"| {what} | `{case.id}` | {ms} |", flush=True)
 
-    chosen, seen, shapes = [], set(), set()
-    for case in cases:   # shape_key holds the features
-        if (case.shape_key, case_key_span(case)) not in seen:
-            seen.add((case.shape_key, case_key_span(case)))
-            chosen.append(case)
-    plain = [c for c in chosen if not c.features and not (c.shape_key in shapes
-                                                          or shapes.add(c.shape_key))]
+    def first_per(items, key) -> list:   # the first item of each key, in order
+        out: dict = {}
+        for item in items:
+            out.setdefault(key(item), item)
+        return list(out.values())
+    # One case per oracle program (shape_key holds the features), one per shape without them.
+    chosen = first_per(cases, lambda c: (c.shape_key, case_key_span(c)))
+    plain = first_per([c for c in chosen if not c.features], lambda c: c.shape_key)
     # Everything compiled ahead on every core, as a run does (one at a time here would take
     # the oracle's 100 programs most of ten minutes on a cold cache): the oracle's through a
     # kernel with the default chunk convention and a forward mode (dot_product), as timed.

@@ -177,30 +177,29 @@ def dense_attention(query, key, value, segment_ids, sinks=None, *, scale: float,
         return attend(query, key, value, segment_ids, segment_ids, jnp.arange(t), spos_q=spos)
     n = -(-t // block)
     pad = n * block - t
-    q = jnp.pad(query, ((0, 0), (0, pad), (0, 0), (0, 0)))
-    seg_q = jnp.pad(segment_ids, ((0, 0), (0, pad)))
-    blocks = (q.reshape(b, n, block, *q.shape[2:]).swapaxes(0, 1),
-              seg_q.reshape(b, n, block).swapaxes(0, 1),
+
+    def in_blocks(x, fill=0):   # [B, T, ...] -> [B, n, block, ...], the last block filled
+        x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2), constant_values=fill)
+        return x.reshape(b, n, block, *x.shape[2:])
+    blocks = (in_blocks(query).swapaxes(0, 1), in_blocks(segment_ids).swapaxes(0, 1),
               jnp.arange(n * block).reshape(n, block))
-    spos_blocks = None
-    if spos is not None:
-        spos_blocks = jnp.pad(spos, ((0, 0), (0, pad))).reshape(b, n, block).swapaxes(0, 1)
+    spos_blocks = None if spos is None else in_blocks(spos).swapaxes(0, 1)
     if span is None:
         step = jax.checkpoint(lambda x: attend(x[0], key, value, x[1], segment_ids, x[2],
                                                spos_q=x[3]))
         out = jax.lax.map(step, blocks + (spos_blocks,))   # [n, b, block, heads, d]
         return out.swapaxes(0, 1).reshape(b, n * block, *out.shape[3:])[:, :t]
     # Each query's segment's first token; padding reads nothing (t: never the smallest).
-    idx = jnp.arange(t, dtype=jnp.int32)
-    first = jnp.where(segment_ids > 0, idx[None] - segment_positions(segment_ids), t)
-    firsts = jnp.pad(first, ((0, 0), (0, pad)), constant_values=t).reshape(b, n, block)
-    starts = jnp.clip(firsts.min(axis=(0, 2)), 0, t - span)          # [n]: one per block
+    idx = jnp.arange(t, dtype=jnp.int32)[None]
+    valid = segment_ids > 0
+    from_start = spos if spos is not None else segment_positions(segment_ids)
+    first = jnp.where(valid, idx - from_start, t)
+    starts = jnp.clip(in_blocks(first, t).min(axis=(0, 2)), 0, t - span)   # [n]: one per block
     # A span too short for these segment ids (a program built for another layout) would drop
     # keys silently: such a block's truth is NaN instead, which no kernel passes against.
     to_end = segment_positions(segment_ids[:, ::-1])[:, ::-1]        # tokens after, in its run
-    ends = jnp.where(segment_ids > 0, idx[None] + to_end + 1, 0)
-    covered = jnp.pad(ends, ((0, 0), (0, pad))).reshape(b, n, block).max(axis=(0, 2)) \
-        <= starts + span
+    ends = jnp.where(valid, idx + to_end + 1, 0)
+    covered = in_blocks(ends).max(axis=(0, 2)) <= starts + span
 
     def window(x):
         q_b, seg_b, pos_b, spos_b, at, ok = x
