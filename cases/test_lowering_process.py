@@ -19,8 +19,11 @@ from harness.engine.lowering_process import (
     LOAD_FAILED,
     NOT_IN_CACHE,
     PROCESS_GONE,
+    LoweringProcess,
+    LoweringProcesses,
     child_environment,
     load_raised,
+    processes_for,
 )
 from harness.engine.options import RunOptions
 from harness.engine.environment import current_platform
@@ -64,9 +67,9 @@ def _warm(tmp_path, kernel: str, cases, module: str = "") -> None:
                     *(c.id for c in cases)], cwd=ROOT, check=True, timeout=300)
 
 
-def _apart(tmp_path, **options) -> Programs:
+def _apart(tmp_path, processes: int = 1, **options) -> Programs:
     opts = RunOptions(compilation_cache=str(tmp_path / "cache"), **options)
-    return for_run(opts)
+    return for_run(opts, lowering_processes=processes)
 
 
 def _counts() -> dict:
@@ -99,12 +102,13 @@ def test_handed_over_programs_compute_what_the_run_builds_cold_and_from_the_cach
         if run == "warm":
             _warm(tmp_path, "xla", [CASE])
         before, hits = _counts(), cache_stats()["hits"]
-        programs = _apart(tmp_path)
+        # Two processes: the three programs' lowerings go to both (routes given in turn).
+        programs = _apart(tmp_path, processes=2)
         try:
             programs.prefetch([(kernel, CASE)])
             got = _outputs(programs, kernel, CASE)
             truth = programs.oracle(CASE, True)(*make_inputs(CASE).device_args)
-            assert programs._apart._proc is not None, run
+            assert all(p._proc is not None for p in programs._apart.processes), run
             wanted = [p.compiled for p in programs._programs.values()]
             assert len(wanted) >= 3     # the kernel's default build, the two oracles
             for done in wanted:
@@ -283,7 +287,7 @@ def test_programs_pending_when_the_process_dies_are_built_here(tmp_path, user_ke
         programs.get(kernel, CASE).compiled.result(timeout=120)
         first = len(programs._programs)
         assert _counts()["loaded"] - before["loaded"] == first
-        process = programs._apart._proc
+        process = programs._apart.processes[0]._proc
         os.kill(process.pid, signal.SIGSTOP)
         programs.prefetch([(kernel, OTHER)])          # pending: the process cannot answer
         pending = len(programs._programs) - first
@@ -398,3 +402,19 @@ def test_a_program_handed_over_runs_on_its_own_device_where_the_process_sees_two
     out = subprocess.run([sys.executable, "-c", TWO_DEVICES, str(tmp_path / "cache"), CASE.id],
                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0 and "same" in out.stdout, out.stderr[-3000:]
+
+
+def test_a_route_keeps_its_process_and_a_new_route_goes_to_the_least_asked(monkeypatch):
+    """A kernel's builds on one shape share one lowering in one process; new routes balance
+    the processes' requests."""
+    asked = []
+    monkeypatch.setattr(LoweringProcess, "request",
+                        lambda self, program, message: asked.append((self, message)) or True)
+    pool = LoweringProcesses({}, None, None, None, count=2)
+    a, _ = pool.processes
+    for route, message in [("k1", 1), ("k1", 2), ("k2", 3), ("k3", 4), ("k2", 5), ("k4", 6)]:
+        assert pool.request(object(), message, route)
+    assert [(process is a, m) for process, m in asked] == [
+        (True, 1), (True, 2), (False, 3), (False, 4), (False, 5), (True, 6)]
+    # One process where the run has fewer than 8 cores (CI's 2), two from 8 on.
+    assert [processes_for(n) for n in (1, 2, 4, 7, 8, 16, 64)] == [1, 1, 1, 1, 2, 2, 2]

@@ -330,6 +330,12 @@ def test_upstream_gqa_kv_offsets_and_the_workaround():
     wrong = int(kv_off[0, 1]) != right_for_gqa
     assert wrong == lowering.upstream_gqa_offsets_wrong()
     assert wrong == _jax_version_at_most((0, 11, 0)), jax.__version__
+    # Asked while a program is traced (the op's own question), the same answer as outside.
+    lowering.upstream_gqa_offsets_wrong.cache_clear()
+    asked = []
+    jax.jit(lambda x: asked.append(lowering.upstream_gqa_offsets_wrong()) or x).lower(1.0)
+    lowering.upstream_gqa_offsets_wrong.cache_clear()
+    assert asked == [wrong] == [lowering.upstream_gqa_offsets_wrong()]
     # The workaround: kv repeated to the query head count.
     k_rep = jnp.zeros((1, t, heads, d), jnp.bfloat16)
     _, _, _, kv_off = sdpa._fix_seqlen_offsets(seqlen, seqlen, offsets, offsets, q, k_rep)

@@ -34,7 +34,7 @@ from harness.compiling import compile_lowered
 from harness.engine import lowering_process, own_programs, unwritten
 from harness.engine.compilation_cache import count_handed_over, count_trace_error_handed_over
 from harness.engine.environment import usable_cores
-from harness.engine.lowering_process import LoweringProcess, kernel_fingerprint
+from harness.engine.lowering_process import LoweringProcesses, kernel_fingerprint, processes_for
 from harness.engine.program import Program, Timing
 from harness.engine.registry import all_kernels
 from harness.engine.trace_environment import traced_under
@@ -64,7 +64,8 @@ class Programs:
     """The compiled programs of one run, and their times per kernel."""
 
     def __init__(self, deterministic_probe: bool = True, platform: str | None = None,
-                 workers: int | None = None, lowering_process: dict | None = None):
+                 workers: int | None = None, lowering_process: dict | None = None,
+                 lowering_processes: int | None = None):
         self.platform = platform or jax.devices()[0].platform
         # Only GPUs need a separate deterministic build; elsewhere the probe's mode is default.
         # A GPU's allocator hands a run blocks that earlier programs wrote: there a kernel's
@@ -92,9 +93,11 @@ class Programs:
         share_programs(self)
         # `lowering_process`: the run's options (as JSON data), to trace and lower what
         # `prefetch` announces in a process of their own and read it from jax's cache there
-        # (harness.engine.lowering_process).
-        self._apart = None if lowering_process is None else LoweringProcess(
-            lowering_process, self._built_apart, self._failed_apart, self._raised_apart)
+        # (harness.engine.lowering_process): `lowering_processes` of them (default: as many
+        # as the run's cores allow, processes_for).
+        self._apart = None if lowering_process is None else LoweringProcesses(
+            lowering_process, self._built_apart, self._failed_apart, self._raised_apart,
+            lowering_processes or processes_for(usable_cores()))
 
     # ----- kernels ----------------------------------------------------------------------------
 
@@ -122,6 +125,7 @@ class Programs:
                     program, fresh = self._oracle_entry(case, truth, convention, mode)
                     if fresh:
                         self._build_ahead(program, ("oracle", case.id, truth, convention, mode),
+                                          self._oracle_key(case, truth, convention, mode),
                                           self._build_oracle, case, truth, convention)
             for mode in modes + forward:
                 program, fresh = self._entry(("kernel", kernel, _shape(kernel, case), mode),
@@ -130,13 +134,16 @@ class Programs:
                 if fresh:
                     message = ("kernel", kernel.name, kernel_fingerprint(kernel), case.id,
                                mode) if registered.get(kernel.name) is kernel else None
-                    self._build_ahead(program, message, self._build_kernel, kernel, case)
+                    self._build_ahead(program, message, (kernel.name, _shape(kernel, case)),
+                                      self._build_kernel, kernel, case)
                 if mode != DETERMINISTIC:   # its outputs are the default build's
                     self._own_after(kernel, case, mode, probe)
 
-    def _build_ahead(self, program: Program, message: tuple | None, build, *args) -> None:
-        """`build(program, *args)` on the tracer thread, or `message` handed to the lowering
-        process (None: a kernel it cannot know, not the registry's under its name)."""
+    def _build_ahead(self, program: Program, message: tuple | None, route, build,
+                     *args) -> None:
+        """`build(program, *args)` on the tracer thread, or `message` handed to a lowering
+        process (None: a kernel it cannot know, not the registry's under its name), the one
+        `route` went to before (a kernel's builds on one shape: one lowering)."""
         def here():
             try:
                 self._tracer.submit(build, program, *args)
@@ -144,7 +151,7 @@ class Programs:
                 program.compiled.set_exception(exc)
         if self._apart is None or message is None:
             here()
-        elif not self._apart.request((program, here), message):
+        elif not self._apart.request((program, here), message, route):
             self._failed_apart((program, here), lowering_process.PROCESS_GONE)
 
     def _built_apart(self, item, blob: bytes) -> None:
@@ -375,13 +382,14 @@ class Programs:
         share_programs(None, closing=self)   # references asked for later: plain jit
 
 
-def for_run(options) -> Programs:
+def for_run(options, lowering_processes: int | None = None) -> Programs:
     """The programs of a run with these options (harness.engine.options.RunOptions): found in
-    jax's cache by the lowering process where the run has a cache, unless
-    --no-lowering-process."""
+    jax's cache by lowering processes where the run has a cache, unless --no-lowering-process
+    (`lowering_processes` of them; default: processes_for the run's cores)."""
     apart = options.lowering_process and options.cache_dir
     return Programs(deterministic_probe=options.deterministic_probe,
-                    lowering_process=options.to_json() if apart else None)
+                    lowering_process=options.to_json() if apart else None,
+                    lowering_processes=lowering_processes)
 
 
 def _markers(kernel: Kernel, mode: str) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ line on stderr and exit status 2, as from the CLI."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -153,4 +154,11 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # Everything it writes is closed by now. The interpreter's own teardown (joining the
+    # compile threads, jax letting go of the device) is skipped: on the H200's warm nightly
+    # at 32ec331 the main worker spent 4.7 s in it, and 6.9 s passed from the end of its
+    # pairs to the join.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
