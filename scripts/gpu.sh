@@ -126,7 +126,11 @@ step() {   # step NAME: its command under the time left, its log, its line in st
   fi
   local limit=$(( $(left) - ${PACK_S:-40} ))
   [ "$limit" -ge 1 ] || limit=1    # `timeout 0` would be no limit at all
-  timeout -k "${KILL_S:-20}" "$limit" "${cmd[@]}" > "$r/$log.log.txt" 2>&1; rc=$?
+  # Stopped at its limit, a profiled step gets SIGINT, on which py-spy writes what it sampled
+  # (on SIGTERM it wrote nothing: a narrowed run stopped at a83ae73 lost its profile); the
+  # run stops as interrupted on either.
+  local sig=TERM; [ -n "$prof" ] && sig=INT
+  timeout -s "$sig" -k "${KILL_S:-20}" "$limit" "${cmd[@]}" > "$r/$log.log.txt" 2>&1; rc=$?
   [ -n "$mon" ] && kill "$mon" 2> /dev/null
   # The allocator's diagnostics (out-of-memory dumps) apart, kept; the log without them.
   grep 'Allocator\|bfc_allocator\|OUT_OF_MEMORY\|out of memory' "$r/$log.log.txt" > "$r/$log.alloc.txt"
