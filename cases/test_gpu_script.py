@@ -4,6 +4,7 @@ the smoke suite) writes its report, its line in steps.txt and one archive into O
 run's failure shows in its exit status line."""
 import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -90,3 +91,25 @@ def test_a_step_stopped_at_its_limit_leaves_time_to_pack_its_files(tmp_path):
     # Stopped (124), or killed after its grace (137): within 8 s and 5 more, not the call's 60.
     assert found.group(1) in ("124", "137") and int(found.group(2)) <= 8 + 5 + 2, steps
     assert len(list((tmp_path / "out").glob("gpu-*.tar.xz"))) == 1
+
+
+def test_the_profile_digest_lists_threads_at_work_and_a_teardown_apart(tmp_path):
+    """scripts/pyspy_digest.py --busy: a thread's samples in a wait are not work; a pool's
+    numbered threads are one row; samples with no Python frame (an interpreter's teardown)
+    are a row of their own."""
+    worker = 'process 10:"python3 -m harness.engine.worker /x/spec.json"'
+    profile = tmp_path / "p.txt"
+    profile.write_text("\n".join([
+        f"{worker};thread (10): MainThread;run (harness/x.py:1);block_until_ready (jax/a.py:2) 40",
+        f"{worker};thread (10): MainThread;run (harness/x.py:1);Condition.wait (threading.py:3) 20",
+        f"{worker};thread (10): MainThread 10",
+        f"{worker};thread (11): compile_0;load (harness/y.py:3) 24",
+        f"{worker};thread (12): compile_1;load (harness/y.py:3) 16",
+        f"{worker};thread (13): lowering-send;LoweringProcess._send_all (harness/z.py:9) 60",
+    ]) + "\n")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "pyspy_digest.py"), str(profile),
+                          "--busy", "20"], capture_output=True, text=True, check=True).stdout
+    rows = [line.split(None, 1) for line in out.splitlines()]
+    name = "process 10 harness.engine.worker /x/spec.json"
+    assert rows == [["2.0", f"{name}  MainThread"], ["2.0", f"{name}  compile"],
+                    ["0.5", f"{name}  MainThread (no Python frame)"]]

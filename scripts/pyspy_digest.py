@@ -6,7 +6,14 @@ that called it (its three nearest harness frames).
     python scripts/pyspy_digest.py PROFILE PID THREAD [RATE] [TOP] [--under FRAME]
 
 PID: the process (as py-spy names it: "process PID:..."), THREAD: a thread name (MainThread),
-RATE: the sampling rate the profile was taken at (default 20), TOP: lines (default 60)."""
+RATE: the sampling rate the profile was taken at (default 20), TOP: lines (default 60).
+
+    python scripts/pyspy_digest.py PROFILE --busy [RATE] [TOP]
+
+--busy: every process's threads (numbered threads of a pool as one: compile_0..15 as
+"compile") by the seconds they were sampled at work, most first: not waiting (a sample whose
+innermost frame is one of IDLE) and not a thread with no Python frame (an interpreter's
+teardown shows as the MainThread's samples with none: counted apart, as "no Python frame")."""
 import argparse
 import collections
 
@@ -41,6 +48,41 @@ def digest(path: str, pid: str, thread: str, rate: float, top: int) -> str:
     return "\n".join(out) + "\n"
 
 
+# Innermost frames of a thread that waits (a lock, a queue, a pipe, a sleep; the harness's
+# own threads that send, receive and stream, blocked in a C call under these frames).
+IDLE = ("Condition.wait", "SimpleQueue.get", "Queue.get", "Connection._recv", "Event.wait",
+        "_wait_for_tstate_lock", "select", "sleep", "poll", "_worker (concurrent",
+        "_send_all (", "send_all (", "_stream (")
+
+
+def _process(frame: str) -> str:
+    """'process 2507:"python3 -m harness.engine.worker /tmp/.../spec.json"' -> 'process 2507
+    harness.engine.worker ...spec.json' (its module and last argument)."""
+    pid, _, command = frame.partition(":")
+    words = command.strip('"').split()
+    module = next((w for w in words if w.startswith("harness")), "")
+    return " ".join([pid, module, words[-1][-40:] if words else ""]).strip()
+
+
+def busy(path: str, rate: float, top: int) -> str:
+    at_work, idle_frameless = collections.Counter(), collections.Counter()
+    for line in open(path, encoding="utf-8", errors="replace"):
+        stack, _, count = line.rstrip("\n").rpartition(" ")
+        frames, n = stack.split(";"), int(count)
+        at = next((i for i, f in enumerate(frames) if f.startswith("thread")), None)
+        if at is None:
+            continue
+        owner = [f for f in frames[:at] if f.startswith("process ")]
+        process = _process(owner[-1]) if owner else "?"
+        thread = frames[at].rsplit(": ", 1)[-1].rstrip("_0123456789")
+        if len(frames) == at + 1:
+            idle_frameless[(process, thread + " (no Python frame)")] += n
+        elif not any(k in frames[-1] for k in IDLE):
+            at_work[(process, thread)] += n
+    rows = (at_work + idle_frameless).most_common(top)
+    return "".join(f"{n / rate:8.1f}  {p}  {t}\n" for (p, t), n in rows)
+
+
 def _short(frame: str) -> str:   # "probe (harness/judge/leak_probe.py:465)" -> "probe:465"
     return frame.split(" (")[0] + ":" + frame.rsplit(":", 1)[-1].rstrip(")")
 
@@ -64,11 +106,18 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("profile")
+    parser.add_argument("--busy", action="store_true", help="every thread's time at work")
+    parser.add_argument("--under", metavar="FRAME", help="a frame's text")
+    a, rest = parser.parse_known_intermixed_args()
+    if a.busy:
+        numbers = [float(x) for x in rest]
+        print(busy(a.profile, numbers[0] if numbers else 20.0,
+                   int(numbers[1]) if len(numbers) > 1 else 60), end="")
+        raise SystemExit(0)
     parser.add_argument("pid")
     parser.add_argument("thread")
     parser.add_argument("rate", nargs="?", type=float, default=20.0)
     parser.add_argument("top", nargs="?", type=int, default=60)
-    parser.add_argument("--under", metavar="FRAME", help="a frame's text")
     a = parser.parse_intermixed_args()
     print(under(a.profile, a.pid, a.thread, a.rate, a.top, a.under) if a.under
           else digest(a.profile, a.pid, a.thread, a.rate, a.top), end="")
