@@ -113,3 +113,13 @@ def test_the_profile_digest_lists_threads_at_work_and_a_teardown_apart(tmp_path)
     name = "process 10 harness.engine.worker /x/spec.json"
     assert rows == [["2.0", f"{name}  MainThread"], ["2.0", f"{name}  compile"],
                     ["0.5", f"{name}  MainThread (no Python frame)"]]
+    # One thread's digest, as before --busy: PID THREAD [RATE] [TOP], --under anywhere.
+    for args in (["10", "MainThread"], ["10", "MainThread", "20", "5"],
+                 ["--under", "block_until_ready", "10", "MainThread"]):
+        out = subprocess.run([sys.executable, str(ROOT / "scripts" / "pyspy_digest.py"),
+                              str(profile), *args], capture_output=True, text=True, check=True)
+        assert out.stdout.startswith("process 10, thread MainThread: "), (args, out.stdout)
+    assert "2.0 s under 'block_until_ready'" in out.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "pyspy_digest.py"),
+                          str(profile), "--busy", "fast"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "RATE and TOP are numbers" in bad.stderr

@@ -783,3 +783,29 @@ def test_a_skip_naming_a_broken_capture_is_a_skip(tmp_path):
     assert len(mine) == 2 and {r["outcome"] for r in mine} == {"skip"}, mine
     assert "run_again" not in header
     assert [d.name for d in (tmp_path / "r" / "workers").glob("grp-*")] == ["grp-1"]
+
+
+END_PROCESS = """
+import sys, tempfile, shutil, threading, time
+from pathlib import Path
+from harness.process_end import at_end, end_process
+left = Path(tempfile.mkdtemp(prefix="harness-end-"))
+at_end(shutil.rmtree, left, True)
+at_end(lambda: 1 / 0)                       # one that raises stops none
+threading.Thread(target=time.sleep, args=(60,)).start()   # not joined: no 60 s wait
+print(left, end="")                          # buffered: flushed before the exit
+sys.stderr.write("bye")
+end_process(7)
+print("never")
+"""
+
+
+def test_a_worker_ends_at_once_its_hooks_run_and_its_output_flushed():
+    """harness.process_end.end_process, with which a worker and a lowering process end: the
+    exit status given, the hooks a kernel module registered (maxtext_fixed's temporary folder)
+    run, stdout and stderr flushed, no thread waited for."""
+    out = subprocess.run([sys.executable, "-c", END_PROCESS], capture_output=True, text=True,
+                         timeout=30, cwd=ROOT)
+    assert out.returncode == 7, out.stderr[-2000:]
+    assert out.stderr == "bye" and out.stdout and "never" not in out.stdout
+    assert not Path(out.stdout).exists(), out.stdout

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.engine import registry
+from harness.engine import lowering_process, registry
 from harness.engine.compilation_cache import cache_stats, count_handed_over
 from harness.engine.lowering_child import trace_error_blob
 from harness.engine.lowering_process import (
@@ -89,7 +89,8 @@ def _outputs(programs, kernel, case):
     return [np.asarray(x) for x in programs.get(kernel, case)(*make_inputs(case).device_args)]
 
 
-def test_handed_over_programs_compute_what_the_run_builds_cold_and_from_the_cache(tmp_path):
+def test_handed_over_programs_compute_what_the_run_builds_cold_and_from_the_cache(tmp_path,
+                                                                                   monkeypatch):
     kernel = registry.all_kernels()["xla"]
     here = Programs()
     want = _outputs(here, kernel, CASE)
@@ -100,12 +101,14 @@ def test_handed_over_programs_compute_what_the_run_builds_cold_and_from_the_cach
         # the cache and hands them over as read (serialized again, such a program lost its
         # code on CPUs: "Function transpose_copy_fusion.6 not found" when run here)
         if run == "warm":
-            _warm(tmp_path, "xla", [CASE])
+            _warm(tmp_path, "xla", [CASE, OTHER])
         before, hits = _counts(), cache_stats()["hits"]
-        # Two processes: the three programs' lowerings go to both (routes given in turn).
+        # Two processes, both open from the first request: each shape's programs (the kernel's
+        # and the oracle's) go to one of them.
+        monkeypatch.setattr(lowering_process, "OPEN_AFTER", 1)
         programs = _apart(tmp_path, processes=2)
         try:
-            programs.prefetch([(kernel, CASE)])
+            programs.prefetch([(kernel, CASE), (kernel, OTHER)])
             got = _outputs(programs, kernel, CASE)
             truth = programs.oracle(CASE, True)(*make_inputs(CASE).device_args)
             assert all(p._proc is not None for p in programs._apart.processes), run
@@ -404,17 +407,26 @@ def test_a_program_handed_over_runs_on_its_own_device_where_the_process_sees_two
     assert out.returncode == 0 and "same" in out.stdout, out.stderr[-3000:]
 
 
+def _routed(pool, requests) -> list:
+    """(index of the process, message) of each (route, message) requested of `pool`."""
+    return [(pool._given[route], message) for route, message in requests
+            if pool.request(object(), message, route)]
+
+
 def test_a_route_keeps_its_process_and_a_new_route_goes_to_the_least_asked(monkeypatch):
-    """A kernel's builds on one shape share one lowering in one process; new routes balance
-    the processes' requests."""
-    asked = []
-    monkeypatch.setattr(LoweringProcess, "request",
-                        lambda self, program, message: asked.append((self, message)) or True)
+    """A shape's programs are lowered in one process; new routes balance the processes'
+    requests, once the second is open (OPEN_AFTER requests), and avoid one that is gone."""
+    monkeypatch.setattr(LoweringProcess, "request", lambda self, program, message: True)
+    monkeypatch.setattr(lowering_process, "OPEN_AFTER", 1)
     pool = LoweringProcesses({}, None, None, None, count=2)
-    a, _ = pool.processes
-    for route, message in [("k1", 1), ("k1", 2), ("k2", 3), ("k3", 4), ("k2", 5), ("k4", 6)]:
-        assert pool.request(object(), message, route)
-    assert [(process is a, m) for process, m in asked] == [
-        (True, 1), (True, 2), (False, 3), (False, 4), (False, 5), (True, 6)]
+    assert _routed(pool, [("s1", 1), ("s1", 2), ("s2", 3), ("s3", 4), ("s2", 5), ("s4", 6)]) \
+        == [(0, 1), (0, 2), (1, 3), (1, 4), (1, 5), (0, 6)]
+    pool.processes[0]._gone = True          # ended: its routes stay, new ones go elsewhere
+    assert _routed(pool, [("s1", 7), ("s5", 8), ("s6", 9)]) == [(0, 7), (1, 8), (1, 9)]
+    # A worker with fewer requests than OPEN_AFTER (a FlashAttention group's) keeps one.
+    monkeypatch.setattr(lowering_process, "OPEN_AFTER", 200)
+    small = LoweringProcesses({}, None, None, None, count=2)
+    assert {i for i, _ in _routed(small, [(f"s{n}", n) for n in range(199)])} == {0}
+    assert _routed(small, [("s199", 199), ("s200", 200)]) == [(0, 199), (1, 200)]
     # One process where the run has fewer than 8 cores (CI's 2), two from 8 on.
     assert [processes_for(n) for n in (1, 2, 4, 7, 8, 16, 64)] == [1, 1, 1, 1, 2, 2, 2]

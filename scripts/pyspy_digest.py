@@ -49,10 +49,17 @@ def digest(path: str, pid: str, thread: str, rate: float, top: int) -> str:
 
 
 # Innermost frames of a thread that waits (a lock, a queue, a pipe, a sleep; the harness's
-# own threads that send, receive and stream, blocked in a C call under these frames).
-IDLE = ("Condition.wait", "SimpleQueue.get", "Queue.get", "Connection._recv", "Event.wait",
-        "_wait_for_tstate_lock", "select", "sleep", "poll", "_worker (concurrent",
-        "_send_all (", "send_all (", "_stream (")
+# own threads that send, receive and stream, blocked in a C call under these frames), by the
+# function's name as py-spy writes it, and the file's path where the name alone is common.
+IDLE = {"Condition.wait", "SimpleQueue.get", "Queue.get", "Connection._recv", "Event.wait",
+        "Thread._wait_for_tstate_lock", "_wait_for_tstate_lock", "select", "sleep", "poll",
+        "LoweringProcess._send_all", "_serve.<locals>.send_all", "_stream"}
+IDLE_IN = {("_worker", "concurrent/futures/thread.py"), ("select", "selectors.py")}
+
+
+def _idle(frame: str) -> bool:
+    name, _, where = frame.partition(" (")
+    return name in IDLE or any(name == n and path in where for n, path in IDLE_IN)
 
 
 def _process(frame: str) -> str:
@@ -77,7 +84,7 @@ def busy(path: str, rate: float, top: int) -> str:
         thread = frames[at].rsplit(": ", 1)[-1].rstrip("_0123456789")
         if len(frames) == at + 1:
             idle_frameless[(process, thread + " (no Python frame)")] += n
-        elif not any(k in frames[-1] for k in IDLE):
+        elif not _idle(frames[-1]):
             at_work[(process, thread)] += n
     rows = (at_work + idle_frameless).most_common(top)
     return "".join(f"{n / rate:8.1f}  {p}  {t}\n" for (p, t), n in rows)
@@ -102,18 +109,26 @@ def under(path: str, pid: str, thread: str, rate: float, top: int, target: str) 
     return "\n".join(out) + "\n"
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def _main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s PROFILE PID THREAD [RATE] [TOP] [--under FRAME]\n"
+              "       %(prog)s PROFILE --busy [RATE] [TOP]")
     parser.add_argument("profile")
     parser.add_argument("--busy", action="store_true", help="every thread's time at work")
     parser.add_argument("--under", metavar="FRAME", help="a frame's text")
     a, rest = parser.parse_known_intermixed_args()
     if a.busy:
-        numbers = [float(x) for x in rest]
-        print(busy(a.profile, numbers[0] if numbers else 20.0,
-                   int(numbers[1]) if len(numbers) > 1 else 60), end="")
-        raise SystemExit(0)
+        if a.under is not None:
+            parser.error("--busy and --under: choose one")
+        if len(rest) > 2:
+            parser.error(f"--busy takes RATE and TOP at most, not {' '.join(rest)}")
+        try:
+            rate, top = float(rest[0]) if rest else 20.0, int(rest[1]) if len(rest) > 1 else 60
+        except ValueError:
+            parser.error(f"--busy: RATE and TOP are numbers, not {' '.join(rest)}")
+        print(busy(a.profile, rate, top), end="")
+        return
     parser.add_argument("pid")
     parser.add_argument("thread")
     parser.add_argument("rate", nargs="?", type=float, default=20.0)
@@ -121,3 +136,7 @@ if __name__ == "__main__":
     a = parser.parse_intermixed_args()
     print(under(a.profile, a.pid, a.thread, a.rate, a.top, a.under) if a.under
           else digest(a.profile, a.pid, a.thread, a.rate, a.top), end="")
+
+
+if __name__ == "__main__":
+    _main()

@@ -5,7 +5,6 @@ program from jax's cache, never compiles, and answers with the bytes jax read.""
 from __future__ import annotations
 
 import contextlib
-import os
 import pickle
 import queue
 import sys
@@ -252,10 +251,10 @@ def main(argv: list[str]) -> int:
         _serve(receive, send)
     except (EOFError, OSError, KeyboardInterrupt):
         pass
-    # Builds still under way are not waited for: the run has ended or let go of them.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # Builds still under way are not waited for: the run has ended or let go of them (this
+    # process writes nothing to jax's cache: its compiler refuses).
+    from harness.process_end import end_process
+    end_process(0)
 
 
 if __name__ == "__main__":

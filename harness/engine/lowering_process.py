@@ -54,6 +54,7 @@ STOP_WAIT_S = 5.0
 # the run's cores.
 MAX_PROCESSES = 2
 CORES_PER_PROCESS = 4
+OPEN_AFTER = 200     # requests before a second process opens (LoweringProcesses)
 CHILD = "harness.engine.lowering_child"   # the process itself
 
 # Why a program was not handed over (the run's header counts them: compilation_cache): in the
@@ -96,6 +97,11 @@ class LoweringProcess:
         self._gone = False
         # Taken now: a later copy could catch a trace's temporary setting (traced_under).
         self._environment = child_environment()
+
+    @property
+    def gone(self) -> bool:
+        """Ended, or never started: it answers nothing more (requests are built in the run)."""
+        return self._gone
 
     def request(self, program, message: tuple) -> bool:
         """Hands (kind, *what) over for `program`; False where the process is not there (build
@@ -192,24 +198,28 @@ class LoweringProcess:
 class LoweringProcesses:
     """Several lowering processes side by side, each with its own interpreter (one tracer
     thread each: tracing holds the GIL). On the H200's warm nightly at 32ec331 one process's
-    tracer was busy 88 s of the main worker's 137 s on its pairs, and the run waited 17 s for
-    programs it had not handed over yet. A request goes to the process its `route` went to
-    before (a kernel's builds on one shape share one lowering there), a new route to the
-    process given the fewest requests so far; each process answers its own in the order
-    given. Every request is answered, as with one."""
+    tracer worked 83 s of the main worker's 137 s on its pairs, and the run thread waited 18.9 s
+    for programs not handed over yet (reports/nightly-h200-a83ae73/). A request goes to the
+    process its `route` (the case's shape) went to before: a shape's programs are lowered in
+    one process, in the order announced. A new route goes to the live process asked least,
+    among those opened: the second opens once OPEN_AFTER requests were made (a worker with
+    fewer, a FlashAttention group's, keeps one). Every request is answered, as with one."""
 
     def __init__(self, options: dict, built, failed, raised, count: int):
         self.processes = [LoweringProcess(options, built, failed, raised)
                           for _ in range(max(1, count))]
         self._given: dict = {}
         self._asked = [0] * len(self.processes)
+        self._open_after = max(1, OPEN_AFTER)
         self._lock = threading.Lock()
 
     def request(self, program, message: tuple, route=None) -> bool:
         with self._lock:
             i = self._given.get(route)
             if i is None:
-                i = self._given[route] = self._asked.index(min(self._asked))
+                opened = range(min(len(self.processes), 1 + sum(self._asked) // self._open_after))
+                live = [j for j in opened if not self.processes[j].gone] or [0]
+                i = self._given[route] = min(live, key=lambda j: self._asked[j])
             self._asked[i] += 1
         return self.processes[i].request(program, message)
 

@@ -46,7 +46,6 @@ where nothing else calls jax's cuDNN SDPA or tokamax's Triton flash attention.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import importlib.util
@@ -64,6 +63,7 @@ from harness.kernels.libraries import mark_absl_flags_parsed
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER
 from harness.kernels.reference import no_f16_on_cpu
 from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
+from harness.process_end import at_end
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"
 PATCH_NAME = "attention_op.patch"
@@ -139,7 +139,7 @@ def patched_module():
     mark_absl_flags_parsed()  # MaxText's libraries read absl flags at import
     source, patch = original_source(), patch_path()
     out_dir = Path(tempfile.mkdtemp(prefix="maxtext-fixed-"))
-    atexit.register(shutil.rmtree, out_dir, True)  # kept until exit: tracebacks show its lines
+    at_end(shutil.rmtree, out_dir, True)  # kept until the process ends: tracebacks show its lines
     patched = apply_patch(source, patch, out_dir)
     spec = importlib.util.spec_from_file_location(FIXED_MODULE, patched)
     module = importlib.util.module_from_spec(spec)
