@@ -6,6 +6,7 @@ any (`cache_stats`: a run's header keeps them)."""
 from __future__ import annotations
 
 import os
+import threading
 from collections import defaultdict
 
 import jax
@@ -36,14 +37,18 @@ def enable_compilation_cache(path: str | None) -> str | None:
 
 # jax's persistent cache, as jax reports it (its monitoring events): how many programs this
 # process found compiled on disk, and how many it compiled and wrote. A run's header keeps
-# them, so that a reader (and a script) tells a warm run from a cold one.
+# them, so that a reader (and a script) tells a warm run from a cold one. Counted from the
+# compile threads and the lowering processes' receiving threads at once: under a lock (`+=` on
+# a dict entry is a read and a write another thread may come between).
 _CACHE_EVENTS: dict[str, int] = defaultdict(int)
 _CACHE_PREFIX = "/jax/compilation_cache/"
+_COUNTING = threading.Lock()
 
 
 def _count_cache_event(event: str, **_) -> None:
     if event.startswith(_CACHE_PREFIX):
-        _CACHE_EVENTS[event[len(_CACHE_PREFIX):]] += 1
+        with _COUNTING:
+            _CACHE_EVENTS[event[len(_CACHE_PREFIX):]] += 1
 
 
 jax.monitoring.register_event_listener(_count_cache_event)
@@ -56,15 +61,17 @@ _BUILT_HERE_WHY: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int
 def count_handed_over(loaded: bool, name: str = "", why: str = "") -> None:
     """A program of kernel `name` the lowering process built (harness.engine.lowering_process):
     `loaded` here, or built here after it could not hand it over, for the reason `why`."""
-    _CACHE_EVENTS["apart_loaded" if loaded else "apart_built_here"] += 1
-    if not loaded:
-        _BUILT_HERE_WHY[why or "unknown"][name] += 1
+    with _COUNTING:
+        _CACHE_EVENTS["apart_loaded" if loaded else "apart_built_here"] += 1
+        if not loaded:
+            _BUILT_HERE_WHY[why or "unknown"][name] += 1
 
 
 def count_trace_error_handed_over() -> None:
     """A kernel's trace error the lowering process handed over: raised here, not traced again
     (harness.engine.lowering_process.load_raised); no cache lookup."""
-    _CACHE_EVENTS["apart_raised"] += 1
+    with _COUNTING:
+        _CACHE_EVENTS["apart_raised"] += 1
 
 
 def cache_stats() -> dict:
@@ -77,16 +84,18 @@ def cache_stats() -> dict:
     kernel's error per build: raised here, not traced again), and how many it could not
     (`built_here`), and why not (`why`: reason -> kernel -> programs)."""
     from harness.compiling import retried
-    stats = {"hits": _CACHE_EVENTS["cache_hits"] + _CACHE_EVENTS["apart_loaded"],
-             "misses": _CACHE_EVENTS["cache_misses"]}
+    with _COUNTING:   # one moment's counts, whatever threads count meanwhile
+        events = dict(_CACHE_EVENTS)
+        why = {w: dict(sorted(names.items())) for w, names in sorted(_BUILT_HERE_WHY.items())}
+    stats = {"hits": events.get("cache_hits", 0) + events.get("apart_loaded", 0),
+             "misses": events.get("cache_misses", 0)}
     tried_again = retried()   # read once: a compile thread may count one more meanwhile
     if tried_again:
         stats["retried"] = tried_again
-    if any(_CACHE_EVENTS[k] for k in ("apart_loaded", "apart_built_here", "apart_raised")):
+    if any(events.get(k) for k in ("apart_loaded", "apart_built_here", "apart_raised")):
         stats["lowering_process"] = {
-            "loaded": _CACHE_EVENTS["apart_loaded"],
-            "trace_errors": _CACHE_EVENTS["apart_raised"],
-            "built_here": _CACHE_EVENTS["apart_built_here"],
-            "why": {why: dict(sorted(names.items())) for why, names in
-                    sorted(list(_BUILT_HERE_WHY.items()))}}
+            "loaded": events.get("apart_loaded", 0),
+            "trace_errors": events.get("apart_raised", 0),
+            "built_here": events.get("apart_built_here", 0),
+            "why": why}
     return stats
