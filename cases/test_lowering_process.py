@@ -18,6 +18,7 @@ from harness.engine.lowering_process import (
     BUILD_FAILED,
     LOAD_FAILED,
     NOT_IN_CACHE,
+    COMPILE_IN_TRACE,
     PROCESS_GONE,
     LoweringProcess,
     LoweringProcesses,
@@ -180,6 +181,18 @@ BREAKS = textwrap.dedent("""
                             features=("window",))
     harness.register_kernel("lp_crashes", crashes_as_declared, dtypes=("float32",),
                             expect_error="lp-test: the declared crash")
+
+    def asks_while_traced(q, k, v, seg, **kw):
+        import os
+        import jax
+        import jax.numpy as jnp
+        # A question answered op by op inside the trace (as the op's GQA-offsets question
+        # was), of a size the test sets: each op a compile of its own.
+        with jax.ensure_compile_time_eval():
+            n = int(jnp.arange(int(os.environ.get("LP_EAGER", "3"))).sum())
+        return dot_product(q, k, v, seg, **kw) if n >= 0 else None
+
+    harness.register_kernel("lp_eager", asks_while_traced, dtypes=("float32",))
 """)
 
 
@@ -191,7 +204,7 @@ def user_kernels(tmp_path):
     try:
         yield str(module)
     finally:
-        for name in ("lp_breaks", "lp_plain", "lp_refuses", "lp_crashes"):
+        for name in ("lp_breaks", "lp_plain", "lp_refuses", "lp_crashes", "lp_eager"):
             registry._USER.pop(name, None)
 
 
@@ -430,3 +443,30 @@ def test_a_route_keeps_its_process_and_a_new_route_goes_to_the_least_asked(monke
     assert _routed(small, [("s199", 199), ("s200", 200)]) == [(0, 199), (1, 200)]
     # One process where the run has fewer than 8 cores (CI's 2), two from 8 on.
     assert [processes_for(n) for n in (1, 2, 4, 7, 8, 16, 64)] == [1, 1, 1, 1, 2, 2, 2]
+
+
+def test_a_compile_its_trace_asks_for_that_the_cache_lacks_is_named_as_such(
+        tmp_path, user_kernels, monkeypatch):
+    """The process never compiles: where a kernel's trace compiles an op of its own (an
+    eager question), and the cache lacks it, the trace fails there and the run builds the
+    program itself; the header says why in those words, not "not in the cache" (the H200's
+    warm runs at a83ae73: 34 programs)."""
+    kernel = registry.all_kernels()["lp_eager"]
+    _warm(tmp_path, "lp_eager", [CASE], user_kernels)          # its eager op at size 3
+    monkeypatch.setenv("LP_EAGER", "5")                          # another op: not in the cache
+    programs = _apart(tmp_path, kernel_modules=(user_kernels,))
+    before = _counts()
+    try:
+        programs.prefetch([(kernel, CASE)])
+        got = _outputs(programs, kernel, CASE)
+        for p in programs._programs.values():
+            p.compiled.result(timeout=120)
+    finally:
+        programs.close()
+    here = Programs()
+    want = _outputs(here, registry.all_kernels()["lp_plain"], CASE)
+    here.close()
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    why = _why_since(before)
+    assert why.get(COMPILE_IN_TRACE, 0) >= 1 and NOT_IN_CACHE not in why, why

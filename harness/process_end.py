@@ -40,8 +40,9 @@ def end_process(code: int) -> None:
     and threads that write must be done (harness.engine.programs.Programs.close waits for its
     compiles)."""
     run_hooks()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):   # a reader gone (a broken pipe) ends it too
+            stream.flush()
     os._exit(code)
 
 

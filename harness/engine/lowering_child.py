@@ -15,6 +15,7 @@ from harness.engine.lowering_process import (
     BAD_REQUEST,
     BUILD_FAILED,
     CACHE_READ_FAILED,
+    COMPILE_IN_TRACE,
     NO_CACHE_LOOKUP,
     NOT_IN_CACHE,
     NOT_SERIALIZABLE,
@@ -30,10 +31,13 @@ class NotCached(BaseException):
     jax takes a failed cache read for a miss and compiles, which this must stop.)"""
 
 
-def why_not_built(exc: BaseException) -> str:
-    """The reason a program whose build ended in `exc` is not handed over."""
+def why_not_built(exc: BaseException, in_trace: bool = False) -> str:
+    """The reason a program whose build ended in `exc` (`in_trace`: raised by the kernel's
+    trace, not by the program's own compile) is not handed over."""
     if not isinstance(exc, NotCached):
         return BUILD_FAILED
+    if in_trace:   # at a83ae73 the H200's warm runs listed 34 such programs as "not in the cache"
+        return COMPILE_IN_TRACE
     return str(exc) if str(exc) in (NOT_IN_CACHE, NO_CACHE_LOOKUP) else CACHE_READ_FAILED
 
 
@@ -200,7 +204,7 @@ def _serve(receive: Connection, send: Connection) -> None:
             except BaseException:   # noqa: BLE001 - then the run traces it again
                 blob = None
             outbox.put(("raised", token, blob) if blob is not None else
-                       ("failed", token, why_not_built(exc)))
+                       ("failed", token, why_not_built(exc, program.trace_error is exc)))
             return
         try:
             executable, in_tree, out_tree, devices = executables.serialize(done.result())

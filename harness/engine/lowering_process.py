@@ -60,6 +60,9 @@ CHILD = "harness.engine.lowering_child"   # the process itself
 # Why a program was not handed over (the run's header counts them: compilation_cache): in the
 # process,
 NOT_IN_CACHE = "not in the cache"
+# A compile the kernel's trace itself asked for (an eager op under ensure_compile_time_eval)
+# that the cache does not hold: the process never compiles, so the trace fails there.
+COMPILE_IN_TRACE = "its trace asked for a compile the cache does not hold"
 NO_CACHE_LOOKUP = "looked up in no cache"          # jax compiles it without reading its cache
 CACHE_READ_FAILED = "the cache read failed"
 BUILD_FAILED = "its trace or compile failed"       # an error the run confirms: traced again
@@ -100,7 +103,8 @@ class LoweringProcess:
 
     @property
     def gone(self) -> bool:
-        """Ended, or never started: it answers nothing more (requests are built in the run)."""
+        """Ended, or could not start: it answers nothing more (requests are built in the
+        run). A process not started yet is not gone."""
         return self._gone
 
     def request(self, program, message: tuple) -> bool:
@@ -200,8 +204,8 @@ class LoweringProcesses:
     thread each: tracing holds the GIL). On the H200's warm nightly at 32ec331 one process's
     tracer worked 83 s of the main worker's 137 s on its pairs, and the run thread waited 18.9 s
     for programs not handed over yet (reports/nightly-h200-a83ae73/). A request goes to the
-    process its `route` (the case's shape) went to before: a shape's programs are lowered in
-    one process, in the order announced. A new route goes to the live process asked least,
+    process its `route` went to before (a kernel's builds on one shape share one lowering
+    there). A new route goes to the live process asked least,
     among those opened: the second opens once OPEN_AFTER requests were made (a worker with
     fewer, a FlashAttention group's, keeps one). Every request is answered, as with one."""
 

@@ -125,8 +125,8 @@ class Programs:
                     program, fresh = self._oracle_entry(case, truth, convention, mode)
                     if fresh:
                         self._build_ahead(program, ("oracle", case.id, truth, convention, mode),
-                                          case.shape_key, self._build_oracle, case, truth,
-                                          convention)
+                                          self._oracle_key(case, truth, convention, mode),
+                                          self._build_oracle, case, truth, convention)
             for mode in modes + forward:
                 program, fresh = self._entry(("kernel", kernel, _shape(kernel, case), mode),
                                              kernel.name, _markers(kernel, mode), mode,
@@ -134,8 +134,8 @@ class Programs:
                 if fresh:
                     message = ("kernel", kernel.name, kernel_fingerprint(kernel), case.id,
                                mode) if registered.get(kernel.name) is kernel else None
-                    self._build_ahead(program, message, case.shape_key, self._build_kernel,
-                                      kernel, case)
+                    self._build_ahead(program, message, (kernel.name, _shape(kernel, case)),
+                                      self._build_kernel, kernel, case)
                 if mode != DETERMINISTIC:   # its outputs are the default build's
                     self._own_after(kernel, case, mode, probe)
 
@@ -143,9 +143,7 @@ class Programs:
                      *args) -> None:
         """`build(program, *args)` on the tracer thread, or `message` handed to a lowering
         process (None: a kernel it cannot know, not the registry's under its name), the one
-        `route` went to before: a shape's programs, the oracle's and every kernel's, are
-        lowered in one process, in the order announced, as the run that filled the cache
-        lowered them in its one process."""
+        `route` went to before (a kernel's builds on one shape: one lowering there)."""
         def here():
             try:
                 self._tracer.submit(build, program, *args)
@@ -380,9 +378,11 @@ class Programs:
         """Lets go of what is not built yet; waits for the compiles under way, which write
         jax's cache (a worker ends with os._exit: one cut off mid-write would leave a file jax
         then fails to read, and never writes again)."""
+        # The tracer first: what a stopped lowering process leaves unanswered then fails at
+        # once (its build cannot be queued), never pending.
+        self._tracer.shutdown(wait=False, cancel_futures=True)
         if self._apart is not None:
             self._apart.close()
-        self._tracer.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=True, cancel_futures=True)
         share_programs(None, closing=self)   # references asked for later: plain jit
 
