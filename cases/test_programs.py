@@ -214,3 +214,28 @@ def test_a_checked_run_that_missed_the_filled_blocks_is_filled_and_run_again(mon
     program(*make_inputs(case).device_args, poison_unwritten=True)
     assert program.timing.runs == 2 <= POISON_ATTEMPTS
     programs.close()
+
+
+def test_close_waits_for_the_compiles_under_way_not_for_those_never_started(monkeypatch):
+    """A worker ends with os._exit after Programs.close: a compile cut off while it writes
+    jax's cache would leave a file jax fails to read. close waits for the tasks under way,
+    cancels those not started, and waits at most CLOSE_WAIT_S."""
+    import threading
+
+    from harness.engine import programs as programs_module
+    programs = Programs(workers=1)
+    started, release, ran = threading.Event(), threading.Event(), []
+    programs._pool.submit(lambda: (started.set(), release.wait(30), ran.append("ran")))
+    never = programs._pool.submit(ran.append, "never")
+    assert started.wait(30)
+    threading.Timer(0.3, release.set).start()
+    programs.close()
+    assert ran == ["ran"] and never.cancelled()
+    # A compile that does not end: close returns after CLOSE_WAIT_S, the task still running.
+    monkeypatch.setattr(programs_module, "CLOSE_WAIT_S", 0.2)
+    stuck, hold = Programs(workers=1), threading.Event()
+    task = stuck._pool.submit(hold.wait, 30)
+    stuck.close()
+    assert not task.done()
+    hold.set()
+    assert task.result(timeout=30) is True

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
@@ -60,6 +61,33 @@ ORACLE = "oracle"
 # table (programs and compile seconds; waited: the run's waits for one still compiling).
 OWN = "harness's own programs"
 SWITCH_INTERVAL_S = 0.0001
+# How long `close` waits for the compiles under way (each writes jax's cache when done).
+CLOSE_WAIT_S = 120.0
+
+
+class _Pool(ThreadPoolExecutor):
+    """The compile threads, knowing which of their tasks have not ended (`unfinished`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._unfinished: set = set()
+        self._count_lock = threading.Lock()
+
+    def submit(self, fn, /, *args, **kwargs):
+        future = super().submit(fn, *args, **kwargs)
+        with self._count_lock:
+            self._unfinished.add(future)
+        future.add_done_callback(self._ended)
+        return future
+
+    def _ended(self, future) -> None:
+        with self._count_lock:
+            self._unfinished.discard(future)
+
+    def unfinished(self) -> list:
+        with self._count_lock:
+            return list(self._unfinished)
+
 class Programs:
     """The compiled programs of one run, and their times per kernel."""
 
@@ -79,7 +107,7 @@ class Programs:
         # interval (5 ms by default; at 0.5 ms the H200's warm nightly at c4f8fc7 sampled its
         # run thread 42 s of 203 inside jax's calls of compiled programs).
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
-        self._pool = ThreadPoolExecutor(max_workers=workers or usable_cores(),
+        self._pool = _Pool(max_workers=workers or usable_cores(),
                                         thread_name_prefix="compile")
         self._tracer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trace")
         self._programs: dict[tuple, Program] = {}
@@ -375,15 +403,16 @@ class Programs:
         return {name: t.as_dict() for name, t in sorted(self.timing.items())}
 
     def close(self) -> None:
-        """Lets go of what is not built yet; waits for the compiles under way, which write
-        jax's cache (a worker ends with os._exit: one cut off mid-write would leave a file jax
-        then fails to read, and never writes again)."""
+        """Lets go of what is not built yet; waits up to CLOSE_WAIT_S for the compiles under
+        way, which write jax's cache (a worker ends with os._exit: one cut off mid-write would
+        leave a file jax then fails to read, and never writes again)."""
         # The tracer first: what a stopped lowering process leaves unanswered then fails at
         # once (its build cannot be queued), never pending.
         self._tracer.shutdown(wait=False, cancel_futures=True)
         if self._apart is not None:
             self._apart.close()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        futures.wait(self._pool.unfinished(), timeout=CLOSE_WAIT_S)
         share_programs(None, closing=self)   # references asked for later: plain jit
 
 
