@@ -428,14 +428,14 @@ def _routed(pool, requests) -> list:
 
 def test_a_route_keeps_its_process_and_a_new_route_goes_to_the_least_asked(monkeypatch):
     """A shape's programs are lowered in one process; new routes balance the processes'
-    requests, once the second is open (OPEN_AFTER requests), and avoid one that is gone."""
+    requests, once the second is open (OPEN_AFTER requests); a process that ended gets none."""
     monkeypatch.setattr(LoweringProcess, "request", lambda self, program, message: True)
     monkeypatch.setattr(lowering_process, "OPEN_AFTER", 1)
     pool = LoweringProcesses({}, None, None, None, count=2)
     assert _routed(pool, [("s1", 1), ("s1", 2), ("s2", 3), ("s3", 4), ("s2", 5), ("s4", 6)]) \
         == [(0, 1), (0, 2), (1, 3), (1, 4), (1, 5), (0, 6)]
-    pool.processes[0]._gone = True          # ended: its routes stay, new ones go elsewhere
-    assert _routed(pool, [("s1", 7), ("s5", 8), ("s6", 9)]) == [(0, 7), (1, 8), (1, 9)]
+    pool.processes[0]._gone = True          # ended: its routes and new ones go to the other
+    assert _routed(pool, [("s1", 7), ("s5", 8), ("s6", 9)]) == [(1, 7), (1, 8), (1, 9)]
     # A worker with fewer requests than OPEN_AFTER (a FlashAttention group's) keeps one.
     monkeypatch.setattr(lowering_process, "OPEN_AFTER", 200)
     small = LoweringProcesses({}, None, None, None, count=2)

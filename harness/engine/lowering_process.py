@@ -205,9 +205,9 @@ class LoweringProcesses:
     tracer worked 83 s of the main worker's 137 s on its pairs, and the run thread waited 18.9 s
     for programs not handed over yet (reports/nightly-h200-a83ae73/). A request goes to the
     process its `route` went to before (a kernel's builds on one shape share one lowering
-    there). A new route goes to the live process asked least among those opened: the second
-    opens once OPEN_AFTER requests were made (a worker with fewer, a FlashAttention group's,
-    keeps one). Every request is answered, as with one."""
+    there). A new route, or one whose process has ended, goes to the live process asked least
+    among those opened: the second opens once OPEN_AFTER requests were made (a worker with
+    fewer, a FlashAttention group's, keeps one). Every request is answered, as with one."""
 
     def __init__(self, options: dict, built, failed, raised, count: int):
         self.processes = [LoweringProcess(options, built, failed, raised)
@@ -220,7 +220,7 @@ class LoweringProcesses:
     def request(self, program, message: tuple, route=None) -> bool:
         with self._lock:
             i = self._given.get(route)
-            if i is None:
+            if i is None or self.processes[i].gone:   # a route of an ended process moves on
                 opened = range(min(len(self.processes), 1 + sum(self._asked) // self._open_after))
                 live = [j for j in opened if not self.processes[j].gone] or [0]
                 i = self._given[route] = min(live, key=lambda j: self._asked[j])
