@@ -193,6 +193,13 @@ BREAKS = textwrap.dedent("""
         return dot_product(q, k, v, seg, **kw) if n >= 0 else None
 
     harness.register_kernel("lp_eager", asks_while_traced, dtypes=("float32",))
+
+    def asks_the_gqa_question_while_traced(q, k, v, seg, **kw):
+        from harness.sut import lowering
+        lowering.upstream_gqa_offsets_wrong()      # as the op's cuDNN GQA path does
+        return dot_product(q, k, v, seg, **kw)
+
+    harness.register_kernel("lp_gqa", asks_the_gqa_question_while_traced, dtypes=("float32",))
 """)
 
 
@@ -204,7 +211,7 @@ def user_kernels(tmp_path):
     try:
         yield str(module)
     finally:
-        for name in ("lp_breaks", "lp_plain", "lp_refuses", "lp_crashes", "lp_eager"):
+        for name in ("lp_breaks", "lp_plain", "lp_refuses", "lp_crashes", "lp_eager", "lp_gqa"):
             registry._USER.pop(name, None)
 
 
@@ -470,3 +477,28 @@ def test_a_compile_its_trace_asks_for_that_the_cache_lacks_is_named_as_such(
         np.testing.assert_array_equal(a, b)
     why = _why_since(before)
     assert why.get(COMPILE_IN_TRACE, 0) >= 1 and NOT_IN_CACHE not in why, why
+
+
+def test_the_gqa_question_is_answered_before_the_process_refuses_to_compile(tmp_path,
+                                                                            user_kernels):
+    """The op's traces ask whether this jax has the GQA-offsets bug; a process that asked it
+    outside any trace (the run's header: one compiled program) cached none of the ops the
+    question evaluates inside a trace. The lowering process answers it before it refuses to
+    compile, so such a trace is handed over from a cache filled that way (at a83ae73 the
+    H200's warm runs built 34 programs themselves instead)."""
+    kernel = registry.all_kernels()["lp_gqa"]
+    asked_first = ("from harness.engine.environment import gqa_offsets_bug\n"
+                   "gqa_offsets_bug()\n")
+    subprocess.run([sys.executable, "-c", asked_first + WARM, str(tmp_path / "cache"), "lp_gqa",
+                    user_kernels, CASE.id], cwd=ROOT, check=True, timeout=300)
+    programs = _apart(tmp_path, kernel_modules=(user_kernels,))
+    before = _counts()
+    try:
+        programs.prefetch([(kernel, CASE)])
+        wanted = list(programs._programs.values())
+        for p in wanted:
+            p.compiled.result(timeout=120)
+    finally:
+        programs.close()
+    assert _why_since(before) == {}, "every program handed over"
+    assert _counts()["loaded"] - before["loaded"] == len(wanted) >= 3

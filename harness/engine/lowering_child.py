@@ -176,6 +176,12 @@ def _serve(receive: Connection, send: Connection) -> None:
     for path in options.kernel_modules:
         load_kernel_module(path)
     enable_compilation_cache(options.cache_dir)
+    # Questions kernels' traces ask of this jax (the op's GQA path: asked op by op inside a
+    # trace, each op a compile), answered once before this process refuses to compile: else
+    # those traces fail here unless the run happened to cache the same ops (at a83ae73 it had
+    # not: 34 programs built by the run on the H200's warm nightly).
+    from harness.engine.environment import gqa_offsets_bug
+    gqa_offsets_bug()
     executables = _Cached()
     if not executables.watch():
         return    # jax's cache is not where this looks for it: the run builds everything
