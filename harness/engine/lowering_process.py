@@ -143,7 +143,7 @@ class LoweringProcess:
         return True
 
     def _send_all(self, conn: Connection) -> None:
-        """Sends what `request` queued, in order; None (close) ends it and the process."""
+        """Sends what `request` queued, in order; None (`stop`) ends it and the process."""
         try:
             while (message := self._outbox.get()) is not None:
                 conn.send(message)
@@ -177,10 +177,6 @@ class LoweringProcess:
                 return
             payload = LOAD_FAILED
         self._failed(program, str(payload))
-
-    def close(self) -> None:
-        self.stop()
-        self.wait()
 
     def stop(self) -> None:
         """Tells the process to end once it has read what was sent; answers nothing more."""
