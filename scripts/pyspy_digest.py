@@ -18,8 +18,9 @@ import argparse
 import collections
 
 
-def _stacks(path: str, pid: str, thread: str):
-    """(the thread's frame and those below it, samples) of the thread's stacks."""
+def _samples(path: str):
+    """(the thread's process frame or None, the thread's frame and those below it, samples)
+    of each stack in the profile that names a thread."""
     for line in open(path, encoding="utf-8", errors="replace"):
         stack, _, count = line.rstrip("\n").rpartition(" ")
         frames, n = stack.split(";"), int(count)
@@ -29,10 +30,14 @@ def _stacks(path: str, pid: str, thread: str):
         # The thread's own process is the last one named before it (a worker's lowering
         # process is named after the worker and its parents).
         owner = [f for f in frames[:at] if f.startswith("process ")]
-        if not owner or not owner[-1].startswith(f"process {pid}:"):
-            continue
-        if thread in frames[at]:
-            yield frames[at:], n
+        yield (owner[-1] if owner else None), frames[at:], n
+
+
+def _stacks(path: str, pid: str, thread: str):
+    """(the thread's frame and those below it, samples) of the thread's stacks."""
+    for owner, frames, n in _samples(path):
+        if owner is not None and owner.startswith(f"process {pid}:") and thread in frames[0]:
+            yield frames, n
 
 
 def digest(path: str, pid: str, thread: str, rate: float, top: int) -> str:
@@ -73,16 +78,10 @@ def _process(frame: str) -> str:
 
 def busy(path: str, rate: float, top: int) -> str:
     at_work, idle_frameless = collections.Counter(), collections.Counter()
-    for line in open(path, encoding="utf-8", errors="replace"):
-        stack, _, count = line.rstrip("\n").rpartition(" ")
-        frames, n = stack.split(";"), int(count)
-        at = next((i for i, f in enumerate(frames) if f.startswith("thread")), None)
-        if at is None:
-            continue
-        owner = [f for f in frames[:at] if f.startswith("process ")]
-        process = _process(owner[-1]) if owner else "?"
-        thread = frames[at].rsplit(": ", 1)[-1].rstrip("_0123456789")
-        if len(frames) == at + 1:
+    for owner, frames, n in _samples(path):
+        process = _process(owner) if owner is not None else "?"
+        thread = frames[0].rsplit(": ", 1)[-1].rstrip("_0123456789")
+        if len(frames) == 1:
             idle_frameless[(process, thread + " (no Python frame)")] += n
         elif not _idle(frames[-1]):
             at_work[(process, thread)] += n
