@@ -317,6 +317,47 @@ def test_a_leak_on_an_uncertain_build_must_show_twice():
     assert any(leak.leaked for leak in found.leaks), "a real leak still shows"
 
 
+class _Counted:
+    """A program that counts its runs (no `launch`: the probe runs it one run at a time)."""
+
+    def __init__(self, program):
+        self.program, self.runs = program, 0
+
+    def __call__(self, *args):
+        self.runs += 1
+        return self.program(*args)
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["bitwise", "gated"])
+def test_a_second_run_is_made_only_where_the_first_moved_a_token_that_must_not_move(gated):
+    """Confirming (GPUs; the gated tensors always) runs a perturbation again only for the
+    groups whose first run changed a token that must not move: on a kernel without leaks one
+    run per group; on a leaking one a second run for each group that moved one, and the leaks
+    of runs made twice everywhere (a kernel that changes the same tokens in both)."""
+    from harness.engine.programs import Programs
+    from harness.judge import leak_probe
+    from harness.model.case import make_inputs
+    case = Case("padded/left", 2, 256, 2, 2, 16, "float32", 0)   # two colours and padding
+    inputs, groups = make_inputs(case), len(leak_probe.groups(case))
+    # Gated: its output noisy by 1e-5 (thresholds from four reruns; each group run plain for
+    # the bitwise gradients and amplified for the output); bitwise: reproducible.
+    wrap, reruns, kinds = (lambda k: _noisy_by(1e-5, k), leak_probe.RERUNS_NOISY, 2) if gated \
+        else (lambda k: k, leak_probe.RERUNS, 1)
+    clean = _Counted(Programs().get(Kernel(f"clean_{gated}", wrap(dot_product)), case))
+    found = leak_probe.probe(clean, inputs, case, confirm=True)
+    assert bool(found.gated) == gated and not any(leak.leaked for leak in found.leaks)
+    assert clean.runs == 1 + reruns + kinds * groups
+    leaky = _Counted(Programs().get(Kernel(f"leaky_{gated}", wrap(_off_by_one)), case))
+    confirmed = leak_probe.probe(leaky, inputs, case, confirm=True)
+    moved = {g for leak in confirmed.leaks for g in leak.by}
+    assert 0 < len(moved) < groups and any(leak.leaked for leak in confirmed.leaks)
+    assert leaky.runs == 1 + reruns + kinds * (groups + len(moved))
+    if not gated:   # a reproducible kernel moves the same tokens twice: nothing to confirm
+        twice = _Counted(Programs().get(Kernel("leaky_once", _off_by_one), case))
+        assert leak_probe.probe(twice, inputs, case) == confirmed
+        assert twice.runs == 1 + reruns + groups
+
+
 def test_a_deterministic_build_out_of_memory_is_retried_then_visibly_replaced(monkeypatch):
     """cuDNN's and TE's deterministic backward passes ask for tens of GiB on some rows (H200:
     64-128 GiB): retried once with the harness's caches let go, then the default build is

@@ -30,7 +30,8 @@ systematic:
   p^T @ dO), so it grows that much while the noise, the unchanged segment's own rounding, does
   not;
 - confirmed: a token counts as changed only where both of two runs of each perturbation moved it
-  past the threshold.
+  past the threshold (the second run is made where the first moved a token that must not
+  move: elsewhere it could not make one count).
 The false-alarm probability is computed, not assumed: the tail of the pooled run-to-run
 differences is fitted with an exponential (above its 99th percentile; rounding noise, a sum of
 many roundings, has a lighter tail than that), which gives the chance that one run's noise at a
@@ -358,37 +359,60 @@ def _thresholds(noise: dict, gated: list[str], scale: dict, case: Case, tokens: 
                                   runs * max(len(gated), 1)) for n in gated}
 
 
-def _perturbation_runs(case, index, bitwise, thresholds, confirm, convention="segment"):
-    """The arguments of one redrawn group's runs: the plain perturbation (twice where
-    `confirm`) for the bitwise tensors, then the amplified one twice for the gated ones."""
-    runs = []
-    if bitwise:
-        runs += [perturbed(case, index, 1.0, convention)] * (2 if confirm else 1)
-    if thresholds:
-        runs += [perturbed(case, index, amplitude(case.dtype), convention)] * 2
-    return runs
+def _perturbation_runs(case, index, plain, amplified, convention="segment"):
+    """The arguments of one run of a redrawn group's perturbations: the plain one where
+    `plain` (for the bitwise tensors), then the amplified one where `amplified` (the gated)."""
+    return ([perturbed(case, index, 1.0, convention)] if plain else []) + \
+        ([perturbed(case, index, amplitude(case.dtype), convention)] if amplified else [])
 
 
-def _perturbation(changes, bitwise, thresholds, names, confirm) -> dict:
-    """tensor index -> ([B, T] bool changed, [B, T] largest change) for one redrawn group, from
-    its runs' changes (_perturbation_runs, in order): bitwise tensors on the plain
-    perturbation (confirmed by the second run where asked), gated ones on the two runs of the
-    amplified perturbation, above their threshold in both."""
-    found = {}
-    changes = list(changes)
+def _perturbation(changes, bitwise, thresholds, names) -> dict:
+    """tensor index -> ([B, T] bool changed, [B, T] largest change) for one run of a redrawn
+    group's perturbations (_perturbation_runs, in order): the bitwise tensors on the plain
+    one, the gated ones above their threshold on the amplified one."""
+    changes, found = list(changes), {}
     if bitwise:
-        first = changes.pop(0)
-        found = {i: first[i] for i in bitwise}
-        if confirm:
-            again = changes.pop(0)
-            found = {i: (c & again[i][0], np.maximum(m, again[i][1]))
-                     for i, (c, m) in found.items()}
+        plain = changes.pop(0)
+        found = {i: plain[i] for i in bitwise}
     if thresholds:
-        amplified = changes[:2]
+        amplified = changes.pop(0)
         for name, limit in thresholds.items():
             i = names.index(name)
-            (_, m1), (_, m2) = amplified[0][i], amplified[1][i]
-            found[i] = ((m1 > limit) & (m2 > limit), np.maximum(m1, m2))
+            found[i] = (amplified[i][1] > limit, amplified[i][1])
+    return found
+
+
+def _both(first: dict, second: dict) -> dict:
+    """The tensors of `second` changed only where both runs changed them (the largest change
+    of the two); the others as `first` has them."""
+    return {i: (c & second[i][0], np.maximum(m, second[i][1])) if i in second else (c, m)
+            for i, (c, m) in first.items()}
+
+
+def _moves_kept(found: dict, kept: dict, names: list[str]) -> bool:
+    """Whether some tensor changed on a token none of whose dependencies was redrawn."""
+    return any((flags & kept[TENSOR_CLASS[names[i]]]).any() for i, (flags, _) in found.items())
+
+
+def _group_changes(program, base, case, groups_, bitwise, thresholds, names, confirm,
+                   convention="segment") -> list[dict]:
+    """Per redrawn group, _perturbation's changes: one run of each perturbation; then where it
+    moved a token that must not move, a second (the gated tensors always, the bitwise ones
+    where `confirm`), a token counting only where both moved it. Elsewhere no second run could
+    make one count (_segment_leaks reads no other token); made on every pair, second runs
+    doubled the plain perturbations' runs on GPUs."""
+    def run(plain, amplified, indices):
+        runs = [_perturbation_runs(case, i, plain, amplified, convention) for i in indices]
+        changes = iter(all_changes(program, base, [a for r in runs for a in r]))
+        return [_perturbation([next(changes) for _ in r], bitwise if plain else [],
+                              thresholds if amplified else {}, names) for r in runs]
+    found = run(bool(bitwise), bool(thresholds), range(len(groups_)))
+    confirmed = (list(bitwise) if confirm else []) + [names.index(n) for n in thresholds]
+    still = _kept_per_group(case, convention)
+    again = [g for g, f in enumerate(found)
+             if _moves_kept({i: f[i] for i in confirmed}, still[g], names)]
+    for g, second in zip(again, run(bool(bitwise) and confirm, bool(thresholds), again)):
+        found[g] = _both(found[g], second)
     return found
 
 
@@ -433,11 +457,12 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     """Runs `program` (the kernel's build for the probe) on the case and its perturbations.
     `first`: this program's results on the unchanged inputs, if already computed.
 
-    `confirm` runs each perturbation twice, a token counting as changed only where both runs
-    changed it: rare noise that slipped past the reruns seldom lands on the same token twice,
-    a leak does. Seldom is not never (on the H200 a default build's dq reproduced in 6 reruns,
-    then changed one token by 1 ulp in both runs of a perturbation), so `reproducible=False`
-    (the kernel declares its backward not reproducible, or the build is a GPU default build
+    `confirm` runs a perturbation twice, a token counting as changed only where both runs
+    changed it (the second run where the first changed a token that must not move): rare
+    noise that slipped past the reruns seldom lands on the same token twice, a leak does.
+    Seldom is not never (on the H200 a default build's dq reproduced in 6 reruns, then
+    changed one token by 1 ulp in both runs of a perturbation), so `reproducible=False` (the
+    kernel declares its backward not reproducible, or the build is a GPU default build
     standing in for a deterministic one that cannot run) decides the gradients statistically
     (above their noise, amplified, confirmed) even where the reruns happened to agree; those
     whose reruns agreed are listed in `quiet`: their threshold is the floor, and their
@@ -461,12 +486,9 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     thresholds = _thresholds(noise, [n for n in candidates if n not in unprobed], scale, case,
                              int(valid.sum()), len(groups_))
     bitwise = [i for i, n in enumerate(names) if n not in candidates]
-    per_group = [_perturbation_runs(case, index, bitwise, thresholds, confirm, convention)
-                 for index in range(len(groups_))]
-    changes = iter(all_changes(program, base, [a for runs in per_group for a in runs]))
-    runs = [(group, redraw, _perturbation([next(changes) for _ in per_group[index]], bitwise,
-                                          thresholds, names, confirm))
-            for index, (group, redraw) in enumerate(groups_)]
+    found = _group_changes(program, base, case, groups_, bitwise, thresholds, names, confirm,
+                           convention)
+    runs = [(group, redraw, f) for (group, redraw), f in zip(groups_, found)]
     nonfinite = np.asarray(jax.device_get(nonfinite_tokens(base)))
     tokens = int(valid.sum()) * len(groups_)
     return ProbeResult(
