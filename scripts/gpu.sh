@@ -153,9 +153,11 @@ for s in "$@"; do
     env)
       { nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv 2>&1
         for m in tblib transformer_engine maxtext tokamax flash_attn_jax flash_attn3_jax dew_flash_attn fa4_jax; do
-          # The import's last line where it fails (flash_attn_jax read "no" on runs whose
-          # kernels then ran: the reason was never kept).
-          if why=$(python3 -c "import $m" 2>&1); then echo "import $m: ok"
+          # The import's last line where it fails. Imported as the harness imports it, CUDA
+          # 12's runtime loaded first (harness.kernels.flash_attn.load_cudart12): a bare import
+          # of flash_attn_jax read "no" (libcudart.so.12) on runs whose FlashAttention kernels ran.
+          if why=$(python3 -c "from harness.kernels.flash_attn import load_cudart12
+load_cudart12(); import $m" 2>&1); then echo "import $m: ok"
           else echo "import $m: no ($(printf '%s\n' "$why" | grep -v '^\s*$' | tail -1 | cut -c1-200))"; fi
         done; } > "$r/env.txt"
       cat "$r/env.txt"; echo env.txt >> "$r/packed.txt" ;;
