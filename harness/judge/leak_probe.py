@@ -372,13 +372,10 @@ def _perturbation(changes, bitwise, thresholds, names) -> dict:
     one, the gated ones above their threshold on the amplified one."""
     changes, found = list(changes), {}
     if bitwise:
-        plain = changes.pop(0)
-        found = {i: plain[i] for i in bitwise}
-    if thresholds:
-        amplified = changes.pop(0)
-        for name, limit in thresholds.items():
-            i = names.index(name)
-            found[i] = (amplified[i][1] > limit, amplified[i][1])
+        found, changes = {i: changes[0][i] for i in bitwise}, changes[1:]
+    for name, limit in thresholds.items():   # on the amplified run, the one left
+        i = names.index(name)
+        found[i] = (changes[0][i][1] > limit, changes[0][i][1])
     return found
 
 
@@ -389,29 +386,31 @@ def _both(first: dict, second: dict) -> dict:
             for i, (c, m) in first.items()}
 
 
-def _moves_kept(found: dict, kept: dict, names: list[str]) -> bool:
-    """Whether some tensor changed on a token none of whose dependencies was redrawn."""
-    return any((flags & kept[TENSOR_CLASS[names[i]]]).any() for i, (flags, _) in found.items())
+def _moves_kept(found: dict, kept: dict, names: list[str], indices, valid) -> bool:
+    """Whether one of these tensors changed on a token of a segment none of whose dependencies
+    was redrawn (the tokens _segment_leaks reads; padding outputs may be undefined)."""
+    return any((found[i][0] & kept[TENSOR_CLASS[names[i]]] & valid).any() for i in indices)
 
 
 def _group_changes(program, base, case, groups_, bitwise, thresholds, names, confirm,
                    convention="segment") -> list[dict]:
-    """Per redrawn group, _perturbation's changes: one run of each perturbation; then where it
-    moved a token that must not move, a second (the gated tensors always, the bitwise ones
-    where `confirm`), a token counting only where both moved it. Elsewhere no second run could
-    make one count (_segment_leaks reads no other token); made on every pair, second runs
-    doubled the plain perturbations' runs on GPUs."""
-    def run(plain, amplified, indices):
-        runs = [_perturbation_runs(case, i, plain, amplified, convention) for i in indices]
-        changes = iter(all_changes(program, base, [a for r in runs for a in r]))
-        return [_perturbation([next(changes) for _ in r], bitwise if plain else [],
-                              thresholds if amplified else {}, names) for r in runs]
-    found = run(bool(bitwise), bool(thresholds), range(len(groups_)))
-    confirmed = (list(bitwise) if confirm else []) + [names.index(n) for n in thresholds]
-    still = _kept_per_group(case, convention)
-    again = [g for g, f in enumerate(found)
-             if _moves_kept({i: f[i] for i in confirmed}, still[g], names)]
-    for g, second in zip(again, run(bool(bitwise) and confirm, bool(thresholds), again)):
+    """Per redrawn group, _perturbation's changes: one run of each perturbation; then, of each
+    perturbation that moved a segment's token that must not move, a second run (the amplified
+    one always, the plain one where `confirm`), a token counting only where both moved it.
+    Elsewhere no second run could make one count (_segment_leaks reads no other token); made
+    on every pair, second runs doubled the plain perturbations' runs on GPUs."""
+    def run(plans):   # (group index, plain, amplified) each
+        runs = [_perturbation_runs(case, g, p, a, convention) for g, p, a in plans]
+        changes = iter(all_changes(program, base, [x for r in runs for x in r]))
+        return [_perturbation([next(changes) for _ in r], bitwise if p else [],
+                              thresholds if a else {}, names) for r, (_, p, a) in zip(runs, plans)]
+    found = run([(g, bool(bitwise), bool(thresholds)) for g in range(len(groups_))])
+    still, valid = _kept_per_group(case, convention), case.segment_ids > 0
+    gated = [names.index(n) for n in thresholds]
+    again = [(g, confirm and _moves_kept(f, still[g], names, bitwise, valid),
+              _moves_kept(f, still[g], names, gated, valid)) for g, f in enumerate(found)]
+    again = [plan for plan in again if plan[1] or plan[2]]
+    for (g, _, _), second in zip(again, run(again)):
         found[g] = _both(found[g], second)
     return found
 
@@ -474,12 +473,14 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     names = [c.name for c in TENSORS[:len(base)]]
     valid = np.asarray(case.segment_ids > 0)
     noisy = reproducible is False
+    # Launched now, read after the reruns: not each a wait for a program launched just before.
+    scaled, nonfinite = scales(base, args[3]), nonfinite_tokens(base)
     noise = _reruns(program, args, base, names, valid, max(reruns, RERUNS_NOISY if noisy else 0))
     if not noisy and reruns < RERUNS_NOISY and any(n.largest > 0 for n in noise.values()):
         more = _reruns(program, args, base, names, valid, RERUNS_NOISY - reruns)
         noise = {n: Noise(max(noise[n].largest, more[n].largest),
                           np.maximum(noise[n].sample, more[n].sample)) for n in names}
-    scale = dict(zip(names, np.asarray(jax.device_get(scales(base, args[3]))).tolist()))
+    scale = dict(zip(names, np.asarray(jax.device_get(scaled)).tolist()))
     candidates = [n for n in names if noise[n].largest > 0 or (noisy and n != TENSORS[0].name)]
     unprobed = [n for n in candidates if noise[n].largest >= POWERLESS * scale[n]]
     groups_ = _groups(case, convention)
@@ -489,10 +490,9 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     found = _group_changes(program, base, case, groups_, bitwise, thresholds, names, confirm,
                            convention)
     runs = [(group, redraw, f) for (group, redraw), f in zip(groups_, found)]
-    nonfinite = np.asarray(jax.device_get(nonfinite_tokens(base)))
     tokens = int(valid.sum()) * len(groups_)
     return ProbeResult(
-        _segment_leaks(case, runs, names, nonfinite, convention),
+        _segment_leaks(case, runs, names, np.asarray(jax.device_get(nonfinite)), convention),
         [n for n in names if n not in unprobed], unprobed, thresholds,
         detectable={n: float(f"{t / (amplitude(case.dtype) * scale[n]):.3g}")
                     if scale[n] > 0 else math.inf for n, t in thresholds.items()},
