@@ -17,6 +17,7 @@ from harness.views.markdown import (
     env_line,
     process_lines,
     run_line,
+    timed_kernels,
     unfinished,
 )
 from harness.views.summary import (
@@ -78,7 +79,8 @@ img { max-width: 100%; }
 <th>compile s</th><th>waited s</th><th>runs</th><th>execute s</th><th>of which probe build s</th><th>host s</th></tr>
 {% for k, t in timing %}<tr><td>{{ k }}</td><td>{{ "%.1f"|format(t.wall_s or 0) }}</td><td>{{ t.programs }}</td><td>{{ "%.1f"|format(t.lower_s) }}</td>
 <td>{{ "%.1f"|format(t.compile_s) }}</td><td>{{ "%.1f"|format(t.wait_s or 0) }}</td><td>{{ t.runs }}</td><td>{{ "%.1f"|format(t.execute_s) }}</td><td>{{ "%.1f"|format(t.probe_execute_s or 0) }}</td><td>{{ "%.1f"|format(t.host_s or 0) }}</td></tr>
-{% endfor %}</table>{% for line in processes %}<p>{{ line }}</p>{% endfor %}{% endif %}
+{% endfor %}</table>{% if idle_timed %}<p>{{ idle_timed }} more row(s) read 0 in every column: left out.</p>{% endif %}
+{% for line in processes %}<p>{{ line }}</p>{% endfor %}{% endif %}
 <h2>Error by token position (failing and near-failing rows)</h2>
 <p>Grey lines: segment boundaries. Dashed: each segment's tolerance. Red points: tokens over it.
 {% if dropped %} {{ dropped }} more rows not plotted.{% endif %}</p>
@@ -211,7 +213,7 @@ def _plots(records, traces) -> tuple[list[dict], int]:
 
 def write_html(path: Path, header: dict, records: list, traces: list) -> None:
     plots, dropped = _plots(records, traces)
-    timing = sorted((header.get("timing") or {}).items(), key=lambda kv: -kv[1].get("wall_s", 0))
+    timing, idle_timed = timed_kernels(header)
     path.write_text(_TEMPLATE.render(
         header=header, env_line=env_line(header.get("environment", {})),
         run_line=run_line(header, marked=False), unfinished=unfinished(header),
@@ -224,5 +226,5 @@ def write_html(path: Path, header: dict, records: list, traces: list) -> None:
         coverage=coverage_lines(records), power=power_rows(records),
         padding=padding_lines(records),
         n_unjudged=tallies.counts(records).get(v.UNJUDGED, 0),
-        n_unprobed=sum(tallies.unprobed(records).values()), timing=timing,
+        n_unprobed=sum(tallies.unprobed(records).values()), timing=timing, idle_timed=idle_timed,
         processes=[line for line in process_lines(header) if line]))

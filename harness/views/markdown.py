@@ -101,9 +101,18 @@ def run_line(header: dict, marked: bool = True) -> str:
     return " · ".join(parts)
 
 
-def timing_lines(header: dict) -> list[str]:
+def timed_kernels(header: dict) -> tuple[list[tuple[str, dict]], int]:
+    """The timing table's rows, longest wall first, without the kernels whose every column
+    reads 0 (every case skipped, nothing traced); and how many those are."""
     timing = header.get("timing") or {}
-    if not timing:
+    rows = [(k, t) for k, t in timing.items()
+            if any(isinstance(x, (int, float)) and round(x, 1) for x in t.values())]
+    return sorted(rows, key=lambda kv: -kv[1].get("wall_s", 0)), len(timing) - len(rows)
+
+
+def timing_lines(header: dict) -> list[str]:
+    rows, idle = timed_kernels(header)
+    if not rows and not idle:
         return []
     out = ["wall: the run's time on the kernel (its checks and leak probe included; the "
            "oracle's computing of a case, done once for all its kernels, is the oracle's row); "
@@ -114,11 +123,13 @@ def timing_lines(header: dict) -> list[str]:
            "| kernel | wall s | programs | lower s | compile s | waited s | runs | execute s | "
            "of which probe build s | host s |",
            "|---|---|---|---|---|---|---|---|---|---|"]
-    for kernel, t in sorted(timing.items(), key=lambda kv: -kv[1].get("wall_s", 0)):
+    for kernel, t in rows:
         out.append(f"| {kernel} | {t.get('wall_s', 0):.1f} | {t.get('programs', 0)} | "
                    f"{t.get('lower_s', 0):.1f} | {t.get('compile_s', 0):.1f} | "
                    f"{t.get('wait_s', 0):.1f} | {t.get('runs', 0)} | {t.get('execute_s', 0):.1f} "
                    f"| {t.get('probe_execute_s', 0):.1f} | {t.get('host_s', 0):.1f} |")
+    if idle:
+        out += ["", f"{idle} more row(s) read 0 in every column: left out."]
     out += ["", "host: the run's own work on the kernel beside the device and the compiler "
             "(per-token metrics, judging, the leak probe's comparisons, transfers, Python): "
             "wall less execute and waited. Of which probe build: the execute seconds of the "
