@@ -472,14 +472,25 @@ def test_a_report_with_no_record_renders_without_warnings(tmp_path):
     assert "Nothing was judged" in (tmp_path / "report.html").read_text()
 
 
-def test_the_timing_table_leaves_out_rows_that_read_zero_and_says_how_many():
+def test_the_timing_table_leaves_out_rows_that_read_zero_and_says_how_many(tmp_path):
     """A kernel that skipped every case has nothing to time (its skips took milliseconds):
     its row would read 0 in every column. Left out, counted; a row with any value stays."""
+    from harness.views.html import write_html
     from harness.views.markdown import timing_lines
-    zero = {"wall_s": 0.006, "host_s": 0.006, "lower_s": 0.0, "programs": 0, "runs": 0}
+    zero = {"lower_s": 0.0, "compile_s": 0.0, "execute_s": 0.0, "probe_execute_s": 0.0,
+            "wait_s": 0.0, "wall_s": 0.006, "host_s": 0.006, "programs": 0, "runs": 0}
     header = {"timing": {"skipped_all": zero, "skipped_too": dict(zero, wall_s=0.0),
                          "traced_only": dict(zero, lower_s=1.2),
                          "ran": dict(zero, wall_s=3.0, runs=12, programs=2)}}
     table = [line for line in timing_lines(header) if line.startswith("| ")]
     assert [line.split(" | ")[0][2:] for line in table[1:]] == ["ran", "traced_only"]
     assert "2 more row(s) read 0 in every column: left out." in timing_lines(header)
+    html = tmp_path / "report.html"
+    write_html(html, header, [], [])
+    assert html.read_text().count("<tr><td>") == 2 and "2 more row(s) read 0" in html.read_text()
+    # Nothing but zeros: no table, the count alone.
+    idle = {"timing": {"skipped_all": zero}}
+    assert timing_lines(idle) == ["", "1 row(s) read 0 in every column: left out."]
+    write_html(html, idle, [], [])
+    assert "<th>kernel</th><th>wall s" not in html.read_text()
+    assert "1 row(s) read 0 in every column" in html.read_text()

@@ -156,8 +156,12 @@ for s in "$@"; do
           # The import's last line where it fails. Imported as the harness imports it, CUDA
           # 12's runtime loaded first (harness.kernels.flash_attn.load_cudart12): a bare import
           # of flash_attn_jax read "no" (libcudart.so.12) on runs whose FlashAttention kernels ran.
-          if why=$(python3 -c "from harness.kernels.flash_attn import load_cudart12
-load_cudart12(); import $m" 2>&1); then echo "import $m: ok"
+          if why=$(python3 -c "try:
+    from harness.kernels.flash_attn import load_cudart12
+    load_cudart12()
+except ImportError:
+    pass
+import $m" 2>&1); then echo "import $m: ok"
           else echo "import $m: no ($(printf '%s\n' "$why" | grep -v '^\s*$' | tail -1 | cut -c1-200))"; fi
         done; } > "$r/env.txt"
       cat "$r/env.txt"; echo env.txt >> "$r/packed.txt" ;;

@@ -75,12 +75,14 @@ img { max-width: 100%; }
 {% if power %}<h2>Leak probe: power and false alarms</h2><table><tr><th>kernel</th><th>smallest detectable leak (fraction of scale)</th><th>false-alarm probability (run)</th></tr>
 {% for k, d, p in power %}<tr><td>{{ k }}</td><td>{{ d }}</td><td>{{ p }}</td></tr>{% endfor %}</table>{% endif %}
 {% if padding %}<h2>Padding hygiene</h2><ul>{% for line in padding %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
-{% if timing %}<h2>Where the time went</h2><table><tr><th>kernel</th><th>wall s</th><th>programs</th><th>lower s</th>
+{% if timing or idle_timed %}<h2>Where the time went</h2>{% endif %}
+{% if timing %}<table><tr><th>kernel</th><th>wall s</th><th>programs</th><th>lower s</th>
 <th>compile s</th><th>waited s</th><th>runs</th><th>execute s</th><th>of which probe build s</th><th>host s</th></tr>
 {% for k, t in timing %}<tr><td>{{ k }}</td><td>{{ "%.1f"|format(t.wall_s or 0) }}</td><td>{{ t.programs }}</td><td>{{ "%.1f"|format(t.lower_s) }}</td>
 <td>{{ "%.1f"|format(t.compile_s) }}</td><td>{{ "%.1f"|format(t.wait_s or 0) }}</td><td>{{ t.runs }}</td><td>{{ "%.1f"|format(t.execute_s) }}</td><td>{{ "%.1f"|format(t.probe_execute_s or 0) }}</td><td>{{ "%.1f"|format(t.host_s or 0) }}</td></tr>
-{% endfor %}</table>{% if idle_timed %}<p>{{ idle_timed }} more row(s) read 0 in every column: left out.</p>{% endif %}
-{% for line in processes %}<p>{{ line }}</p>{% endfor %}{% endif %}
+{% endfor %}</table>{% endif %}
+{% if idle_timed %}<p>{{ idle_timed }} {% if timing %}more {% endif %}row(s) read 0 in every column: left out.</p>{% endif %}
+{% for line in processes %}<p>{{ line }}</p>{% endfor %}
 <h2>Error by token position (failing and near-failing rows)</h2>
 <p>Grey lines: segment boundaries. Dashed: each segment's tolerance. Red points: tokens over it.
 {% if dropped %} {{ dropped }} more rows not plotted.{% endif %}</p>

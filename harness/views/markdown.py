@@ -114,30 +114,34 @@ def timing_lines(header: dict) -> list[str]:
     rows, idle = timed_kernels(header)
     if not rows and not idle:
         return []
-    out = ["wall: the run's time on the kernel (its checks and leak probe included; the "
-           "oracle's computing of a case, done once for all its kernels, is the oracle's row); "
-           "lower and compile happen beside the run, in other threads or in a lowering "
-           "process (compile seconds add up over the threads compiling at once, and include "
-           "loading a program the lowering process read from the cache); waited: how long the "
-           "run stood still for a program not compiled yet, or for a trace's environment.", "",
-           "| kernel | wall s | programs | lower s | compile s | waited s | runs | execute s | "
-           "of which probe build s | host s |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = []
+    if rows:
+        out += ["wall: the run's time on the kernel (its checks and leak probe included; the "
+                "oracle's computing of a case, done once for all its kernels, is the oracle's "
+                "row); lower and compile happen beside the run, in other threads or in a "
+                "lowering process (compile seconds add up over the threads compiling at once, "
+                "and include loading a program the lowering process read from the cache); "
+                "waited: how long the run stood still for a program not compiled yet, or for a "
+                "trace's environment.", "",
+                "| kernel | wall s | programs | lower s | compile s | waited s | runs | "
+                "execute s | of which probe build s | host s |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
     for kernel, t in rows:
         out.append(f"| {kernel} | {t.get('wall_s', 0):.1f} | {t.get('programs', 0)} | "
                    f"{t.get('lower_s', 0):.1f} | {t.get('compile_s', 0):.1f} | "
                    f"{t.get('wait_s', 0):.1f} | {t.get('runs', 0)} | {t.get('execute_s', 0):.1f} "
                    f"| {t.get('probe_execute_s', 0):.1f} | {t.get('host_s', 0):.1f} |")
     if idle:
-        out += ["", f"{idle} more row(s) read 0 in every column: left out."]
-    out += ["", "host: the run's own work on the kernel beside the device and the compiler "
-            "(per-token metrics, judging, the leak probe's comparisons, transfers, Python): "
-            "wall less execute and waited. Of which probe build: the execute seconds of the "
-            "leak probe's deterministic build (GPUs; on CPUs the probe runs the default build). "
-            "The harness's own programs (per-token metrics, the probe's perturbations and "
-            "comparisons, the jvp check's tangents) compile ahead, beside the kernels' (their "
-            "row: waited is the run's wait for one still compiling; their runs count in the "
-            "kernel's host time)."]
+        out += ["", f"{idle} {'more ' if rows else ''}row(s) read 0 in every column: left out."]
+    if rows:
+        out += ["", "host: the run's own work on the kernel beside the device and the compiler "
+                "(per-token metrics, judging, the leak probe's comparisons, transfers, Python): "
+                "wall less execute and waited. Of which probe build: the execute seconds of the "
+                "leak probe's deterministic build (GPUs; on CPUs the probe runs the default "
+                "build). The harness's own programs (per-token metrics, the probe's "
+                "perturbations and comparisons, the jvp check's tangents) compile ahead, beside "
+                "the kernels' (their row: waited is the run's wait for one still compiling; "
+                "their runs count in the kernel's host time)."]
     out += process_lines(header)
     cache = header.get("compilation_cache")
     if cache:
