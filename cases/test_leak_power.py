@@ -276,3 +276,14 @@ def test_probe_runs_launched_in_batches_compare_as_one_at_a_time():
         for (ca, ma), (cb, mb) in zip(a, b):
             assert np.array_equal(ca, cb) and np.array_equal(ma, mb)
     assert any(c.any() for run in piped for c, _ in run)
+
+
+def test_a_change_to_or_from_infinity_or_nan_is_infinite_and_nan_to_nan_is_none():
+    """The probe's per-token change: |a - b|, infinite where a value turned NaN or infinite
+    (a leak's largest change is recorded as it is, not as float32's largest number)."""
+    from harness.judge.probe_runs import changes
+    base = jnp.asarray([[[[1.0, 2.0]], [[1.0, np.nan]], [[1.0, 2.0]], [[5.0, 5.0]]]])
+    other = jnp.asarray([[[[1.0, np.inf]], [[1.0, np.nan]], [[1.0, np.nan]], [[5.0, 3.0]]]])
+    (changed, largest), = changes((base,), (other,))
+    assert changed.tolist() == [[True, False, True, True]]
+    assert largest.tolist() == [[np.inf, 0.0, np.inf, 2.0]]

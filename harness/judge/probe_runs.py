@@ -16,9 +16,11 @@ def stacked_changes(base, other):
     def one(a, b):
         differs = (a != b) & ~(jnp.isnan(a) & jnp.isnan(b))
         # NaN against NaN is no change; NaN against a number is an infinite one (so that it
-        # counts above any noise threshold, and as noise makes a tensor unprobed).
+        # counts above any noise threshold, and as noise makes a tensor unprobed), and so is
+        # an infinity against a number (nan_to_num's default had made it float32's largest).
         change = jnp.where(differs, jnp.nan_to_num(
-            jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)), nan=jnp.inf), 0.0)
+            jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)), nan=jnp.inf,
+            posinf=jnp.inf), 0.0)
         return jnp.stack([differs.any(axis=(2, 3)).astype(jnp.float32), change.max(axis=(2, 3))])
     return jnp.stack([one(a, b) for a, b in zip(base, other)])
 
