@@ -495,3 +495,18 @@ def test_a_deterministic_build_that_cannot_fit_the_device_is_not_run(monkeypatch
                       "reproducible": False, "convention": "segment"}], calls
     assert {r.mode for r in leak} == {"default"} and {r.outcome for r in leak} == {"ok"}
     assert all("DoesNotFit: needs 1024.0 GiB of device memory" in r.message for r in leak)
+
+
+def test_a_probe_that_raises_is_an_error_of_the_leak_check_with_its_traceback(monkeypatch):
+    """Named as every error is (its type and message), and kept with its frames."""
+    from harness.judge import leak_probe
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the probe's own failure")
+    monkeypatch.setattr(leak_probe, "probe", broken)
+    case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
+    leak = [r for r in _run_measured(Kernel("dp_probe_raises", dot_product), case)
+            if r.check == "leak"]
+    assert [(r.verdict, r.message) for r in leak] == \
+        [("error", "leak probe: RuntimeError: the probe's own failure")]
+    assert "in broken" in leak[0].traceback and "the probe's own failure" in leak[0].traceback

@@ -283,8 +283,8 @@ def _leak_records(kernel, case, programs: Programs, inputs, results, disagreemen
                                          confirm=True, reproducible=False,
                                          convention=kernel.chunk_convention)
     except Exception as exc:  # the kernel ran once already: a failure here is the kernel's
-        return [judging.error_record(kernel, case, f"leak probe: {type(exc).__name__}: {exc}",
-                                     check=LEAK.name)]
+        return [judging.error_record(kernel, case, f"leak probe: {judging.error_message(exc)}",
+                                     _traceback(), check=LEAK.name)]
     return judging.leak_records(kernel, case, found, mode, note)
 
 
