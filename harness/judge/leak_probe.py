@@ -13,17 +13,21 @@ queries that read padding keys. A segment whose own values are non-finite cannot
 (NaN equals NaN): never a pass.
 
 Bitwise comparisons need a reproducible kernel. The probe runs the kernel's deterministic build
-(harness.engine.programs) and first checks, on valid tokens only (padding outputs of packed
-kernels are undefined), that reruns on the same inputs reproduce every tensor.
+(harness.engine.programs), each group's perturbation first, every tensor compared bitwise. Where
+one moved a segment's token that must not move, reruns on the same inputs check, on valid
+tokens only (padding outputs of packed kernels are undefined), that the kernel reproduces every
+tensor: a moved token of a tensor that reproduces is a leak. Where nothing moved, the probe is
+done: no rerun could make a token count (a tensor that moved nowhere is, bitwise, unchanged).
 
 Tensors that are not reproducible (some of TE's backward passes even with its deterministic
 setting; kernels that accumulate dq with atomics and declare `reproducible=False`, and the
 gradients of a GPU kernel's default build probed where its deterministic build cannot run:
 neither is ever trusted on a bitwise rerun) are decided statistically, on a change that is
 systematic:
-- noise: RERUNS_NOISY reruns of the unchanged inputs give every token's run-to-run difference;
-  the threshold is NOISE_FACTOR times the largest (at least NOISE_FLOOR_ULPS roundings of the
-  tensor's largest value), raised until the false-alarm probability below fits its budget;
+- noise (harness.judge.noise): RERUNS_NOISY reruns of the unchanged inputs give every token's
+  run-to-run difference; the threshold is NOISE_FACTOR times the largest (at least
+  NOISE_FLOOR_ULPS roundings of the tensor's largest value), raised until the false-alarm
+  probability below fits its budget;
 - amplified: those tensors are probed on perturbations whose redrawn values and cotangents are
   amplitude() times larger (64; 16 in float16). A leak is linear in what leaks in (another
   segment's values reach an output through p @ v, its cotangent reaches dk and dv through
@@ -53,6 +57,7 @@ import numpy as np
 
 from harness.ahead import ahead
 from harness.judge.metrics import scales
+from harness.judge.noise import POWERLESS, Noise, gated_thresholds, rerun_noise
 from harness.judge.probe_runs import all_changes, nonfinite_tokens
 from harness.judge.vocabulary import TENSORS
 from harness.model.case import Case, Inputs, device_seed, make_inputs
@@ -65,22 +70,12 @@ RERUNS_NOISY = 4
 PERTURB_SALT = 0x1EA4
 # Where only a kernel's default (not deterministic by construction) build can be probed.
 RERUNS_UNCERTAIN = 6
-# A tensor that differs run to run: changes above this many times its largest run-to-run
-# difference count, in both of two runs, on perturbations AMPLITUDE times larger; none at all
-# when that difference is POWERLESS of the tensor's largest value.
-NOISE_FACTOR = 4.0
-NOISE_FLOOR_ULPS = 2.0
-POWERLESS = 0.01
 
 
 def amplitude(dtype: str) -> float:
     """How much larger the amplified perturbation's values and cotangent are: 64, or 16 in
     float16, whose range (65504) a 64-fold value times a 64-fold cotangent could leave."""
     return 16.0 if dtype == "float16" else 64.0
-# The false-alarm probability one probe (a kernel on a case) may have: a night of a few hundred
-# probed cases per kernel stays below 1e-3.
-FALSE_ALARM_BUDGET = 1e-6
-TAIL_QUANTILE = 0.99
 
 # Cases whose perturbation groups are kept (computed once per case, for every kernel).
 GROUPS_CACHE = 16
@@ -308,57 +303,6 @@ class ProbeResult:
     quiet: list[str] = field(default_factory=list)
 
 
-@dataclass
-class Noise:
-    """A tensor's run-to-run differences on valid tokens, and what they allow."""
-    largest: float
-    sample: np.ndarray         # per-token largest difference over the reruns (valid tokens)
-
-    def exceed(self, threshold: float) -> float:
-        """P(one run's noise at a token > threshold): the empirical share above the tail's
-        start, times an exponential tail fitted above it (at least 1/n where nothing was seen
-        above the threshold's start: the sample cannot say less)."""
-        d = self.sample
-        if d.size == 0 or self.largest == 0:
-            return 0.0 if threshold > 0 else 1.0
-        u = float(np.quantile(d, TAIL_QUANTILE))
-        above = d[d > u]
-        p_u = max(above.size, 1) / d.size
-        if threshold <= u:
-            return float((d > threshold).mean())
-        beta = float((above - u).mean()) if above.size else max(u, self.largest) / 4
-        beta = max(beta, (self.largest - u) / 4, 1e-30)
-        return p_u * math.exp(-(threshold - u) / beta)
-
-    def threshold(self, floor: float, tokens: int, runs: int) -> float:
-        """NOISE_FACTOR times the largest difference (at least `floor`), raised until noise
-        alone passes it at some token of some run, twice, with at most FALSE_ALARM_BUDGET."""
-        t = NOISE_FACTOR * max(self.largest, floor)
-        allowed = math.sqrt(FALSE_ALARM_BUDGET / max(tokens * runs, 1))
-        while self.exceed(t) > allowed:
-            t *= 1.25
-        return t
-
-
-def _reruns(program, args, base, names, valid, reruns):
-    """Per tensor: the per-token largest difference between the base and each rerun."""
-    diffs = {n: np.zeros(int(valid.sum()), np.float32) for n in names}
-    for changes in all_changes(program, base, [args] * reruns):
-        for name, (_, change) in zip(names, changes):
-            if valid.any():
-                diffs[name] = np.maximum(diffs[name], change[valid])
-    return {n: Noise(float(d.max()) if d.size else 0.0, d) for n, d in diffs.items()}
-
-
-def _thresholds(noise: dict, gated: list[str], scale: dict, case: Case, tokens: int,
-                runs: int) -> dict[str, float]:
-    """Each gated tensor's threshold; the kernel x case's false-alarm budget is shared among
-    them (runs x tensors chances for noise to pass twice)."""
-    eps = float(jnp.finfo(case.dtype).eps)
-    return {n: noise[n].threshold(NOISE_FLOOR_ULPS * eps * scale[n], tokens,
-                                  runs * max(len(gated), 1)) for n in gated}
-
-
 def _perturbation_runs(case, index, plain, amplified, convention="segment"):
     """The arguments of one run of a redrawn group's perturbations: the plain one where
     `plain` (for the bitwise tensors), then the amplified one where `amplified` (the gated)."""
@@ -392,19 +336,31 @@ def _moves_kept(found: dict, kept: dict, names: list[str], indices, valid) -> bo
     return any((found[i][0] & kept[TENSOR_CLASS[names[i]]] & valid).any() for i in indices)
 
 
+def _run_groups(program, base, case, plans, bitwise, thresholds, names, convention) -> list:
+    """_perturbation's changes for each plan (group index, plain, amplified): its runs launched
+    together (probe_runs.all_changes)."""
+    runs = [_perturbation_runs(case, g, p, a, convention) for g, p, a in plans]
+    changes = iter(all_changes(program, base, [x for r in runs for x in r]))
+    return [_perturbation([next(changes) for _ in r], bitwise if p else [],
+                          thresholds if a else {}, names) for r, (_, p, a) in zip(runs, plans)]
+
+
 def _group_changes(program, base, case, groups_, bitwise, thresholds, names, confirm,
-                   convention="segment") -> list[dict]:
-    """Per redrawn group, _perturbation's changes: one run of each perturbation; then, of each
-    perturbation that moved a segment's token that must not move, a second run (the amplified
-    one always, the plain one where `confirm`), a token counting only where both moved it.
-    Elsewhere no second run could make one count (_segment_leaks reads no other token); made
-    on every pair, second runs doubled the plain perturbations' runs on GPUs."""
-    def run(plans):   # (group index, plain, amplified) each
-        runs = [_perturbation_runs(case, g, p, a, convention) for g, p, a in plans]
-        changes = iter(all_changes(program, base, [x for r in runs for x in r]))
-        return [_perturbation([next(changes) for _ in r], bitwise if p else [],
-                              thresholds if a else {}, names) for r, (_, p, a) in zip(runs, plans)]
-    found = run([(g, bool(bitwise), bool(thresholds)) for g in range(len(groups_))])
+                   convention="segment", plain=None) -> list[dict]:
+    """Per redrawn group, _perturbation's changes: one run of each perturbation (`plain`: the
+    plain runs' changes, already made); then, of each perturbation that moved a segment's token
+    that must not move, a second run (the amplified one always, the plain one where
+    `confirm`), a token counting only where both moved it. Elsewhere no second run could make
+    one count (_segment_leaks reads no other token); made on every pair, second runs doubled
+    the plain perturbations' runs on GPUs."""
+    def run(plans):
+        return _run_groups(program, base, case, plans, bitwise, thresholds, names, convention)
+    if plain is None:
+        found = run([(g, bool(bitwise), bool(thresholds)) for g in range(len(groups_))])
+    else:
+        amplified = run([(g, False, True) for g in range(len(groups_))]) if thresholds \
+            else [{} for _ in groups_]
+        found = [{**{i: p[i] for i in bitwise}, **a} for p, a in zip(plain, amplified)]
     still, valid = _kept_per_group(case, convention), case.segment_ids > 0
     gated = [names.index(n) for n in thresholds]
     again = [(g, confirm and _moves_kept(f, still[g], names, bitwise, valid),
@@ -458,7 +414,7 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
 
     `confirm` runs a perturbation twice, a token counting as changed only where both runs
     changed it (the second run where the first changed a token that must not move): rare
-    noise that slipped past the reruns seldom lands on the same token twice, a leak does.
+    noise that the reruns missed seldom lands on the same token twice, a leak does.
     Seldom is not never (on the H200 a default build's dq reproduced in 6 reruns, then
     changed one token by 1 ulp in both runs of a perturbation), so `reproducible=False` (the
     kernel declares its backward not reproducible, or the build is a GPU default build
@@ -473,28 +429,48 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     names = [c.name for c in TENSORS[:len(base)]]
     valid = np.asarray(case.segment_ids > 0)
     noisy = reproducible is False
+    groups_ = _groups(case, convention)
+    nonfinite, plain = nonfinite_tokens(base), None
+    everything = list(range(len(names)))
+    if not noisy:
+        # Each group's plain perturbation first, every tensor compared bitwise. Where none
+        # moved a segment's token that must not move, the probe is done: reruns could tell
+        # noise from a leak, and there is neither (they were RERUNS runs on every pair).
+        plain = _run_groups(program, base, case, [(g, True, False) for g in range(len(groups_))],
+                            everything, {}, names, convention)
+        still = _kept_per_group(case, convention)
+        if not any(_moves_kept(f, kept, names, everything, valid)
+                   for f, kept in zip(plain, still)):
+            return _result(case, names, plain, groups_, {}, {}, [], nonfinite, convention)
     # Launched now, read after the reruns: not each a wait for a program launched just before.
-    scaled, nonfinite = scales(base, args[3]), nonfinite_tokens(base)
-    noise = _reruns(program, args, base, names, valid, max(reruns, RERUNS_NOISY if noisy else 0))
+    scaled = scales(base, args[3])
+    noise = rerun_noise(program, args, base, names, valid,
+                        max(reruns, RERUNS_NOISY if noisy else 0))
     if not noisy and reruns < RERUNS_NOISY and any(n.largest > 0 for n in noise.values()):
-        more = _reruns(program, args, base, names, valid, RERUNS_NOISY - reruns)
+        more = rerun_noise(program, args, base, names, valid, RERUNS_NOISY - reruns)
         noise = {n: Noise(max(noise[n].largest, more[n].largest),
                           np.maximum(noise[n].sample, more[n].sample)) for n in names}
     scale = dict(zip(names, np.asarray(jax.device_get(scaled)).tolist()))
     candidates = [n for n in names if noise[n].largest > 0 or (noisy and n != TENSORS[0].name)]
     unprobed = [n for n in candidates if noise[n].largest >= POWERLESS * scale[n]]
-    groups_ = _groups(case, convention)
-    thresholds = _thresholds(noise, [n for n in candidates if n not in unprobed], scale, case,
-                             int(valid.sum()), len(groups_))
+    limits = gated_thresholds(noise, [n for n in candidates if n not in unprobed], scale,
+                              case.dtype, int(valid.sum()), len(groups_))
     bitwise = [i for i, n in enumerate(names) if n not in candidates]
-    found = _group_changes(program, base, case, groups_, bitwise, thresholds, names, confirm,
-                           convention)
+    found = _group_changes(program, base, case, groups_, bitwise, limits, names, confirm,
+                           convention, plain)
+    return _result(case, names, found, groups_, noise, limits, unprobed, nonfinite, convention,
+                   scale)
+
+
+def _result(case, names, found, groups_, noise, limits, unprobed, nonfinite, convention,
+            scale=None) -> ProbeResult:
+    """The ProbeResult of the groups' changes (`found`) and the gated tensors' `limits`."""
     runs = [(group, redraw, f) for (group, redraw), f in zip(groups_, found)]
-    tokens = int(valid.sum()) * len(groups_)
+    tokens = int((case.segment_ids > 0).sum()) * len(groups_)
     return ProbeResult(
         _segment_leaks(case, runs, names, np.asarray(jax.device_get(nonfinite)), convention),
-        [n for n in names if n not in unprobed], unprobed, thresholds,
+        [n for n in names if n not in unprobed], unprobed, limits,
         detectable={n: float(f"{t / (amplitude(case.dtype) * scale[n]):.3g}")
-                    if scale[n] > 0 else math.inf for n, t in thresholds.items()},
-        false_alarm=float(sum(tokens * noise[n].exceed(t) ** 2 for n, t in thresholds.items())),
-        quiet=[n for n in thresholds if noise[n].largest == 0])
+                    if scale[n] > 0 else math.inf for n, t in limits.items()},
+        false_alarm=float(sum(tokens * noise[n].exceed(t) ** 2 for n, t in limits.items())),
+        quiet=[n for n in limits if noise[n].largest == 0])
