@@ -191,6 +191,15 @@ def test_leak_probe_lists_what_is_not_reproducible_as_unprobed():
                for r in leak)
 
 
+def test_a_probe_that_compared_no_token_still_reruns_to_say_what_is_not_reproducible():
+    """One unpacked row without padding: no run leaves a token untouched, so nothing moving
+    says nothing of the kernel's noise; the reruns are made and name it, as on a packed row."""
+    alone = Case("unpacked/full", 1, 64, 2, 2, 16, "float32", 0)
+    leak = [r for r in _run_measured(Kernel("noisy_alone", _noisy), alone) if r.check == "leak"]
+    assert [r.verdict for r in leak] == ["unprobed"] and "not compared" in leak[0].message
+    assert leak[0].unprobed == ["out"] and leak[0].probed == ["dq", "dk", "dv"]
+
+
 def test_a_tensor_with_small_run_to_run_noise_is_probed_above_it():
     """Like TE's dq on some shapes even in its deterministic mode: a few roundings of noise.
     The probe still compares it, counting changes above the noise (confirmed twice), says so,

@@ -16,8 +16,9 @@ Bitwise comparisons need a reproducible kernel. The probe runs the kernel's dete
 (harness.engine.programs), each group's perturbation first, every tensor compared bitwise. Where
 one moved a segment's token that must not move, reruns on the same inputs check, on valid
 tokens only (padding outputs of packed kernels are undefined), that the kernel reproduces every
-tensor: a moved token of a tensor that reproduces is a leak. Where nothing moved, the probe is
-done: no rerun could make a token count (a tensor that moved nowhere is, bitwise, unchanged).
+tensor: a moved token of a tensor that reproduces is a leak. Where nothing moved and each valid
+token was compared in some run, the probe is done: no rerun could make a token count, and each
+token reproduced bitwise in the runs that compared it.
 
 Tensors that are not reproducible (some of TE's backward passes even with its deterministic
 setting; kernels that accumulate dq with atomics and declare `reproducible=False`, and the
@@ -220,6 +221,17 @@ def _kept_per_group(case: Case, convention: str = "segment") -> tuple[dict[str, 
             mask.flags.writeable = False
         out.append(kept)
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=GROUPS_CACHE)
+def _covered(case: Case, convention: str = "segment") -> bool:
+    """Whether each valid token, as a query (out, dq) and as a key (dk, dv), is left untouched
+    by some group's perturbation (_kept_per_group): so that a probe whose runs moved none of
+    those tokens saw each one reproduced bitwise. Not where a segment has nothing else to
+    redraw (one unpacked row without padding)."""
+    valid, kept = case.segment_ids > 0, _kept_per_group(case, convention)
+    return bool(kept) and all((~valid | np.logical_or.reduce([k[c] for k in kept])).all()
+                              for c in ("query", "key"))
 
 
 @ahead
@@ -434,13 +446,15 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     everything = list(range(len(names)))
     if not noisy:
         # Each group's plain perturbation first, every tensor compared bitwise. Where none
-        # moved a segment's token that must not move, the probe is done: reruns could tell
-        # noise from a leak, and there is neither (they were RERUNS runs on every pair).
+        # moved a segment's token that must not move, and each valid token was one of those in
+        # some run, the probe is done: every token reproduced bitwise where it was compared,
+        # and reruns, which tell noise from a leak, have neither to tell apart (they were
+        # RERUNS runs on every pair).
         plain = _run_groups(program, base, case, [(g, True, False) for g in range(len(groups_))],
                             everything, {}, names, convention)
         still = _kept_per_group(case, convention)
-        if not any(_moves_kept(f, kept, names, everything, valid)
-                   for f, kept in zip(plain, still)):
+        if _covered(case, convention) and not any(
+                _moves_kept(f, kept, names, everything, valid) for f, kept in zip(plain, still)):
             return _result(case, names, plain, groups_, {}, {}, [], nonfinite, convention)
     # Launched now, read after the reruns: not each a wait for a program launched just before.
     scaled = scales(base, args[3])
