@@ -47,3 +47,41 @@ def test_shards_merged_are_one_run_and_a_lost_shard_regresses(tmp_path):
     assert lost.returncode == 0, lost.stdout[-2000:]
     gone = _harness("compare", str(tmp_path / "lost"), str(tmp_path / "whole"))
     assert gone.returncode == 1 and "REGRESSION" in gone.stdout, gone.stdout[-2000:]
+
+
+def test_rejudge_recomputes_expectations_but_keeps_a_kernel_it_cannot_load_here(
+        tmp_path, monkeypatch, capsys):
+    """`merge --rejudge` recomputes each record's expectation from the kernels as registered
+    now; a kernel whose library is missing here keeps its records as measured, and a note says
+    so (its expectations may read that library: rejudged without it, TE's declared sinks crash
+    read as an unexpected error)."""
+    import json
+    from harness.engine import engine, registry
+    from harness.kernels.kernel import Kernel
+    from harness.kernels.reference import dot_product
+    from harness.store import report_file as rec
+    src = tmp_path / "src"
+    out = _harness("run", "--kernels", "dot_product", "--cases", "packed/random-b4-t256-h4kv2*",
+                   "--no-leak-probe", "--report-dir", str(src))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    # The same records again under a second kernel's name.
+    lines = (src / rec.RECORDS_FILE).read_text().splitlines()
+    twin = [json.dumps({**row, "kernel": "needs_a_library"}) for row in map(json.loads, lines)
+            if row.get("type") == "record"]
+    (src / rec.RECORDS_FILE).write_text("\n".join(lines + twin) + "\n")
+
+    def declared(case, check, segment):   # an expectation corrected after the run
+        return ("fail", "declared to fail") if check == "out" else ("pass", "")
+    now = {"dot_product": Kernel("dot_product", dot_product, expect=declared),
+           "needs_a_library": Kernel("needs_a_library", dot_product, expect=declared,
+                                     requires=("no_such_library_xyz",))}
+    monkeypatch.setattr(registry, "all_kernels", lambda: now)
+    engine.merge(tmp_path / "merged", [src], rejudge=True)
+    assert ("--rejudge kept the records of 1 kernel(s) as measured: needs_a_library "
+            "(no_such_library_xyz not installed here)") in capsys.readouterr().err
+    _, records = rec.read(tmp_path / "merged")
+    def outcomes(kernel):
+        return {(r.expected, r.outcome) for r in records if r.kernel == kernel
+                and r.check == "out"}
+    assert outcomes("dot_product") == {("fail", "missed")}
+    assert outcomes("needs_a_library") == {("pass", "ok")}

@@ -292,9 +292,20 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
     if rejudge:
         from harness.engine.registry import all_kernels
         from harness.judge.judging import rejudge as rejudged
+        kernels = all_kernels()
 
         def transform(records):
-            return rejudged(records, all_kernels())
+            # A kernel whose library is missing here keeps its records as measured: its
+            # expectations may read that library (te:flax_*'s sinks crash is declared from TE's
+            # cuDNN version), and read without it they would turn a declared crash red.
+            records = list(records)
+            kept = sorted({r.kernel for r in records if r.kernel not in kernels
+                           or kernels[r.kernel].missing_requirements()})
+            if kept:
+                why = ", ".join(f"{n} ({_not_here(kernels.get(n))})" for n in kept)
+                print(f"note: --rejudge kept the records of {len(kept)} kernel(s) as measured: "
+                      f"{why}", file=sys.stderr)
+            return rejudged(records, {n: k for n, k in kernels.items() if n not in kept})
     suites = {rec.read_header(s).get("suite") for s in sources}
     if len(suites) > 1:
         names = ", ".join(map(str, sorted(suites, key=str)))
@@ -305,6 +316,13 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
                              rejudged=rejudge)
     header, records = write_views(Path(out))
     return tallies.run_status(records, header), overlaps, header, records
+
+
+def _not_here(kernel) -> str:
+    """Why a kernel cannot be judged again here: not registered, or its libraries missing."""
+    if kernel is None:
+        return "not registered here"
+    return f"{', '.join(kernel.missing_requirements())} not installed here"
 
 
 def check_not_running(report_dir: Path) -> None:

@@ -186,10 +186,13 @@ class Kernel:
                                f"{platform.memory_bytes / 2**30:.0f} GiB this device allows")
         if self.constraints is not None:
             reasons += self.constraints(case, platform)
-        for module in self.requires:
-            if importlib.util.find_spec(module.split(".")[0]) is None:
-                reasons.append(f"optional dependency {module!r} is not installed")
+        reasons += [f"optional dependency {module!r} is not installed"
+                    for module in self.missing_requirements()]
         return reasons
+
+    def missing_requirements(self) -> list[str]:
+        """The modules of `requires` that this Python cannot import."""
+        return [m for m in self.requires if importlib.util.find_spec(m.split(".")[0]) is None]
 
     def forward_reasons(self, case: Case) -> list[str]:
         """Why the jvp check cannot run on `case` (forward_limits), or []."""
