@@ -370,13 +370,13 @@ def test_a_second_run_is_made_only_where_the_first_moved_a_token_that_must_not_m
     clean = _Counted(Programs().get(Kernel(f"clean_{gated}", wrap(dot_product)), case))
     found = leak_probe.probe(clean, inputs, case, confirm=True)
     assert bool(found.gated) == gated and not any(leak.leaked for leak in found.leaks)
-    quiet = reruns if gated else 0   # no token that must not move moved: no rerun
-    assert clean.runs == 1 + quiet + kinds * groups
+    made = reruns if gated else 0   # no token that must not move moved: no rerun
+    assert clean.runs == 1 + made + kinds * groups
     # Padding outputs are undefined: one that moves with every perturbation asks for no second.
     padded = _Counted(Programs().get(Kernel(f"padded_{gated}", wrap(_pads_with_the_sum)), case))
     found = leak_probe.probe(padded, inputs, case, confirm=True)
     assert not any(leak.leaked for leak in found.leaks)
-    assert padded.runs == 1 + quiet + kinds * groups
+    assert padded.runs == 1 + made + kinds * groups
     # A leak in the output only (gated: the amplified perturbation's tensor; bitwise: the
     # plain one's): one second run per group that moved it, of that perturbation only.
     leaky = _Counted(Programs().get(Kernel(f"leaky_{gated}", wrap(_leaks_in_out_only)), case))

@@ -52,7 +52,7 @@ def test_shards_merged_are_one_run_and_a_lost_shard_regresses(tmp_path):
 def test_rejudge_recomputes_expectations_but_keeps_a_kernel_it_cannot_load_here(
         tmp_path, monkeypatch, capsys):
     """`merge --rejudge` recomputes each record's expectation from the kernels as registered
-    now; a kernel whose library is missing here keeps its records as measured, and a note says
+    now; a kernel whose library is missing here keeps its records as recorded, and a note says
     so (its expectations may read that library: rejudged without it, TE's declared sinks crash
     read as an unexpected error)."""
     import json
@@ -64,10 +64,11 @@ def test_rejudge_recomputes_expectations_but_keeps_a_kernel_it_cannot_load_here(
     out = _harness("run", "--kernels", "dot_product", "--cases", "packed/random-b4-t256-h4kv2*",
                    "--no-leak-probe", "--report-dir", str(src))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    # The same records again under a second kernel's name.
+    # The same records again under the names of a kernel that needs a library and of one not
+    # registered at all.
     lines = (src / rec.RECORDS_FILE).read_text().splitlines()
-    twin = [json.dumps({**row, "kernel": "needs_a_library"}) for row in map(json.loads, lines)
-            if row.get("type") == "record"]
+    twin = [json.dumps({**row, "kernel": name}) for name in ("needs_a_library", "gone")
+            for row in map(json.loads, lines) if row.get("type") == "record"]
     (src / rec.RECORDS_FILE).write_text("\n".join(lines + twin) + "\n")
 
     def declared(case, check, segment):   # an expectation corrected after the run
@@ -77,11 +78,12 @@ def test_rejudge_recomputes_expectations_but_keeps_a_kernel_it_cannot_load_here(
                                      requires=("no_such_library_xyz",))}
     monkeypatch.setattr(registry, "all_kernels", lambda: now)
     engine.merge(tmp_path / "merged", [src], rejudge=True)
-    assert ("--rejudge kept the records of 1 kernel(s) as measured: needs_a_library "
-            "(no_such_library_xyz not installed here)") in capsys.readouterr().err
+    assert ("--rejudge kept the records of 2 kernel(s) as recorded: gone (not registered "
+            "here), needs_a_library (no_such_library_xyz not installed here)"
+            ) in capsys.readouterr().err
     _, records = rec.read(tmp_path / "merged")
     def outcomes(kernel):
         return {(r.expected, r.outcome) for r in records if r.kernel == kernel
                 and r.check == "out"}
     assert outcomes("dot_product") == {("fail", "missed")}
-    assert outcomes("needs_a_library") == {("pass", "ok")}
+    assert outcomes("needs_a_library") == outcomes("gone") == {("pass", "ok")}

@@ -193,7 +193,8 @@ def _view_parsers(sub) -> None:
     mrg.add_argument("sources", nargs="+", help="report folders (or report.jsonl files)")
     mrg.add_argument("--rejudge", action="store_true",
                      help="recompute expectations/outcomes from the kernels as registered "
-                          "now (a kernel whose library is missing here keeps its records)")
+                          "now (a kernel not registered here, or whose library is missing "
+                          "here, keeps its records)")
     mrg.set_defaults(func=cmd_merge)
 
     cmp_ = sub.add_parser("compare", help="compare a report with a baseline (folders or files)")

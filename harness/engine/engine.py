@@ -295,15 +295,15 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
         kernels = all_kernels()
 
         def transform(records):
-            # A kernel whose library is missing here keeps its records as measured: its
+            # A kernel whose library is missing here keeps its records as recorded: its
             # expectations may read that library (te:flax_*'s sinks crash is declared from TE's
             # cuDNN version), and read without it they would turn a declared crash red.
             records = list(records)
-            kept = sorted({r.kernel for r in records if r.kernel not in kernels
-                           or kernels[r.kernel].missing_requirements()})
+            kept = sorted(name for name in {r.kernel for r in records}
+                          if name not in kernels or kernels[name].missing_requirements())
             if kept:
                 why = ", ".join(f"{n} ({_not_here(kernels.get(n))})" for n in kept)
-                print(f"note: --rejudge kept the records of {len(kept)} kernel(s) as measured: "
+                print(f"note: --rejudge kept the records of {len(kept)} kernel(s) as recorded: "
                       f"{why}", file=sys.stderr)
             return rejudged(records, {n: k for n, k in kernels.items() if n not in kept})
     suites = {rec.read_header(s).get("suite") for s in sources}

@@ -180,8 +180,9 @@ OPTIONS = (
            "did not run, and the checks only it could judge are shown as not run",
            switch=True),
     Option("deterministic_probe", "--no-deterministic-probe", "probe the kernels' default "
-           "builds on GPUs too: a tensor that differs in its reruns is then decided above its "
-           "noise, and one whose reruns agree is compared bitwise", switch=True),
+           "builds on GPUs too: a tensor that differs in its reruns (made where a perturbation "
+           "moved a token that must not move) is then decided above its noise, and one whose "
+           "reruns agree is compared bitwise", switch=True),
     Option("compilation_cache", "--compilation-cache", "jax's persistent compilation cache "
            "(HARNESS_COMPILATION_CACHE sets it too)", check_path("--compilation-cache"),
            metavar="DIR"),

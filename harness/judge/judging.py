@@ -402,7 +402,7 @@ def leak_message(leak, found, note: str) -> tuple[str, str]:
                         "threshold of a build not reproducible by construction; no false-alarm "
                         "rate measurable)")
     if found.unprobed:
-        from harness.judge.leak_probe import POWERLESS
+        from harness.judge.noise import POWERLESS
         message += (f"; not probed (run-to-run noise over {POWERLESS:.0%} of the values): "
                     f"{', '.join(found.unprobed)}")
     if note:

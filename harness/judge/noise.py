@@ -19,8 +19,8 @@ import numpy as np
 from harness.judge.probe_runs import all_changes
 
 # A tensor that differs run to run: changes above this many times its largest run-to-run
-# difference count, in both of two runs, on perturbations AMPLITUDE times larger; none at all
-# when that difference is POWERLESS of the tensor's largest value.
+# difference count, in both of two runs, on perturbations leak_probe.amplitude() times
+# larger; none at all when that difference is POWERLESS of the tensor's largest value.
 NOISE_FACTOR = 4.0
 NOISE_FLOOR_ULPS = 2.0
 POWERLESS = 0.01

@@ -108,7 +108,8 @@ class Kernel:
     output_dtype: str | None = None
     # False: the library says its backward is not reproducible run to run, and no setting
     # changes that (atomics): the leak probe never trusts a bitwise rerun of it and decides
-    # statistically (harness.judge.leak_probe). None: find out by rerunning.
+    # statistically (harness.judge.leak_probe). None: find out by rerunning (where a
+    # perturbation moved a token that must not move).
     reproducible: bool | None = None
     # The attention features its API takes (harness.model.features): each is handed over as a
     # keyword argument (window=(left, right), softcap=, chunk=, sinks=array[heads]; head_dim_v
