@@ -81,7 +81,12 @@ def test_rejudge_recomputes_expectations_but_keeps_a_kernel_it_cannot_load_here(
     assert ("--rejudge kept the records of 2 kernel(s) as recorded: gone (not registered "
             "here), needs_a_library (no_such_library_xyz not installed here)"
             ) in capsys.readouterr().err
-    _, records = rec.read(tmp_path / "merged")
+    header, records = rec.read(tmp_path / "merged")
+    assert header["rejudge_kept"] == {"gone": "not registered here",
+                                      "needs_a_library": "no_such_library_xyz not installed here"}
+    assert ("rejudged, but kept the records of 2 kernel(s) as recorded: gone (not registered "
+            "here)") in (tmp_path / "merged" / "summary.md").read_text().splitlines()[2]
+
     def outcomes(kernel):
         return {(r.expected, r.outcome) for r in records if r.kernel == kernel
                 and r.check == "out"}

@@ -288,7 +288,7 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
     Returns (status, overlaps, the joined header, its records)."""
     from harness.store.merge import merge_reports
     from harness.views.report_dir import write_views
-    transform = None
+    transform, kept = None, {}   # kernel -> why its records were kept as recorded
     if rejudge:
         from harness.engine.registry import all_kernels
         from harness.judge.judging import rejudge as rejudged
@@ -299,12 +299,12 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
             # expectations may read that library (te:flax_*'s sinks crash is declared from TE's
             # cuDNN version), and read without it they would turn a declared crash red.
             records = list(records)
-            kept = sorted(name for name in {r.kernel for r in records}
-                          if name not in kernels or kernels[name].missing_requirements())
+            kept.update({name: _not_here(kernels.get(name))
+                         for name in sorted({r.kernel for r in records})
+                         if name not in kernels or kernels[name].missing_requirements()})
             if kept:
-                why = ", ".join(f"{n} ({_not_here(kernels.get(n))})" for n in kept)
-                print(f"note: --rejudge kept the records of {len(kept)} kernel(s) as recorded: "
-                      f"{why}", file=sys.stderr)
+                from harness.views.summary import kept_text
+                print(f"note: --rejudge {kept_text(kept)}", file=sys.stderr)
             return rejudged(records, {n: k for n, k in kernels.items() if n not in kept})
     suites = {rec.read_header(s).get("suite") for s in sources}
     if len(suites) > 1:
@@ -314,6 +314,8 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
               file=sys.stderr)
     overlaps = merge_reports(Path(out), [Path(s) for s in sources], transform,
                              rejudged=rejudge)
+    if kept:   # the report says it too, not only the console
+        rec.update_header(Path(out) / rec.RECORDS_FILE, rejudge_kept=kept)
     header, records = write_views(Path(out))
     return tallies.run_status(records, header), overlaps, header, records
 

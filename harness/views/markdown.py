@@ -13,6 +13,7 @@ from harness.views.summary import (
     coverage_lines,
     digest_lines,
     fmt,
+    kept_text,
     known_lines,
     refusal_lines,
     skipped_kernel_lines,
@@ -92,6 +93,8 @@ def run_line(header: dict, marked: bool = True) -> str:
     elif main_parts.get("main.light"):     # headers before --main-workers
         parts.append(f"main group in two workers ({main_parts['main.light']} pairs beside "
                      f"the first, {main_parts.get('main.deferred', 0)} of them again for memory)")
+    if header.get("rejudge_kept"):
+        parts.append(f"rejudged, but {kept_text(header['rejudge_kept'])}")
     if header.get("run_again"):
         parts.append(f"{len(header['run_again'])} pair(s) run again in a fresh worker after a "
                      "CUDA graph capture broke (harness/engine/capture.py)")

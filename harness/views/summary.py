@@ -38,6 +38,13 @@ def describe_problem(r: Record) -> str:
     return text + (f": {r.message}" if r.nonfinite else "")
 
 
+def kept_text(kept: dict) -> str:
+    """What merge --rejudge left as recorded (header `rejudge_kept`: kernel -> why), in
+    words."""
+    return (f"kept the records of {len(kept)} kernel(s) as recorded: "
+            + ", ".join(f"{name} ({why})" for name, why in kept.items()))
+
+
 def known_lines(records: list[Record]) -> list[str]:
     """Failures a known upstream bug predicts, with the bug: reported, never counted as ok."""
     return [f"{kernel}: {n} cases raise the known upstream error ({reason})"
