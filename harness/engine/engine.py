@@ -299,9 +299,8 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
             # expectations may read that library (te:flax_*'s sinks crash is declared from TE's
             # cuDNN version), and read without it they would turn a declared crash red.
             records = list(records)
-            kept.update({name: _not_here(kernels.get(name))
-                         for name in sorted({r.kernel for r in records})
-                         if name not in kernels or kernels[name].missing_requirements()})
+            kept.update({name: why for name in sorted({r.kernel for r in records})
+                         if (why := _not_here(kernels.get(name)))})
             if kept:
                 from harness.views.summary import kept_text
                 print(f"note: --rejudge {kept_text(kept)}", file=sys.stderr)
@@ -320,11 +319,13 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
     return tallies.run_status(records, header), overlaps, header, records
 
 
-def _not_here(kernel) -> str:
-    """Why a kernel cannot be judged again here: not registered, or its libraries missing."""
+def _not_here(kernel) -> str | None:
+    """Why a kernel cannot be judged again here (not registered, or its libraries missing);
+    None where it can."""
     if kernel is None:
         return "not registered here"
-    return f"{', '.join(kernel.missing_requirements())} not installed here"
+    missing = kernel.missing_requirements()
+    return f"{', '.join(missing)} not installed here" if missing else None
 
 
 def check_not_running(report_dir: Path) -> None:

@@ -75,13 +75,13 @@ img { max-width: 100%; }
 {% if power %}<h2>Leak probe: power and false alarms</h2><table><tr><th>kernel</th><th>smallest detectable leak (fraction of scale)</th><th>false-alarm probability (run)</th></tr>
 {% for k, d, p in power %}<tr><td>{{ k }}</td><td>{{ d }}</td><td>{{ p }}</td></tr>{% endfor %}</table>{% endif %}
 {% if padding %}<h2>Padding hygiene</h2><ul>{% for line in padding %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
-{% if timing or idle_timed %}<h2>Where the time went</h2>{% endif %}
+{% if timing or left_out %}<h2>Where the time went</h2>{% endif %}
 {% if timing %}<table><tr><th>kernel</th><th>wall s</th><th>programs</th><th>lower s</th>
 <th>compile s</th><th>waited s</th><th>runs</th><th>execute s</th><th>of which probe build s</th><th>host s</th></tr>
 {% for k, t in timing %}<tr><td>{{ k }}</td><td>{{ "%.1f"|format(t.wall_s or 0) }}</td><td>{{ t.programs }}</td><td>{{ "%.1f"|format(t.lower_s) }}</td>
 <td>{{ "%.1f"|format(t.compile_s) }}</td><td>{{ "%.1f"|format(t.wait_s or 0) }}</td><td>{{ t.runs }}</td><td>{{ "%.1f"|format(t.execute_s) }}</td><td>{{ "%.1f"|format(t.probe_execute_s or 0) }}</td><td>{{ "%.1f"|format(t.host_s or 0) }}</td></tr>
 {% endfor %}</table>{% endif %}
-{% if idle_timed %}<p>{{ idle_timed }} {% if timing %}more {% endif %}row(s) read 0 in every column: left out.</p>{% endif %}
+{% if left_out %}<p>{{ left_out }}</p>{% endif %}
 {% for line in processes %}<p>{{ line }}</p>{% endfor %}
 <h2>Error by token position (failing and near-failing rows)</h2>
 <p>Grey lines: segment boundaries. Dashed: each segment's tolerance. Red points: tokens over it.
@@ -215,7 +215,7 @@ def _plots(records, traces) -> tuple[list[dict], int]:
 
 def write_html(path: Path, header: dict, records: list, traces: list) -> None:
     plots, dropped = _plots(records, traces)
-    timing, idle_timed = timed_kernels(header)
+    timing, left_out = timed_kernels(header)
     path.write_text(_TEMPLATE.render(
         header=header, env_line=env_line(header.get("environment", {})),
         run_line=run_line(header, marked=False), unfinished=unfinished(header),
@@ -228,5 +228,5 @@ def write_html(path: Path, header: dict, records: list, traces: list) -> None:
         coverage=coverage_lines(records), power=power_rows(records),
         padding=padding_lines(records),
         n_unjudged=tallies.counts(records).get(v.UNJUDGED, 0),
-        n_unprobed=sum(tallies.unprobed(records).values()), timing=timing, idle_timed=idle_timed,
+        n_unprobed=sum(tallies.unprobed(records).values()), timing=timing, left_out=left_out,
         processes=[line for line in process_lines(header) if line]))

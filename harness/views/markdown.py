@@ -104,18 +104,22 @@ def run_line(header: dict, marked: bool = True) -> str:
     return " · ".join(parts)
 
 
-def timed_kernels(header: dict) -> tuple[list[tuple[str, dict]], int]:
+def timed_kernels(header: dict) -> tuple[list[tuple[str, dict]], str]:
     """The timing table's rows, longest wall first, without the kernels whose every column
-    reads 0 (every case skipped, nothing traced); and how many those are."""
+    reads 0 (every case skipped, nothing traced); and the line that says how many those are
+    ("" where none is)."""
     timing = header.get("timing") or {}
     rows = [(k, t) for k, t in timing.items()
             if any(isinstance(x, (int, float)) and round(x, 1) for x in t.values())]
-    return sorted(rows, key=lambda kv: -kv[1].get("wall_s", 0)), len(timing) - len(rows)
+    idle = len(timing) - len(rows)
+    left_out = (f"{idle} {'more ' if rows else ''}row(s) read 0 in every column: left out."
+                if idle else "")
+    return sorted(rows, key=lambda kv: -kv[1].get("wall_s", 0)), left_out
 
 
 def timing_lines(header: dict) -> list[str]:
-    rows, idle = timed_kernels(header)
-    if not rows and not idle:
+    rows, left_out = timed_kernels(header)
+    if not rows and not left_out:
         return []
     out = []
     if rows:
@@ -134,8 +138,8 @@ def timing_lines(header: dict) -> list[str]:
                    f"{t.get('lower_s', 0):.1f} | {t.get('compile_s', 0):.1f} | "
                    f"{t.get('wait_s', 0):.1f} | {t.get('runs', 0)} | {t.get('execute_s', 0):.1f} "
                    f"| {t.get('probe_execute_s', 0):.1f} | {t.get('host_s', 0):.1f} |")
-    if idle:
-        out += ["", f"{idle} {'more ' if rows else ''}row(s) read 0 in every column: left out."]
+    if left_out:
+        out += ["", left_out]
     if rows:
         out += ["", "host: the run's own work on the kernel beside the device and the compiler "
                 "(per-token metrics, judging, the leak probe's comparisons, transfers, Python): "
