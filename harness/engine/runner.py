@@ -33,7 +33,7 @@ from harness.engine.programs import (
 )
 from harness.engine.memory import device_memory_bytes, requested_bytes
 from harness.judge import judging, leak_probe
-from harness.judge.metrics import token_errors
+from harness.judge.metrics import read_token_errors, stacked_token_errors, token_errors
 from harness.judge.oracle import (
     forget_launched,
     forget_references,
@@ -230,18 +230,24 @@ def _disagreement(kernel, case, ref, default_records: list[Record]):
     passed = {(r.check, r.row, r.segment) for r in default_records
               if r.verdict == PASS}
 
-    def differs(base) -> str:
-        bad = []
+    def launched(base):
+        """The check of the build's results `base`, launched on the device: a function that
+        reads it (the run waits for the build's run there, not here)."""
         base = base[:len(TENSORS)]
-        for chk, err in zip(TENSORS, token_errors(base, ref.truth[:len(base)])):
-            records, _ = judging.tensor_records(kernel, case, chk, err, ref, DETERMINISTIC)
-            bad += [f"{r.check} {r.where} (ratio {ratio_text(r.ratio)})" for r in records
-                    if (r.check, r.row, r.segment) in passed
-                    and r.verdict != PASS]
-        return (f"it fails {len(bad)} tolerance check(s) the default build passes: "
-                + ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
-                if bad else "")
-    return differs
+        errors = stacked_token_errors(base, ref.truth[:len(base)])
+
+        def differs() -> str:
+            bad = []
+            for chk, err in zip(TENSORS, read_token_errors(errors)):
+                records, _ = judging.tensor_records(kernel, case, chk, err, ref, DETERMINISTIC)
+                bad += [f"{r.check} {r.where} (ratio {ratio_text(r.ratio)})" for r in records
+                        if (r.check, r.row, r.segment) in passed
+                        and r.verdict != PASS]
+            return (f"it fails {len(bad)} tolerance check(s) the default build passes: "
+                    + ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+                    if bad else "")
+        return differs
+    return launched
 
 
 def _leak_records(kernel, case, programs: Programs, inputs, results, disagreement=None
@@ -321,12 +327,18 @@ def _probe_deterministic(program, inputs, case, confirm, reproducible=None, disa
                          f"more than the {limit / 2**30:.1f} GiB this device has")
 
     def attempt():
-        base = program(*inputs.device_args)
-        differs = disagreement(base) if disagreement else ""
-        if differs:
-            raise BuildDisagrees(differs)
+        # Launched in the order the device computes them: the build's run, the disagreement
+        # check's errors, the probe's plain perturbations. The host reads the check while the
+        # device computes the perturbations (read first, the device stood idle while the
+        # host judged it, on every pair).
+        base = program.launch(*inputs.device_args)
+        differs = disagreement(base) if disagreement else None
+        plain = leak_probe.launch_plain(program, base, case, reproducible, convention)
+        if differs is not None and (found := differs()):
+            raise BuildDisagrees(found)
         return leak_probe.probe(program, inputs, case, first=base, confirm=confirm,
-                                reproducible=reproducible, convention=convention)
+                                reproducible=reproducible, convention=convention,
+                                launched=plain)
     try:
         return attempt()
     except Exception as exc:

@@ -59,7 +59,7 @@ import numpy as np
 from harness.ahead import ahead
 from harness.judge.metrics import scales
 from harness.judge.noise import POWERLESS, Noise, gated_thresholds, rerun_noise
-from harness.judge.probe_runs import all_changes, nonfinite_tokens
+from harness.judge.probe_runs import all_changes, launch_first, nonfinite_tokens
 from harness.judge.vocabulary import TENSORS
 from harness.model.case import Case, Inputs, device_seed, make_inputs
 from harness.model.layouts import Segment
@@ -71,15 +71,14 @@ RERUNS_NOISY = 4
 PERTURB_SALT = 0x1EA4
 # Where only a kernel's default (not deterministic by construction) build can be probed.
 RERUNS_UNCERTAIN = 6
+# Cases whose perturbation groups are kept (computed once per case, for every kernel).
+GROUPS_CACHE = 16
 
 
 def amplitude(dtype: str) -> float:
     """How much larger the amplified perturbation's values and cotangent are: 64, or 16 in
     float16, whose range (65504) a 64-fold value times a 64-fold cotangent could leave."""
     return 16.0 if dtype == "float16" else 64.0
-
-# Cases whose perturbation groups are kept (computed once per case, for every kernel).
-GROUPS_CACHE = 16
 
 
 # Six colours in four groups: colour c is in the two groups of SIX_COLOURS[c]. No colour's pair
@@ -348,11 +347,12 @@ def _moves_kept(found: dict, kept: dict, names: list[str], indices, valid) -> bo
     return any((found[i][0] & kept[TENSOR_CLASS[names[i]]] & valid).any() for i in indices)
 
 
-def _run_groups(program, base, case, plans, bitwise, thresholds, names, convention) -> list:
+def _run_groups(program, base, case, plans, bitwise, thresholds, names, convention,
+                launched=None) -> list:
     """_perturbation's changes for each plan (group index, plain, amplified): its runs launched
-    together (probe_runs.all_changes)."""
+    together (probe_runs.all_changes; `launched`: the first of them, launched already)."""
     runs = [_perturbation_runs(case, g, p, a, convention) for g, p, a in plans]
-    changes = iter(all_changes(program, base, [x for r in runs for x in r]))
+    changes = iter(all_changes(program, base, [x for r in runs for x in r], launched))
     return [_perturbation([next(changes) for _ in r], bitwise if p else [],
                           thresholds if a else {}, names) for r, (_, p, a) in zip(runs, plans)]
 
@@ -418,11 +418,21 @@ def _segment_leaks(case: Case, runs: list, names: list[str], nonfinite: np.ndarr
     return leaks
 
 
+def launch_plain(program, base, case: Case, reproducible: bool | None = None,
+                 convention: str = "segment") -> list | None:
+    """probe's first plain perturbation runs (compared with `base`, the unchanged inputs'
+    results), launched and not waited for: probe's `launched`. None where it makes none."""
+    groups_ = range(len(_groups(case, convention)))
+    return None if reproducible is False else launch_first(
+        program, base[:len(TENSORS)], [perturbed(case, g, 1.0, convention) for g in groups_])
+
+
 def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
           confirm: bool = False, reproducible: bool | None = None,
-          convention: str = "segment") -> ProbeResult:
+          convention: str = "segment", launched: list | None = None) -> ProbeResult:
     """Runs `program` (the kernel's build for the probe) on the case and its perturbations.
-    `first`: this program's results on the unchanged inputs, if already computed.
+    `first`: this program's results on the unchanged inputs, if already computed; `launched`:
+    launch_plain's runs with the same arguments.
 
     `confirm` runs a perturbation twice, a token counting as changed only where both runs
     changed it (the second run where the first changed a token that must not move): rare
@@ -451,7 +461,7 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
         # and reruns, which tell noise from a leak, have neither to tell apart (they were
         # RERUNS runs on every pair).
         plain = _run_groups(program, base, case, [(g, True, False) for g in range(len(groups_))],
-                            everything, {}, names, convention)
+                            everything, {}, names, convention, launched)
         still = _kept_per_group(case, convention)
         if _covered(case, convention) and not any(
                 _moves_kept(f, kept, names, everything, valid) for f, kept in zip(plain, still)):

@@ -31,8 +31,13 @@ def token_errors(results, truth) -> tuple:
     abs error (inf where non-finite), summed abs error, and the count of non-finite values,
     over heads and head dims. One program and one transfer for all: the run waits on the
     device once, not once per array."""
-    stacked = np.asarray(jax.device_get(stacked_token_errors(results, truth)))
-    return tuple((m, s, n.astype(np.int64)) for m, s, n in stacked)
+    return read_token_errors(stacked_token_errors(results, truth))
+
+
+def read_token_errors(stacked) -> tuple:
+    """token_errors of stacked_token_errors' result, launched before (the run waits for it
+    here, not where it launched it)."""
+    return tuple((m, s, n.astype(np.int64)) for m, s, n in np.asarray(jax.device_get(stacked)))
 
 
 @ahead

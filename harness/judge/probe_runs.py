@@ -44,25 +44,35 @@ def _split(stacked) -> list:   # [tensors, 2, B, T] -> per tensor (changed, larg
 RUNS_IN_FLIGHT = 8
 
 
-def all_changes(program, base, runs: list[tuple]) -> list:
+def all_changes(program, base, runs: list[tuple], launched: list | None = None) -> list:
     """changes(base, the run's first len(base) results) for each run's arguments, in order.
     Where `program` can launch a run without waiting for it (harness.engine.program.Program),
     up to RUNS_IN_FLIGHT runs are launched, each with its comparison, and then read back
     together: one wait and one device_get per batch, not one per run (on the H200's warm nightly
     at c4f8fc7, launching two at a time and reading each run back took the worker's run thread
     76 s of its 203, in the launches' and the reads' calls into jax). The same runs, in the
-    same order, as one at a time."""
+    same order, as one at a time. `launched`: the first batch, launched already
+    (launch_first with the same arguments)."""
     n = len(base)
     launch = getattr(program, "launch", None)
     if launch is None:
         return [changes(base, program(*args)[:n]) for args in runs]
     out = []
     for first in range(0, len(runs), RUNS_IN_FLIGHT):
-        batch = [stacked_changes(base, launch(*args)[:n])
-                 for args in runs[first:first + RUNS_IN_FLIGHT]]
+        batch = launched if first == 0 and launched else launch_first(
+            program, base, runs[first:first + RUNS_IN_FLIGHT])
         program.wait(batch)
         out += [_split(s) for s in jax.device_get(batch)]
     return out
+
+
+def launch_first(program, base, runs: list[tuple]) -> list:
+    """all_changes' first batch of these runs, launched (each with its comparison) and not
+    waited for; [] where `program` cannot launch a run without waiting for it."""
+    launch = getattr(program, "launch", None)
+    if launch is None:
+        return []
+    return [stacked_changes(base, launch(*args)[:len(base)]) for args in runs[:RUNS_IN_FLIGHT]]
 
 
 @ahead
