@@ -306,11 +306,11 @@ def _rarely_noisy(token):
 def test_a_leak_on_an_uncertain_build_must_show_twice():
     """Noise that slipped past the reruns lands on one run's token, not on the same token of
     a confirming run; a real leak changes its tokens every time."""
-    from harness.judge import leak_probe
+    from harness.judge import leak_probe, probe_groups
     from harness.model.case import make_inputs
     from harness.engine.programs import Programs
     case = Case("packed/random", 2, 128, 2, 2, 16, "float32", 0)
-    first_group = leak_probe.groups(case)[0][1]              # what run 2 redraws
+    first_group = probe_groups.groups(case)[0][1]              # what run 2 redraws
     second = next(s for s in case.segments                  # a segment it leaves untouched
                   if s.row == 0 and not first_group[0, s.start:s.stop].any())
     inputs = make_inputs(case)
@@ -318,12 +318,26 @@ def test_a_leak_on_an_uncertain_build_must_show_twice():
                                                   case), inputs, case)
     assert [leak.segment for leak in unconfirmed.leaks if leak.leaked] == [second], \
         "without confirmation, the noise reads as a leak"
-    confirmed = leak_probe.probe(Programs().get(Kernel("noisy_b", _rarely_noisy(second.start)),
-                                                case), inputs, case, confirm=True)
+    from harness.judge import judging
+    from harness.judge.record import Record
+    noisy_b = Kernel("noisy_b", _rarely_noisy(second.start))
+    confirmed = leak_probe.probe(Programs().get(noisy_b, case), inputs, case, confirm=True)
     assert not any(leak.leaked for leak in confirmed.leaks)
+    # Its reruns agreed, so out was compared bitwise; the two runs of the perturbation did not
+    # agree, and that is said: out is not reproducible (and the census reads no).
+    assert confirmed.gated == {} and confirmed.unsteady == ["out"] and unconfirmed.unsteady == []
+    records = judging.leak_records(noisy_b, case, confirmed, "default")
+    assert all(r.unsteady == ["out"] and r.verdict == "pass" and "not reproducible: out "
+               "differed between two runs of one perturbation" in r.message for r in records)
+    assert Record.from_json(records[0].to_json()).unsteady == ["out"]
+    from harness.tools.census.table import backward_summary
+    summary = backward_summary("noisy_b", records)
+    assert summary["reproducible"] is False and summary["unsteady"] == {"out": len(records)}
+    assert "out differed between two runs of one perturbation" in summary["text"]
     leaky = Programs().get(Kernel("off_by_one", _off_by_one), case)
     found = leak_probe.probe(leaky, inputs, case, reruns=6, confirm=True)
     assert any(leak.leaked for leak in found.leaks), "a real leak still shows"
+    assert found.unsteady == [], "a leak moves its tokens in both runs: reproducible"
 
 
 class _Counted:
@@ -359,10 +373,10 @@ def test_a_second_run_is_made_only_where_the_first_moved_a_token_that_must_not_m
     Reruns on unchanged inputs are made only where a perturbation moved such a token (a noisy
     tensor's noise does): a reproducible kernel without leaks gets none."""
     from harness.engine.programs import Programs
-    from harness.judge import leak_probe
+    from harness.judge import leak_probe, probe_groups
     from harness.model.case import make_inputs
     case = Case("padded/left", 2, 256, 2, 2, 16, "float32", 0)   # two colours and padding
-    inputs, groups = make_inputs(case), len(leak_probe.groups(case))
+    inputs, groups = make_inputs(case), len(probe_groups.groups(case))
     # Gated: its output noisy by 1e-5 (thresholds from four reruns; each group run plain for
     # the bitwise gradients and amplified for the output); bitwise: reproducible.
     wrap, reruns, kinds = (lambda k: _noisy_by(1e-5, k), leak_probe.RERUNS_NOISY, 2) if gated \

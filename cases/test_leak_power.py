@@ -10,7 +10,7 @@ from harness.kernels.kernel import Kernel, Platform
 from harness.engine.programs import Programs
 from harness.engine.runner import run_kernel_case
 from harness.judge import tallies
-from harness.judge import leak_probe
+from harness.judge import leak_probe, probe_groups
 from harness.judge import noise as noise_module
 from harness.kernels.reference import dot_product
 from harness.model.case import Case
@@ -228,13 +228,13 @@ def test_kept_tokens_worked_out_once_per_case(features):
     from harness.model.features import Features
     extra = {None: Features(), "window": Features(window=(5, 0)), "chunk": Features(chunk=8)}
     case = Case("packed/random", 2, 64, 2, 1, 8, "float32", 4, features=extra[features])
-    kept = leak_probe._kept_per_group(case, "segment")
-    assert kept is leak_probe._kept_per_group(case, "segment")
-    deps = leak_probe.dependencies(case, "segment")
-    groups = leak_probe.groups(case, "segment")
+    kept = probe_groups.kept_per_group(case, "segment")
+    assert kept is probe_groups.kept_per_group(case, "segment")
+    deps = probe_groups.dependencies(case, "segment")
+    groups = probe_groups.groups(case, "segment")
     assert len(kept) == len(groups)
     for mine, (_, redraw) in zip(kept, groups):
-        fresh = leak_probe.untouched(deps, redraw)
+        fresh = probe_groups.untouched(deps, redraw)
         assert mine.keys() == fresh.keys()
         for cls in fresh:
             assert np.array_equal(mine[cls], fresh[cls]) and not mine[cls].flags.writeable

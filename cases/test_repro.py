@@ -478,7 +478,7 @@ def test_a_leak_scripts_groups_dependencies_and_draws_are_the_probes(tmp_path, c
     from unittest import mock
 
     import harness
-    from harness.judge import leak_probe
+    from harness.judge import leak_probe, probe_groups
     from harness.model.case import make_inputs
     from harness.tools.repro.script import script_text
     from harness.tools.repro.trials import Trial
@@ -505,11 +505,11 @@ def test_a_leak_scripts_groups_dependencies_and_draws_are_the_probes(tmp_path, c
     with mock.patch.dict(os.environ):   # the script sets TE's NVTE_ variable on import
         ns = runpy.run_path(str(script), run_name="not_main")
     assert ns["CHUNKS_FROM"] == convention
-    mine, theirs = ns["redrawn_groups"](), leak_probe.groups(case, convention)
+    mine, theirs = ns["redrawn_groups"](), probe_groups.groups(case, convention)
     assert [name for name, _ in mine] == [name for name, _ in theirs]
     for (_, a), (_, b) in zip(mine, theirs):
         assert np.array_equal(a, b)
-    script_deps, probe_deps = ns["depends_on"](), leak_probe.dependencies(case, convention)
+    script_deps, probe_deps = ns["depends_on"](), probe_groups.dependencies(case, convention)
     for cls in ("query", "key"):
         for bound in (0, 1):
             assert np.array_equal(script_deps[cls][bound], probe_deps[cls][bound]), (cls, bound)

@@ -23,7 +23,7 @@ import pytest
 from harness.kernels.kernel import Kernel, Platform
 from harness.engine.registry import select_kernels
 from harness.engine.runner import run_kernel_case
-from harness.judge import leak_probe
+from harness.judge import probe_groups
 from harness.judge.vocabulary import BAD
 from harness.kernels import load_balance, sharded
 from harness.model.case import Case
@@ -125,7 +125,7 @@ def test_the_expectation_models_the_canary_exactly():
     # reads its first token; segment 4 reads segment 2. Two segments apart: the checkerboard
     # never redraws them apart (its blind spot); a row of three segments or more takes six
     # colours, and both are caught.
-    assert leak_probe.colours(ids) == 6
+    assert probe_groups.colours(ids) == 6
     assert [expect(case, c, row0[1]) for c in ("out", "dq", "dk", "dv", "leak")] == ["pass"] * 5
     assert expect(case, "out", row0[2])[0] == "either" and expect(case, "leak", row0[2]) == "fail"
     assert expect(case, "leak", row0[4]) == "fail"

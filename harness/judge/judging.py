@@ -401,13 +401,14 @@ def leak_message(leak, found, note: str) -> tuple[str, str]:
             message += (f" ({', '.join(found.quiet)}: no noise seen in the reruns, the floor "
                         "threshold of a build not reproducible by construction; no false-alarm "
                         "rate measurable)")
+    if found.unsteady:
+        message += (f"; not reproducible: {', '.join(found.unsteady)} differed between two runs "
+                    "of one perturbation (a change counts only where both runs made it)")
     if found.unprobed:
         from harness.judge.noise import POWERLESS
         message += (f"; not probed (run-to-run noise over {POWERLESS:.0%} of the values): "
                     f"{', '.join(found.unprobed)}")
-    if note:
-        message += f"; {note}"
-    return verdict, message
+    return verdict, message + (f"; {note}" if note else "")
 
 
 def leak_records(kernel, case, found, mode: str, note: str = "") -> list[Record]:
@@ -425,7 +426,7 @@ def leak_records(kernel, case, found, mode: str, note: str = "") -> list[Record]
             gated={t: float(f"{x:.3g}") for t, x in found.gated.items()} or None,
             detectable=found.detectable or None,
             false_alarm=found.false_alarm if found.gated else None,
-            quiet=list(found.quiet) or None,
+            quiet=list(found.quiet) or None, unsteady=list(found.unsteady) or None,
             fallback=note or None))
     return records
 

@@ -22,7 +22,7 @@ def prediction(case, without, convention: str) -> dict:
     """Per check (and segment) what computing `without` in place of `case` moves (docstring)."""
     import numpy as np
 
-    from harness.judge import judging, leak_probe, oracle
+    from harness.judge import judging, oracle, probe_groups
     from harness.judge.metrics import segment_error, token_errors
     from harness.model.case import make_inputs
 
@@ -43,11 +43,11 @@ def prediction(case, without, convention: str) -> dict:
                            - np.asarray(ref.truth[4], np.float64)).max())
         out[v.DSINKS.name] = err / judging.tolerance(v.DSINKS, case.dtype, ref.peer_dsinks_err,
                                                      ref.dsinks_scale)
-    must = leak_probe.dependencies(case, convention)
-    reads = leak_probe.dependencies(without, convention)
+    must = probe_groups.dependencies(case, convention)
+    reads = probe_groups.dependencies(without, convention)
     leaks = set()
-    for _, redraw in leak_probe.groups(case, convention):
-        kept, still = leak_probe.untouched(must, redraw), leak_probe.untouched(reads, redraw)
+    for _, redraw in probe_groups.groups(case, convention):
+        kept, still = probe_groups.untouched(must, redraw), probe_groups.untouched(reads, redraw)
         for seg in case.segments:
             sl = (seg.row, slice(seg.start, seg.stop))
             if any((kept[c][sl] & ~still[c][sl]).any() for c in kept):

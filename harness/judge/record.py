@@ -56,6 +56,7 @@ class Record:
     detectable: dict | None = None        # tensor -> smallest leak it could see, / its scale
     false_alarm: float | None = None      # probability of a false leak verdict (gated tensors)
     quiet: list | None = None             # gated tensors whose reruns showed no noise: no rate
+    unsteady: list | None = None          # bitwise tensors two runs of one perturbation set apart
     fallback: str | None = None           # why the default build was probed
     judged_by: str | None = None          # an unjudged check: the leak record that judged it
     # Padding hygiene: tensor -> {"kind", "count", "first", "max"} for each violation.
@@ -132,6 +133,7 @@ _FIELDS = tuple(f.name for f in fields(Record) if f.name != "extra")
 _FIELD_SET = frozenset(_FIELDS)
 # Written only where set (leak, padding, error and merged records).
 _OPTIONAL = frozenset({"probed", "unprobed", "gated", "detectable", "false_alarm", "quiet",
+                       "unsteady",
                        "fallback", "features", "convention", "diagnosis",
                        "judged_by", "violations", "traceback", "mode"})
 

@@ -116,6 +116,16 @@ def quiet(records: Iterable[Record]) -> dict[tuple[str, str], int]:
     return dict(out)
 
 
+def unsteady(records: Iterable[Record]) -> dict[tuple[str, str], int]:
+    """(kernel, tensor) -> leak records whose probe saw two runs of one perturbation give the
+    tensor apart (compared bitwise, yet not reproducible)."""
+    out: Counter = Counter()
+    for r in records:
+        if r.check == v.LEAK.name:
+            out.update((r.kernel, t) for t in r.unsteady or ())
+    return dict(out)
+
+
 def detectable(records: Iterable[Record]) -> dict[str, dict[str, float]]:
     """kernel -> tensor -> the largest (worst) smallest-detectable leak, as a fraction of the
     tensor's scale, over the kernel's leak records; 0 for tensors probed bitwise everywhere."""

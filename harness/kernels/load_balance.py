@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.judge import leak_probe
+from harness.judge import probe_groups
 from harness.judge.vocabulary import DK, DQ, DV, LEAK, OUT
 
 STRIPE = 1   # MaxText's and TE's stripe for packed rows (ring attention supports only 1)
@@ -112,7 +112,7 @@ def forgotten_reorder_expectation(case, check: str, segment, cp: int = 2):
     From the masks above, per segment S of row r:
     - leak probe: S's out, dq, dk and dv depend on the keys and values its queries read, and on
       the queries (and cotangents) of the valid tokens that read its keys, with everything those
-      read. The probe redraws its groups (harness.judge.leak_probe.groups: the segments of each
+      read. The probe redraws its groups (harness.judge.probe_groups.groups: the segments of each
       colour, the padding) and compares S in the runs that leave it untouched: "fail" iff such a run redraws
       a token S depends on. Padding queries carry a zero cotangent: they add exact zeros to dk/dv,
       so they are not dependencies.
@@ -154,7 +154,7 @@ def _probe_sees(case, row: int, sl: slice, reads: np.ndarray, valid: np.ndarray)
     readers = valid & reads[:, sl].any(axis=1)               # valid queries that read S's keys
     depends |= readers | reads[readers].any(axis=0)          # them, and what they read
     depends &= ~inside
-    for _, redraw in leak_probe.groups(case):
+    for _, redraw in probe_groups.groups(case):
         if not redraw[row, sl].any() and (redraw[row] & depends).any():
             return True
     return False

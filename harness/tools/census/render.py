@@ -145,8 +145,8 @@ def markdown(census: dict) -> str:
              "zero; the output finite, or zero where the kernel declares it). Backward "
              "reproducible: whether the probed build's out/dq/dk/dv were bitwise the same run "
              "to run: each token in the leak probe's runs that left it untouched, and, where "
-             "a token of those moved, in reruns on unchanged inputs (a rare noise may show in "
-             "neither). Speed: one `harness bench` run, median of its samples; useful TFLOP/s "
+             "a token of those moved, in reruns on unchanged inputs and (GPUs) in a second "
+             "run of that perturbation (a rare noise may show in none). Speed: one `harness bench` run, median of its samples; useful TFLOP/s "
              "count same-segment causal work only. Peak memory: XLA's memory analysis of the "
              "compiled fwd+bwd program (temp + arguments + outputs).", "",
              *_behaviour(census)]

@@ -139,7 +139,8 @@ def padding_summary(records: list[Record], convention: str) -> dict:
 
 def backward_summary(kernel: str, records: list[Record]) -> dict:
     """Whether the probed build's results were bitwise reproducible run to run (no tensor
-    gated above its noise or left unprobed), and the smallest leak the probe could see."""
+    gated above its noise, left unprobed or set apart by two runs of one perturbation), and
+    the smallest leak the probe could see."""
     leaks = [r for r in records if r.check == v.LEAK.name and r.probed is not None]
     detect = {t: frac for t, frac in tallies.detectable(records).get(kernel, {}).items()}
     detect_text = ", ".join(f"{t} {'bitwise' if f == 0 else format(f, '.2g')}"
@@ -150,9 +151,10 @@ def backward_summary(kernel: str, records: list[Record]) -> dict:
     gated = {t: n for (k, t), (n, _) in tallies.gated(records).items() if k == kernel}
     worst = {t: x for (k, t), (_, x) in tallies.gated(records).items() if k == kernel}
     unprobed = {t: n for (k, t), n in tallies.unprobed(records).items() if k == kernel}
+    unsteady = {t: n for (k, t), n in tallies.unsteady(records).items() if k == kernel}
     modes = sorted({r.mode for r in leaks if r.mode})
     build = f"{'/'.join(modes) or 'default'} build"
-    if not gated and not unprobed:
+    if not gated and not unprobed and not unsteady:
         text = f"yes: bitwise ({build})"
     else:
         quiet = tallies.quiet(records)
@@ -161,10 +163,12 @@ def backward_summary(kernel: str, records: list[Record]) -> dict:
                  f"{t} gated with no noise seen ({n} segments, at <= {worst[t]:.2g}: a build "
                  "not reproducible by construction)" for t, n in gated.items()]
         words += [f"{t} unprobed ({n} segments)" for t, n in unprobed.items()]
+        words += [f"{t} differed between two runs of one perturbation ({n} segments)"
+                  for t, n in unsteady.items()]
         text = f"no: {'; '.join(words)} ({build})"
-    return {"reproducible": not gated and not unprobed, "modes": modes, "gated": gated,
-            "unprobed": unprobed, "text": text, "detectable": detect,
-            "detectable_text": detect_text,
+    return {"reproducible": not gated and not unprobed and not unsteady, "modes": modes,
+            "gated": gated, "unprobed": unprobed, "unsteady": unsteady, "text": text,
+            "detectable": detect, "detectable_text": detect_text,
             "false_alarm": tallies.false_alarms(records).get(kernel)}
 
 

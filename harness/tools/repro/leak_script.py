@@ -4,7 +4,7 @@ with a window or chunks blocks inside each segment (the harness's groups): a tok
 change at all although nothing it may depend on was redrawn reads tokens outside its mask."""
 from __future__ import annotations
 
-from harness.judge import judging, leak_probe
+from harness.judge import judging, probe_groups
 from harness.judge.record import Record
 from harness.kernels.kernel import Kernel
 from harness.tools.repro.text import ScriptParts, comment_lines, number_literal
@@ -213,8 +213,8 @@ def parts(kernel: Kernel, trial: Trial, check: str) -> ScriptParts:
         segment_rows=rows,
         constants=[f"BACKWARD = {kernel.backward!r}",
                    "# The leak probe's colours for these ids, and (six colours) each one's groups",
-                   f"COLOURS = {leak_probe.colours(trial.case.segment_ids)}",
-                   f"GROUPS_OF_COLOUR = {leak_probe.SIX_COLOURS!r}"],
+                   f"COLOURS = {probe_groups.colours(trial.case.segment_ids)}",
+                   f"GROUPS_OF_COLOUR = {probe_groups.SIX_COLOURS!r}"],
         inputs_title="inputs",
         body=[_LEAK_MAIN],
     )
