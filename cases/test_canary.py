@@ -335,8 +335,8 @@ def test_a_leak_on_an_uncertain_build_must_show_twice():
     assert summary["reproducible"] is False and summary["unsteady"] == {"out": len(records)}
     assert "out differed between two runs of one perturbation" in summary["text"]
     from harness.views.summary import not_judged_lines
-    assert f"noisy_b leak: out not reproducible in {len(records)} segments (two runs of one " \
-           "perturbation differed" in "\n".join(not_judged_lines(records))
+    assert f"noisy_b leak: out not reproducible in the probes of {len(records)} segments " \
+           "(two runs of one perturbation differed" in "\n".join(not_judged_lines(records))
     leaky = Programs().get(Kernel("off_by_one", _off_by_one), case)
     found = leak_probe.probe(leaky, inputs, case, reruns=6, confirm=True)
     assert any(leak.leaked for leak in found.leaks), "a real leak still shows"

@@ -277,6 +277,18 @@ def test_probe_runs_launched_in_batches_compare_as_one_at_a_time():
         for (ca, ma), (cb, mb) in zip(a, b):
             assert np.array_equal(ca, cb) and np.array_equal(ma, mb)
     assert any(c.any() for run in piped for c, _ in run)
+    # The first batch launched ahead (the probe's plain runs on GPUs, launched before the
+    # disagreement check is read) and handed over: the same changes, the rest launched after.
+    ahead = Launching()
+    first = probe_runs.launch_first(ahead, base, runs)
+    assert ahead.launched == probe_runs.RUNS_IN_FLIGHT and ahead.waits == 0
+    handed = probe_runs.all_changes(ahead, base, runs, first)
+    assert ahead.launched == count and ahead.live == 0 and ahead.waits == 2
+    for a, b in zip(handed, plain, strict=True):
+        for (ca, ma), (cb, mb) in zip(a, b):
+            assert np.array_equal(ca, cb) and np.array_equal(ma, mb)
+    with pytest.raises(AssertionError, match="launch_first of these runs"):
+        probe_runs.all_changes(ahead, base, runs, first[:2])
 
 
 def test_a_change_to_or_from_infinity_or_nan_is_infinite_and_nan_to_nan_is_none():

@@ -223,8 +223,9 @@ def _diagnosed(kernel, case, programs, results, records: list[Record]) -> list[R
 
 
 def _disagreement(kernel, case, ref, default_records: list[Record]):
-    """A check of the probe's own build (the same lowering, compiled deterministically): ''
-    where its results pass every tolerance check the default build passes, else which do not.
+    """A check of the probe's own build (the same lowering, compiled deterministically): a
+    function that launches it on the build's results and returns its reader, which says ''
+    where they pass every tolerance check the default build passes, else which do not.
     The probe compares that build with itself, so a build that computes something else (XLA's
     deterministic rewrite of an op gone wrong) would show its own mistakes as leaks."""
     passed = {(r.check, r.row, r.segment) for r in default_records
@@ -333,9 +334,16 @@ def _probe_deterministic(program, inputs, case, confirm, reproducible=None, disa
         # host judged it, on every pair).
         base = program.launch(*inputs.device_args)
         differs = disagreement(base) if disagreement else None
-        plain = leak_probe.launch_plain(program, base, case, reproducible, convention)
+        try:
+            plain, failed = leak_probe.launch_plain(program, base, case, reproducible,
+                                                    convention), None
+        except Exception as exc:   # raised once the check is read: a build that disagrees says so
+            plain, failed = None, exc
+        program.wait(base)   # the build's run, in its execute seconds (the device works on)
         if differs is not None and (found := differs()):
             raise BuildDisagrees(found)
+        if failed is not None:
+            raise failed
         return leak_probe.probe(program, inputs, case, first=base, confirm=confirm,
                                 reproducible=reproducible, convention=convention,
                                 launched=plain)

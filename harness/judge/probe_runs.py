@@ -57,6 +57,8 @@ def all_changes(program, base, runs: list[tuple], launched: list | None = None) 
     launch = getattr(program, "launch", None)
     if launch is None:
         return [changes(base, program(*args)[:n]) for args in runs]
+    assert not launched or len(launched) == min(len(runs), RUNS_IN_FLIGHT), \
+        "launched: launch_first of these runs"
     out = []
     for first in range(0, len(runs), RUNS_IN_FLIGHT):
         batch = launched if first == 0 and launched else launch_first(

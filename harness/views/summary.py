@@ -101,8 +101,9 @@ def not_judged_lines(records: list[Record]) -> list[str]:
                      + (f"; no noise seen in its reruns in {silent}: the floor threshold"
                         if silent else "") + ")")
     for (kernel, tensor), n in sorted(tallies.unsteady(records).items()):
-        lines.append(f"{kernel} leak: {tensor} not reproducible in {n} segments (two runs of one "
-                     "perturbation differed; compared bitwise where both runs agreed)")
+        lines.append(f"{kernel} leak: {tensor} not reproducible in the probes of {n} segments "
+                     "(two runs of one perturbation differed; a change counted where both made "
+                     "it)")
     for (kernel, reason), n in sorted(tallies.uncompared(records).items()):
         lines.append(f"{kernel} leak: {n} segments not compared ({reason})")
     for (kernel, why), n in sorted(tallies.fallbacks(records).items()):

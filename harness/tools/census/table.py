@@ -163,7 +163,8 @@ def backward_summary(kernel: str, records: list[Record]) -> dict:
                  f"{t} gated with no noise seen ({n} segments, at <= {worst[t]:.2g}: a build "
                  "not reproducible by construction)" for t, n in gated.items()]
         words += [f"{t} unprobed ({n} segments)" for t, n in unprobed.items()]
-        words += [f"{t} differed between two runs of one perturbation ({n} segments)"
+        words += [f"{t} differed between two runs of one perturbation (in the probes of {n} "
+                  "segments)"
                   for t, n in unsteady.items()]
         text = f"no: {'; '.join(words)} ({build})"
     return {"reproducible": not gated and not unprobed and not unsteady, "modes": modes,
