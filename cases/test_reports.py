@@ -494,3 +494,22 @@ def test_the_timing_table_leaves_out_rows_that_read_zero_and_says_how_many(tmp_p
     write_html(html, idle, [], [])
     assert "<th>kernel</th><th>wall s" not in html.read_text()
     assert "1 row(s) read 0 in every column" in html.read_text()
+
+
+def test_report_renders_a_baseline_whose_known_records_keep_no_message(tmp_path):
+    """A baseline keeps only regression.BASELINE_FIELDS, no messages: `harness report` on a
+    folder holding one lists its known records under an empty reason instead of a traceback
+    (the H200 baseline's 735 known records did that)."""
+    from harness.judge.record import Record
+    from harness.judge.regression import BASELINE_FIELDS
+    known = Record(kernel="k", case_id=CASE.id, check="*", verdict="error", expected="error",
+                   outcome="known", message="declared crash\nits traceback")
+    ok = Record(kernel="k", case_id=CASE.id, check="out", verdict="pass", expected="pass",
+                outcome="ok", row=0, segment=1)
+    rec.write_report(tmp_path / "report.jsonl", {"platform": "cpu"}, [known, ok],
+                     keep_fields=BASELINE_FIELDS, suite="smoke")
+    out = subprocess.run([sys.executable, "-m", "harness", "report", str(tmp_path)],
+                         capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert "known 1" in (tmp_path / "summary.md").read_text()

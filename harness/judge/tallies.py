@@ -68,10 +68,16 @@ def unjudged(records: Iterable[Record]) -> Counter:
                    for r in records if r.outcome == v.UNJUDGED and r.check != v.LEAK.name)
 
 
+def first_line(message: str | None, width: int) -> str:
+    """A message's first line, cut to `width` characters ("" for none: a baseline's records
+    keep no messages)."""
+    return ((message or "").splitlines() or [""])[0][:width]
+
+
 def known_passed(records: Iterable[Record]) -> Counter:
     """(kernel, check, reason) -> checks a known-bug declaration names that passed: where the
     declaration is wider than what fails, every view says so ("declared known, passed")."""
-    return Counter((r.kernel, r.check, (r.message or "").splitlines()[0][:200])
+    return Counter((r.kernel, r.check, first_line(r.message, 200))
                    for r in records if r.expected == v.KNOWN and r.outcome == v.OK)
 
 
@@ -79,7 +85,7 @@ def known(records: Iterable[Record]) -> Counter:
     """(kernel, check, reason) -> records showing a known upstream bug: segments failing a
     check as an expectation predicts, and cases raising a declared upstream error (check
     KERNEL_LEVEL, reason: the error's first line)."""
-    return Counter((r.kernel, r.check, (r.message or "").splitlines()[0][:200]
+    return Counter((r.kernel, r.check, first_line(r.message, 200)
                     if not r.segment else r.message)
                    for r in records if r.outcome == v.KNOWN)
 
