@@ -1,6 +1,7 @@
 """Kernels whose libraries cannot share a process (Kernel.isolation) run in workers of their own;
 a worker that dies costs one error record, and the rest of the run goes on."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,12 @@ def test_kernels_that_cannot_share_a_process_run_in_workers(tmp_path):
     summary = (tmp_path / "r" / "summary.md").read_text()
     assert "Worker processes: " in summary and "reports joined in" in summary
     assert "<p>Worker processes: " in (tmp_path / "r" / "report.html").read_text()
+    # Each worker's CPU seconds (its own over its life, its lowering processes'), and the
+    # cores they kept busy: whether the run was bound by its CPUs.
+    for m in header["merged_from"]:
+        assert m["cpu_s"] > 0 and m["children_cpu_s"] >= 0 and m["cores"] >= 1, m
+    assert re.search(r"s on its pairs \(CPU \d+ s, its lowering processes \d+ s: "
+                     r"\d+\.\d of \d+ cores busy on average\)", summary), summary[-3000:]
     # The clash is real: in one process, the second library fails (an error, never a pass).
     same = tmp_path / "same.py"
     same.write_text(CLASHING.replace('isolation="b"', 'isolation="a"'))

@@ -93,7 +93,7 @@ def run_pairs(spec: dict) -> int:
     def close_report():
         since = {"startup_s": round(began - spec["written"], 1)} if "written" in spec else {}
         writer.close(timing=programs.report(), worker=report_dir.parent.name, began_at=began,
-                     **since,
+                     **since, **cpu_seconds(),
                      compilation_cache={"dir": options.cache_dir, **cache_stats()})
     try:
         run_matrix(kernels, cases, current_platform(), on_result=on_result,
@@ -112,6 +112,21 @@ def run_pairs(spec: dict) -> int:
             deferred.close()
     close_report()
     return 0
+
+
+def cpu_seconds() -> dict:
+    """The CPU time this process used (user and system, every thread, its start included) and
+    that of its ended children (its lowering processes, waited for when its programs closed),
+    with the cores it could use: whether a run was bound by its CPUs shows there (cold
+    nightlies compile on every core beside the run's thread)."""
+    import resource
+
+    from harness.engine.environment import usable_cores
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                          resource.RUSAGE_CHILDREN))
+    return {"cpu_s": round(own.ru_utime + own.ru_stime, 1),
+            "children_cpu_s": round(children.ru_utime + children.ru_stime, 1),
+            "cores": usable_cores()}
 
 
 # CUDA errors after which a process's context is unusable (cudaErrorIllegalInstruction and

@@ -123,7 +123,8 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                         "merged_from": [{"path": str(s), "environment": h["environment"],
                                          "wall_s": h.get("wall_s"),
                                          **{k: h[k] for k in ("worker", "startup_s",
-                                                              "began_at")
+                                                              "began_at", "cpu_s",
+                                                              "children_cpu_s", "cores")
                                             if h.get(k) is not None}}
                                         for s, h in zip(sources, headers)],
                         "timing": merge_timing([h.get("timing") for h in headers]),

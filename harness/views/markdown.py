@@ -176,7 +176,7 @@ def process_lines(header: dict) -> list[str]:
     if not workers or header.get("merge_s") is None:
         return []
     each = "; ".join(f"{m.get('worker', m['path'])} {m['startup_s']:.1f} s starting, "
-                     f"{m.get('wall_s') or 0:.1f} s on its pairs" for m in workers)
+                     f"{m.get('wall_s') or 0:.1f} s on its pairs{_cpu(m)}" for m in workers)
     line = f"Worker processes: {each}; their reports joined in {header['merge_s']:.1f} s"
     stamped = [m for m in workers if m.get("began_at") is not None]
     if stamped and None not in (header.get("started_at"), header.get("joined_at")):
@@ -187,6 +187,19 @@ def process_lines(header: dict) -> list[str]:
                  f"end of the last worker's pairs, its programs closed, to the join {last:.1f} "
                  "s: its exit, the controller's wait and bookkeeping)")
     return ["", line + "."]
+
+
+def _cpu(worker: dict) -> str:
+    """A worker's CPU seconds over its life, its own and its lowering processes', and how
+    many of its cores they kept busy on average over its start and pairs (older headers have
+    none: "")."""
+    if worker.get("cpu_s") is None:
+        return ""
+    used = worker["cpu_s"] + (worker.get("children_cpu_s") or 0)
+    life, cores = (worker.get("startup_s") or 0) + (worker.get("wall_s") or 0), worker.get("cores")
+    busy = f": {used / life:.1f} of {cores} cores busy on average" if life > 0 and cores else ""
+    return (f" (CPU {worker['cpu_s']:.0f} s, its lowering processes "
+            f"{worker.get('children_cpu_s') or 0:.0f} s{busy})")
 
 
 def _built_here_why(why: dict) -> list[str]:
