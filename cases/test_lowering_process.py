@@ -502,3 +502,46 @@ def test_the_gqa_question_is_answered_before_the_process_refuses_to_compile(tmp_
         programs.close()
     assert _why_since(before) == {}, "every program handed over"
     assert _counts()["loaded"] - before["loaded"] == len(wanted) >= 3
+
+
+def test_a_probe_build_that_failed_there_is_traced_here_only_once_the_run_asks(
+        tmp_path, user_kernels):
+    """A deterministic build whose trace failed in the lowering process (not an error it hands
+    over: only a default build's refusal is) is left unbuilt until the run asks for it: the
+    deterministic build of a pair whose default build refused a feature is never run, and was
+    traced again for nothing (86 programs on the H200's warm nightly at 3b0c5fc). Asked for,
+    it is traced here, now, with the run's own error; the header counts those never built."""
+    import time
+
+    from harness.engine.program_functions import DETERMINISTIC
+    kernels = registry.all_kernels()
+    programs = _apart(tmp_path, kernel_modules=(user_kernels,))
+    programs.probe_mode = DETERMINISTIC          # as on GPUs: a deterministic build per pair
+    before = _counts()
+    pairs = [(kernels["lp_refuses"], WINDOWED), (kernels["lp_breaks"], CASE)]
+    try:
+        programs.prefetch(pairs, probe=False)
+        builds = {p.name: p for p in programs._programs.values() if p.mode == DETERMINISTIC}
+        assert set(builds) == {"lp_refuses", "lp_breaks"}
+        deadline = time.monotonic() + 120
+        while not all(p.build_here for p in builds.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(p.build_here and not p.compiled.done() for p in builds.values()), \
+            "answered, left unbuilt"
+        asked = programs.get(kernels["lp_breaks"], CASE, DETERMINISTIC)
+        assert asked is builds["lp_breaks"] and asked.build_here is None
+        error = asked.compiled.exception(timeout=120)
+        assert isinstance(error, ValueError) and "refuses to be traced" in str(error)
+        assert asked.trace_error is error, "traced here: the run's own error"
+        assert not builds["lp_refuses"].compiled.done(), "never asked for: never traced"
+        stats = _counts()
+    finally:
+        programs.close()
+    assert stats.get("unasked") == 1 + before.get("unasked", 0)
+    assert _why_since(before).get(BUILD_FAILED) == 2, "the lp_breaks default build, and asked"
+    parts = [{"compilation_cache": {"dir": "c", "lowering_process": {**stats, "unasked": n}}}
+             for n in (1, 2)]
+    assert merge_cache(parts)["lowering_process"]["unasked"] == 3
+    cache = {"dir": "c", "lowering_process": {"unasked": 1}}
+    lines = "\n".join(timing_lines({"timing": {"xla": {}}, "compilation_cache": cache}))
+    assert "1 it could not build left unbuilt: the run never asked for them" in lines

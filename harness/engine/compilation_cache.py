@@ -67,6 +67,16 @@ def count_handed_over(loaded: bool, name: str = "", why: str = "") -> None:
             _BUILT_HERE_WHY[why or "unknown"][name] += 1
 
 
+def count_left_unbuilt(name: str, why: str, built: bool = False) -> None:
+    """A program of kernel `name` the lowering process could not build (`why`), left for the
+    run to build if it asks for it (harness.engine.programs: a deterministic or forward build
+    whose trace failed there); `built`: the run asked, and built it here after all."""
+    with _COUNTING:
+        _CACHE_EVENTS["apart_unasked"] += -1 if built else 1
+    if built:
+        count_handed_over(False, name, why)
+
+
 def count_trace_error_handed_over() -> None:
     """A kernel's trace error the lowering process handed over: raised here, not traced again
     (harness.engine.lowering_process.load_raised); no cache lookup."""
@@ -82,7 +92,8 @@ def cache_stats() -> dict:
     `lowering_process`, where one read programs for this process: how many it handed over
     (`loaded` here), how many programs' trace errors it handed over (`trace_errors`, a
     kernel's error per build: raised here, not traced again), and how many it could not
-    (`built_here`), and why not (`why`: reason -> kernel -> programs)."""
+    (`built_here`), and why not (`why`: reason -> kernel -> programs); `unasked`, where
+    some it could not build were never built here (the run never asked for them)."""
     from harness.compiling import retried
     with _COUNTING:   # one moment's counts, whatever threads count meanwhile
         events = dict(_CACHE_EVENTS)
@@ -92,10 +103,13 @@ def cache_stats() -> dict:
     tried_again = retried()   # read once: a compile thread may count one more meanwhile
     if tried_again:
         stats["retried"] = tried_again
-    if any(events.get(k) for k in ("apart_loaded", "apart_built_here", "apart_raised")):
+    if any(events.get(k) for k in ("apart_loaded", "apart_built_here", "apart_raised",
+                                   "apart_unasked")):
         stats["lowering_process"] = {
             "loaded": events.get("apart_loaded", 0),
             "trace_errors": events.get("apart_raised", 0),
             "built_here": events.get("apart_built_here", 0),
             "why": why}
+        if events.get("apart_unasked"):
+            stats["lowering_process"]["unasked"] = events["apart_unasked"]
     return stats

@@ -24,7 +24,10 @@ build, a refusal of a feature (harness.judge.judging.trace_error_settles), pickl
 traceback (tblib); the run raises it as its own trace would have. (On the H200's warm nightly at
 1b487e6, 351 of the 362 programs the run built itself were failed traces, traced again beside
 the run's thread: MaxText's flash, TE's unfused fallback, tokamax's Mosaic and Triton paths, the
-op's refusals.) Any other error the run confirms with its own trace. The process never compiles:
+op's refusals.) Any other error the run confirms with its own trace: at once for a default
+build, which the run always runs; a deterministic or forward build only once the run asks for
+it (harness.engine.programs.Programs.get), since most such failures are a pair's whose default
+build refused a feature and which never runs them (86 programs on the H200 at 3b0c5fc). The process never compiles:
 jax's compiler is wrapped there to refuse, as is a cache read that fails in any way. A
 handed-over program is loaded on the devices jax read it for, and is offered only for a kernel
 the process has under the same name and function (`kernel_fingerprint`). The run's header counts

@@ -60,6 +60,10 @@ class Program:
     _buffer_sizes: list[int] | None = field(default=None, repr=False)
     # Its output shapes, where the lowering process built it (harness.engine.own_programs).
     outputs: object = field(default=None, repr=False)
+    # A build the run asked for (harness.engine.programs.Programs.get), and one whose build
+    # failed in the lowering process, left for the run to trace once it asks: its build here.
+    asked: bool = field(default=False, repr=False)
+    build_here: object = field(default=None, repr=False)
 
     def missing_markers(self) -> list[str]:
         """Fused-kernel custom calls absent from the program handed to XLA. XLA never drops a

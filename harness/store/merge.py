@@ -53,6 +53,9 @@ def merge_cache(headers: list[dict]) -> dict | None:
     if apart:
         out["lowering_process"] = {k: sum(a.get(k, 0) for a in apart)
                                    for k in ("loaded", "trace_errors", "built_here")}
+        unasked = sum(a.get("unasked", 0) for a in apart)
+        if unasked:
+            out["lowering_process"]["unasked"] = unasked
         why = merge_timing([a.get("why") for a in apart])   # reason -> kernel -> programs
         if why:
             out["lowering_process"]["why"] = {r: dict(sorted(why[r].items()))

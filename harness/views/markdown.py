@@ -163,6 +163,10 @@ def timing_lines(header: dict) -> list[str]:
                         "by the run as the kernel's own error, not traced again), "
                         f"{apart.get('built_here', 0)} built by the run after that process "
                         "could not hand them over")
+            if apart.get("unasked"):
+                out[-1] += (f", {apart['unasked']} it could not build left unbuilt: the run "
+                            "never asked for them (a deterministic or forward build whose "
+                            "trace failed there, of a pair that did not run it)")
             out += _built_here_why(apart.get("why") or {})
     return out
 
