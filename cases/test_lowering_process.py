@@ -74,7 +74,7 @@ def _apart(tmp_path, processes: int = 1, **options) -> Programs:
 
 
 def _counts() -> dict:
-    return {"loaded": 0, "trace_errors": 0, "built_here": 0,
+    return {"loaded": 0, "lowered": 0, "trace_errors": 0, "built_here": 0,
             **cache_stats().get("lowering_process", {})}
 
 
@@ -98,7 +98,8 @@ def test_handed_over_programs_compute_what_the_run_builds_cold_and_from_the_cach
     truth_here = here.oracle(CASE, True)(*make_inputs(CASE).device_args)
     here.close()
     for run in ("cold", "warm"):
-        # cold: the cache holds none, the run compiles them; warm: the process reads them from
+        # cold: the cache holds none, the process lowers them and the run compiles those
+        # lowerings; warm: the process reads them from
         # the cache and hands them over as read (serialized again, such a program lost its
         # code on CPUs: "Function transpose_copy_fusion.6 not found" when run here)
         if run == "warm":
@@ -121,11 +122,13 @@ def test_handed_over_programs_compute_what_the_run_builds_cold_and_from_the_cach
             programs.close()
         after = _counts()
         loaded = after["loaded"] - before["loaded"]
+        lowered = after["lowered"] - before["lowered"]
         built_here = after["built_here"] - before["built_here"]
-        assert loaded + built_here == len(wanted), run
+        assert loaded + lowered + built_here == len(wanted), run
         if run == "cold":
-            assert built_here == len(wanted), "the cache held none: the run compiled them"
-            assert _why_since(before) == {NOT_IN_CACHE: len(wanted)}
+            # the cache held none: the process lowered them, the run compiled what it lowered
+            # (and wrote it to the cache), tracing none of them again
+            assert lowered == len(wanted) and built_here == 0 and _why_since(before) == {}
         else:
             assert loaded == len(wanted), "the process read every one from the cache"
             assert cache_stats()["hits"] - hits >= len(wanted)
@@ -150,10 +153,10 @@ def test_a_kernel_not_the_registrys_under_its_name_is_built_here(tmp_path):
     here = Programs()
     np.testing.assert_array_equal(got[0], _outputs(here, kernel, OTHER)[0])
     here.close()
-    # only the oracle's programs went to the process (and came back: the cache is empty);
-    # the kernel's were never offered
-    assert _counts()["built_here"] - before["built_here"] == len(oracles) == 2
-    assert _why_since(before) == {NOT_IN_CACHE: 2}
+    # only the oracle's programs went to the process (and came back lowered: the cache is
+    # empty); the kernel's were never offered, the run built them
+    assert _counts()["lowered"] - before["lowered"] == len(oracles) == 2
+    assert _counts()["built_here"] == before["built_here"] and _why_since(before) == {}
 
 
 BREAKS = textwrap.dedent("""
@@ -231,11 +234,13 @@ def test_a_kernel_that_fails_in_the_process_fails_here_with_its_own_error(tmp_pa
         programs.close()
     assert isinstance(error, ValueError) and "refuses to be traced" in str(error)
     assert program.trace_error is error, "traced here: the run's refusal rule sees it"
-    # every program was offered (the kernel's too) and every one came back to be built here
-    assert _counts()["built_here"] - before["built_here"] == len(offered)
+    # every program was offered (the kernel's too): the kernel's came back to be built here,
+    # the oracle's lowered (the cache is empty: the run compiled them)
     kernels = sum(1 for p in offered if not p.oracle)
     assert kernels >= 1
-    assert _why_since(before) == {BUILD_FAILED: kernels, NOT_IN_CACHE: len(offered) - kernels}
+    assert _counts()["built_here"] - before["built_here"] == kernels
+    assert _counts()["lowered"] - before["lowered"] == len(offered) - kernels
+    assert _why_since(before) == {BUILD_FAILED: kernels}
 
 
 WINDOWED = Case("packed/many", 2, 64, 2, 1, 16, "float32", 3, features=Features(window=(8, 0)))
@@ -273,8 +278,8 @@ def test_a_refusal_or_a_declared_crash_comes_back_from_the_process_as_the_kernel
     # two handed over (the refusal and the crash); the other error was traced again here
     assert _counts()["trace_errors"] - before["trace_errors"] == 2
     kernel_programs = sum(1 for p in offered if not p.oracle)
-    assert _why_since(before) == {BUILD_FAILED: kernel_programs - 2,
-                                  NOT_IN_CACHE: len(offered) - kernel_programs}
+    assert _why_since(before) == {BUILD_FAILED: kernel_programs - 2}
+    assert _counts()["lowered"] - before["lowered"] == len(offered) - kernel_programs
 
 
 def test_a_trace_error_that_cannot_make_the_trip_is_traced_again_in_the_run():
@@ -354,7 +359,8 @@ def test_the_process_has_the_runs_environment_but_takes_device_memory_as_it_need
 def test_the_header_counts_what_the_process_handed_over_and_merges_add_them():
     merged = merge_cache([
         {"compilation_cache": {"dir": "c", "hits": 3, "misses": 1,
-                               "lowering_process": {"loaded": 3, "trace_errors": 2,
+                               "lowering_process": {"loaded": 3, "lowered": 4,
+                                                    "trace_errors": 2,
                                                     "built_here": 3, "why": {
                                    NOT_IN_CACHE: {"xla": 1, "oracle": 1},
                                    LOAD_FAILED: {"te:thd": 1}}}}},
@@ -363,10 +369,12 @@ def test_the_header_counts_what_the_process_handed_over_and_merges_add_them():
                                    NOT_IN_CACHE: {"xla": 2}}}}},
         {"compilation_cache": {"dir": "c", "hits": 1, "misses": 0}}])
     assert merged["lowering_process"] == {
-        "loaded": 5, "trace_errors": 2, "built_here": 5,
+        "loaded": 5, "lowered": 4, "trace_errors": 2, "built_here": 5,
         "why": {NOT_IN_CACHE: {"oracle": 1, "xla": 3}, LOAD_FAILED: {"te:thd": 1}}}
     text = "\n".join(timing_lines({"timing": {"xla": {}}, "compilation_cache": merged}))
     assert "5 programs traced and lowered in a lowering process, read from the cache" in text
+    assert "4 lowered there that the cache lacked, compiled by the run (not traced again)" \
+        in text
     assert "2 programs whose kernel's trace failed there handed over as that error" in text
     assert "5 built by the run after that process could not hand them over" in text
     # a line per reason, the most programs first, its kernels the most first
@@ -386,8 +394,8 @@ def test_a_program_loaded_from_the_process_counts_as_a_cache_hit_once(monkeypatc
     count_handed_over(False, "xla", NOT_IN_CACHE)   # built here: its own lookup here counts
     stats = cache_stats()
     assert (stats["hits"], stats["misses"]) == (6, 1)
-    assert stats["lowering_process"] == {"loaded": 2, "trace_errors": 0, "built_here": 1,
-                                         "why": {NOT_IN_CACHE: {"xla": 1}}}
+    assert stats["lowering_process"] == {"loaded": 2, "lowered": 0, "trace_errors": 0,
+                                         "built_here": 1, "why": {NOT_IN_CACHE: {"xla": 1}}}
 
 
 TWO_DEVICES = """
@@ -545,3 +553,36 @@ def test_a_probe_build_that_failed_there_is_traced_here_only_once_the_run_asks(
     cache = {"dir": "c", "lowering_process": {"unasked": 1}}
     lines = "\n".join(timing_lines({"timing": {"xla": {}}, "compilation_cache": cache}))
     assert "1 it could not build left unbuilt: the run never asked for them" in lines
+
+
+def test_a_lowering_that_does_not_compile_here_is_built_here(monkeypatch):
+    """A lowering handed over that the run cannot read back, or whose compile fails here (its
+    custom calls' library not imported in the run yet: TE's FFI targets on a cold run), is
+    traced here instead: its failure is never the program's error."""
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+
+    from harness.engine import programs as programs_module
+    from harness.engine.lowering_process import LOWERED_FAILED, dump_lowered, load_lowered
+    lowered = jax.jit(lambda x: jnp.sin(x) * 2).lower(jax.ShapeDtypeStruct((4,), jnp.float32))
+    blob = dump_lowered(lowered, "its text", 0.5)
+    back, text, lower_s = load_lowered(blob)
+    assert (back.as_text(), text, lower_s) == (lowered.as_text(), "its text", 0.5)
+    x = jnp.arange(4.0)
+    np.testing.assert_array_equal(back.compile()(x), lowered.compile()(x))
+
+    def no_such_target(*args, **kwargs):
+        raise RuntimeError("No registered implementation for FFI custom call to lp_test")
+    programs, before = Programs(), _counts()
+    monkeypatch.setattr(programs_module, "compile_lowered", no_such_target)
+    try:
+        for what in (b"not a pickle", blob):
+            program, traced_here = Program("lp_test", (), Timing()), threading.Event()
+            programs._lowered_apart((program, traced_here.set), what)
+            assert traced_here.wait(60) and not program.compiled.done(), what[:12]
+    finally:
+        programs.close()
+    assert _why_since(before) == {LOWERED_FAILED: 2}
+    assert _counts()["lowered"] == before["lowered"]

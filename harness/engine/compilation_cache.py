@@ -77,6 +77,13 @@ def count_left_unbuilt(name: str, why: str, built: bool = False) -> None:
         count_handed_over(False, name, why)
 
 
+def count_lowered_apart() -> None:
+    """A program jax's cache lacks that the lowering process traced and lowered, compiled by
+    the run (harness.engine.programs), not traced again."""
+    with _COUNTING:
+        _CACHE_EVENTS["apart_lowered"] += 1
+
+
 def count_trace_error_handed_over() -> None:
     """A kernel's trace error the lowering process handed over: raised here, not traced again
     (harness.engine.lowering_process.load_raised); no cache lookup."""
@@ -90,7 +97,8 @@ def cache_stats() -> dict:
     compiles) and misses (compiled here, then written); `retried`, where any compile was tried
     again after the host could not start the compiler (harness.compiling);
     `lowering_process`, where one read programs for this process: how many it handed over
-    (`loaded` here), how many programs' trace errors it handed over (`trace_errors`, a
+    (`loaded` here), how many it lowered that the cache lacks (`lowered`: compiled here, not
+    traced again), how many programs' trace errors it handed over (`trace_errors`, a
     kernel's error per build: raised here, not traced again), and how many it could not
     (`built_here`), and why not (`why`: reason -> kernel -> programs); `unasked`, where
     some it could not build were never built here (the run never asked for them)."""
@@ -104,9 +112,10 @@ def cache_stats() -> dict:
     if tried_again:
         stats["retried"] = tried_again
     if any(events.get(k) for k in ("apart_loaded", "apart_built_here", "apart_raised",
-                                   "apart_unasked")):
+                                   "apart_unasked", "apart_lowered")):
         stats["lowering_process"] = {
             "loaded": events.get("apart_loaded", 0),
+            "lowered": events.get("apart_lowered", 0),
             "trace_errors": events.get("apart_raised", 0),
             "built_here": events.get("apart_built_here", 0),
             "why": why}

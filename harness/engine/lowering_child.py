@@ -20,6 +20,7 @@ from harness.engine.lowering_process import (
     NOT_IN_CACHE,
     NOT_SERIALIZABLE,
     UNKNOWN_KERNEL,
+    dump_lowered,
     kernel_fingerprint,
 )
 
@@ -185,7 +186,16 @@ def _serve(receive: Connection, send: Connection) -> None:
     executables = _Cached()
     if not executables.watch():
         return    # jax's cache is not where this looks for it: the run builds everything
-    programs = Programs(deterministic_probe=options.deterministic_probe)
+    # Each program's lowering, until it is answered: one the cache lacks goes to the run as
+    # lowered here (the run compiles it, not tracing it again).
+    lowerings: dict[int, object] = {}
+
+    class Keeping(Programs):
+        def _submit(self, program, lowered, options):
+            lowerings[id(program)] = lowered
+            super()._submit(program, lowered, options)
+
+    programs = Keeping(deterministic_probe=options.deterministic_probe)
     programs.poisons_unwritten = False   # the run's process fills its blocks, not this one
     kernels = all_kernels()
     outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -197,9 +207,19 @@ def _serve(receive: Connection, send: Connection) -> None:
     threading.Thread(target=send_all, name="lowering-answers", daemon=True).start()
 
     def answer(token: int, program: Program, done: Future, kernel=None, case=None) -> None:
-        # ("built", token, blob), ("raised", token, blob): the kernel's trace error, or
+        # ("built", token, blob), ("raised", token, blob): the kernel's trace error,
+        # ("lowered", token, blob): lowered here, not in the cache (the run compiles it), or
         # ("failed", token, why): the run builds it
         exc = done.exception()
+        lowered = lowerings.pop(id(program), None)
+        if lowered is not None and isinstance(exc, NotCached) and program.trace_error is not exc \
+                and why_not_built(exc) == NOT_IN_CACHE:
+            try:
+                outbox.put(("lowered", token, dump_lowered(lowered, program.text,
+                                                           program.timing.lower_s)))
+                return
+            except Exception:   # noqa: BLE001 - a piece that does not pickle: built in the run
+                pass
         if exc is not None:
             blob = None
             try:   # every request is answered, whatever this raises

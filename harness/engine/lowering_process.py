@@ -14,11 +14,15 @@ the bytes jax read (harness.engine.lowering_child); the run's process loads it a
 would and runs it. Nothing is keyed by anything but jax's own cache key: every run traces the
 code as it is now.
 
-Whatever the process does not hand over is built in the run's own process, as without it: a
-program the cache does not hold (compiled by the run, so that XLA's autotuning stays inside the
-run's share of the device), a kernel the process cannot find under its name, a trace or compile
-that fails (the run then raises the kernel's own error), one jax cannot serialize, everything
-once the process is gone. One kind of failed trace comes back instead: a kernel's error that
+A program the cache does not hold (a cold run's, nearly all) comes back as the process lowered
+it (`dump_lowered`: jax's `Lowered`, pickled as jax pickles executables, its MLIR module as
+bytecode), and the run compiles that lowering (so that XLA's autotuning stays inside the run's
+share of the device) and writes it to the cache under the key the process looked up; before,
+the run traced it again itself, in the interpreter that judges (on the H200's cold nightly at
+3b0c5fc the run's tracer worked 245 s of 304). Whatever else the process does not hand over is
+built in the run's own process, as without it: a kernel the process cannot find under its name,
+a trace or compile that fails (the run then raises the kernel's own error), one jax cannot
+serialize or pickle, everything once the process is gone. One kind of failed trace comes back instead: a kernel's error that
 decides its check without an error verdict, the crash the kernel declares or, on a default
 build, a refusal of a feature (harness.judge.judging.trace_error_settles), pickled with its
 traceback (tblib); the run raises it as its own trace would have. (On the H200's warm nightly at
@@ -27,12 +31,13 @@ the run's thread: MaxText's flash, TE's unfused fallback, tokamax's Mosaic and T
 op's refusals.) Any other error the run confirms with its own trace: at once for a default
 build, which the run always runs; a deterministic or forward build only once the run asks for
 it (harness.engine.programs.Programs.get), since most such failures are a pair's whose default
-build refused a feature and which never runs them (86 programs on the H200 at 3b0c5fc). The process never compiles:
-jax's compiler is wrapped there to refuse, as is a cache read that fails in any way. A
-handed-over program is loaded on the devices jax read it for, and is offered only for a kernel
-the process has under the same name and function (`kernel_fingerprint`). The run's header counts
-all three (`lowering_process` in its `compilation_cache`; a program loaded from the process
-counts as a cache hit, and nothing else of the process does). Each side sends from a thread of
+build refused a feature and which never runs them (86 programs on the H200 at 3b0c5fc). The
+process never compiles: jax's compiler is wrapped there to refuse, as is a cache read that
+fails in any way. A handed-over program is loaded (or its lowering compiled) on the devices of
+the ids it was read or lowered for, and is offered only for a kernel the process has under the
+same name and function (`kernel_fingerprint`). The run's header counts each kind
+(`lowering_process` in its `compilation_cache`; a program loaded from the process counts as a
+cache hit, one compiled from its lowering as a miss, and nothing else of the process does). Each side sends from a thread of
 its own, so neither waits on a full pipe while the other waits on it. `--no-lowering-process`
 builds everything in the run's process.
 
@@ -74,6 +79,7 @@ UNKNOWN_KERNEL = "no such kernel in the process"
 BAD_REQUEST = "the process could not read the request"
 # and in the run.
 LOAD_FAILED = "the run could not load it"
+LOWERED_FAILED = "its lowering did not compile in the run"   # (e.g. a library not imported yet)
 PROCESS_GONE = "the process had ended"
 
 
@@ -88,13 +94,16 @@ class LoweringProcess:
     """The run's side: `request` hands a program's build over; the answer comes back on a
     thread of its own, as `built(program, blob)`, `raised(program, blob)` (a kernel's trace
     error that decides its pair without an error verdict: a refusal, a declared crash;
-    load_raised) or, where the process could not build it, `failed(program, why)` (build it
-    here; `why` is one of the reasons above). Every request gets one of the three, also when
-    the process ends early."""
+    load_raised), `lowered(program, blob)` (a program jax's cache lacks, as the process
+    lowered it: load_lowered; the run compiles it) or, where the process could not build it,
+    `failed(program, why)` (build it here; `why` is one of the reasons above). Every request
+    gets one of them, also when the process ends early; without `lowered`, a lowered program
+    comes back as failed (NOT_IN_CACHE)."""
 
-    def __init__(self, options: dict, built, failed, raised):
+    def __init__(self, options: dict, built, failed, raised, lowered=None):
         self._options = options
         self._built, self._failed, self._raised = built, failed, raised
+        self._lowered = lowered
         self._lock = threading.Lock()
         self._pending: dict[int, object] = {}
         self._tokens = itertools.count()
@@ -174,9 +183,12 @@ class LoweringProcess:
                 self._answer(program, "failed", PROCESS_GONE)
 
     def _answer(self, program, kind: str, payload) -> None:
-        if kind in ("built", "raised"):
+        if kind == "lowered" and self._lowered is None:
+            kind, payload = "failed", NOT_IN_CACHE
+        if kind in ("built", "raised", "lowered"):
             with contextlib.suppress(Exception):
-                (self._built if kind == "built" else self._raised)(program, payload)
+                {"built": self._built, "raised": self._raised,
+                 "lowered": self._lowered}[kind](program, payload)
                 return
             payload = LOAD_FAILED
         self._failed(program, str(payload))
@@ -208,8 +220,8 @@ class LoweringProcesses:
     among those opened: the second opens once OPEN_AFTER requests were made (a worker with
     fewer, a FlashAttention group's, keeps one). Every request is answered, as with one."""
 
-    def __init__(self, options: dict, built, failed, raised, count: int):
-        self.processes = [LoweringProcess(options, built, failed, raised)
+    def __init__(self, options: dict, built, failed, raised, count: int, lowered=None):
+        self.processes = [LoweringProcess(options, built, failed, raised, lowered)
                           for _ in range(max(1, count))]
         self._given: dict = {}
         self._asked = [0] * len(self.processes)
@@ -250,6 +262,60 @@ def load(blob: bytes):
     compiled = deserialize_and_load(payload, in_tree, out_tree,
                                     execution_devices=[by_id[i] for i in devices])
     return compiled, text, lower_s, compile_s
+
+
+def _lowered_pickling():
+    """(Pickler, Unpickler) of a lowered program (jax.stages.Lowered): jax's own pickling of
+    executables (jax.experimental.serialize_executable: its backend, devices by id), taught
+    the lowering's MLIR module (as bytecode, parsed again here) and its device lists (ids)."""
+    import jax
+    from jax._src.interpreters import mlir
+    from jax._src.lib import xla_client as xc
+    from jax._src.lib.mlir import ir
+    from jax.experimental import serialize_executable as se
+
+    class Pickler(se._JaxPjrtPickler):
+        def persistent_id(self, obj):
+            if isinstance(obj, ir.Module):
+                return "module", mlir.module_to_bytecode(obj)
+            if isinstance(obj, xc.DeviceList):
+                return "device_list", tuple(d.id for d in obj)
+            return super().persistent_id(obj)
+
+    class Unpickler(se._JaxPjrtUnpickler):
+        def persistent_load(self, pid):
+            if pid[0] == "module":
+                with mlir.make_ir_context():
+                    return ir.Module.parse(pid[1])
+            if pid[0] == "device_list":
+                by_id = {d.id: d for d in jax.devices()}
+                return xc.DeviceList(tuple(by_id[i] for i in pid[1]))
+            return super().persistent_load(pid)
+    return Pickler, Unpickler
+
+
+def dump_lowered(lowered, text: str, lower_s: float) -> bytes:
+    """A lowered program the process traced and jax's cache lacks, with its text and its
+    trace's seconds, as bytes (load_lowered reads them back); an error where some piece of it
+    does not pickle (a host callback, a constant argument: the run builds it instead)."""
+    import io
+    if getattr(getattr(lowered, "_lowering", None), "const_args", None):
+        raise ValueError("constant arguments")     # arrays, not handed over
+    pickler, _ = _lowered_pickling()
+    out = io.BytesIO()
+    pickler(out).dump((lowered, text, lower_s))
+    return out.getvalue()
+
+
+def load_lowered(blob: bytes):
+    """(lowered, text, lower_s) from dump_lowered's bytes: the lowering as the process
+    traced it, on this process's devices of the same ids; compiled here, it is the program
+    the process's lowering is (jax's cache key is the same)."""
+    import io
+
+    import jax
+    _, unpickler = _lowered_pickling()
+    return unpickler(io.BytesIO(blob), jax.devices()[0].client).load()
 
 
 def load_raised(blob: bytes) -> tuple[BaseException, float]:

@@ -36,6 +36,7 @@ from harness.engine import lowering_process, own_programs, unwritten
 from harness.engine.compilation_cache import (
     count_handed_over,
     count_left_unbuilt,
+    count_lowered_apart,
     count_trace_error_handed_over,
 )
 from harness.engine.environment import usable_cores
@@ -129,7 +130,7 @@ class Programs:
         # as the run's cores allow, processes_for).
         self._apart = None if lowering_process is None else LoweringProcesses(
             lowering_process, self._built_apart, self._failed_apart, self._raised_apart,
-            lowering_processes or processes_for(usable_cores()))
+            lowering_processes or processes_for(usable_cores()), lowered=self._lowered_apart)
 
     # ----- kernels ----------------------------------------------------------------------------
 
@@ -202,10 +203,9 @@ class Programs:
             item[0].compiled.set_exception(exc)
 
     def _failed_apart(self, item, why: str) -> None:
-        """Built here. A deterministic or forward build whose trace or compile failed there
-        is left until the run asks for it (`get`): most are a pair's that never runs it (the
-        deterministic build of a pair whose default build refused a feature; 86 programs
-        traced again for nothing on the H200's warm nightly at 3b0c5fc)."""
+        """Built here; a deterministic or forward build whose trace or compile failed there
+        only once the run asks for it (`get`): most are of pairs that never run them (the
+        default build refused a feature; 86 traced for nothing on the H200 at 3b0c5fc)."""
         program, here = item
         if why == lowering_process.BUILD_FAILED and program.mode != DEFAULT \
                 and not program.oracle:
@@ -232,18 +232,52 @@ class Programs:
         program.trace_error = exc
         program.compiled.set_exception(exc)
 
+    def _lowered_apart(self, item, blob: bytes) -> None:
+        """A program the cache lacks, as the process lowered it: compiled on a compile thread."""
+        try:
+            self._pool.submit(self._compile_apart, item, blob)
+        except RuntimeError as exc:   # closed
+            item[0].compiled.set_exception(exc)
+
+    def _compile_apart(self, item, blob: bytes) -> None:
+        """Any failure, its compile's included, builds it here instead (the kernel's own trace
+        says what fails; a lowering whose custom calls' library is not imported here yet, TE's
+        on a cold run, does not compile until a trace here imports it)."""
+        def compiled_here():
+            lowered, text, lower_s = lowering_process.load_lowered(blob)
+            compiled = compile_lowered(lowered, self._options(item[0]),
+                                       what=f"{item[0].name} ({item[0].mode})")
+            return compiled, text, lower_s, 0.0
+        self._take_apart(item, compiled_here, lowering_process.LOWERED_FAILED,
+                         count_lowered_apart)
+
+    def _options(self, program: Program) -> dict | None:
+        """Its compiler options: the harness's own for the oracle's, with XLA's deterministic
+        ops for a deterministic build; users' (none) for a kernel's default or forward build."""
+        if program.oracle:
+            return self._own or None
+        if program.mode == DETERMINISTIC:
+            return {**DETERMINISTIC_COMPILER_OPTIONS, **self._own}
+        return None
+
     def _load(self, item, blob: bytes) -> None:
         """A program the lowering process built, loaded here; built here where it fails."""
-        program, here = item
-        start = time.perf_counter()
+        self._take_apart(item, lambda: lowering_process.load(blob), lowering_process.LOAD_FAILED,
+                         lambda: count_handed_over(True, item[0].name))
+
+    def _take_apart(self, item, take, why: str, count) -> None:
+        """`take()`: (compiled, text, lower_s, compile_s) of a program the lowering process
+        handed over, made runnable here (loaded, or its lowering compiled) and counted
+        (`count()`); where that fails, built here (`why`)."""
+        program, start = item[0], time.perf_counter()
         try:
-            compiled, text, lower_s, compile_s = lowering_process.load(blob)
+            compiled, text, lower_s, compile_s = take()
             outputs = jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype),
                                    compiled.out_info)
         except Exception:
-            self._failed_apart(item, lowering_process.LOAD_FAILED)
+            self._failed_apart(item, why)
             return
-        count_handed_over(True, program.name)
+        count()
         program.text, program.outputs = text, outputs
         with self._lock:
             program.timing.programs += 1
@@ -288,8 +322,7 @@ class Programs:
             program.trace_error = exc            # sys.exit): its error, when run; never a hang
             program.compiled.set_exception(exc)
             return
-        self._submit(program, lowered, {**DETERMINISTIC_COMPILER_OPTIONS, **self._own}
-                     if deterministic else None)
+        self._submit(program, lowered, self._options(program))
 
     def _own_after(self, kernel: Kernel, case: Case, mode: str, probe: bool) -> None:
         """`_build_own` on the tracer thread once the programs whose outputs it reads are built
@@ -373,7 +406,7 @@ class Programs:
         except BaseException as exc:
             program.compiled.set_exception(exc)
             return
-        self._submit(program, lowered, self._own or None)
+        self._submit(program, lowered, self._options(program))
 
     # ----- compiling --------------------------------------------------------------------------
 

@@ -52,7 +52,8 @@ def merge_cache(headers: list[dict]) -> dict | None:
     apart = [c["lowering_process"] for c in seen if c.get("lowering_process")]
     if apart:
         out["lowering_process"] = {k: sum(a.get(k, 0) for a in apart)
-                                   for k in ("loaded", "trace_errors", "built_here")}
+                                   for k in ("loaded", "lowered", "trace_errors",
+                                             "built_here")}
         unasked = sum(a.get("unasked", 0) for a in apart)
         if unasked:
             out["lowering_process"]["unasked"] = unasked

@@ -158,6 +158,8 @@ def timing_lines(header: dict) -> list[str]:
         if apart:
             out[-1] += (f"; {apart.get('loaded', 0)} programs traced and lowered in a "
                         "lowering process, read from the cache there and loaded by the run, "
+                        f"{apart.get('lowered', 0)} lowered there that the cache lacked, "
+                        "compiled by the run (not traced again), "
                         f"{apart.get('trace_errors', 0)} programs whose kernel's trace failed "
                         "there handed over as that error (refusals and declared crashes, raised "
                         "by the run as the kernel's own error, not traced again), "
