@@ -542,11 +542,16 @@ def test_a_probe_build_that_failed_there_is_traced_here_only_once_the_run_asks(
         assert isinstance(error, ValueError) and "refuses to be traced" in str(error)
         assert asked.trace_error is error, "traced here: the run's own error"
         assert not builds["lp_refuses"].compiled.done(), "never asked for: never traced"
-        stats = _counts()
+        stats, why = _counts(), _why_since(before)
+        # A tool waiting for every program (scripts/program_costs.py) asks for all of them.
+        assert programs.wait_all() == len(programs._programs)
+        assert isinstance(builds["lp_refuses"].compiled.exception(), NotImplementedError)
+        assert _counts().get("unasked", 0) == before.get("unasked", 0)
     finally:
         programs.close()
     assert stats.get("unasked") == 1 + before.get("unasked", 0)
-    assert _why_since(before).get(BUILD_FAILED) == 2, "the lp_breaks default build, and asked"
+    assert why.get(BUILD_FAILED) == 2, "the lp_breaks default build, and asked"
+    assert _why_since(before).get(BUILD_FAILED) == 3, "and the one wait_all asked for"
     parts = [{"compilation_cache": {"dir": "c", "lowering_process": {**stats, "unasked": n}}}
              for n in (1, 2)]
     assert merge_cache(parts)["lowering_process"]["unasked"] == 3
@@ -572,6 +577,16 @@ def test_a_lowering_that_does_not_compile_here_is_built_here(monkeypatch):
     assert (back.as_text(), text, lower_s) == (lowered.as_text(), "its text", 0.5)
     x = jnp.arange(4.0)
     np.testing.assert_array_equal(back.compile()(x), lowered.compile()(x))
+    # Compiled in the process already (a default build the cache held, its lowering shared
+    # with the deterministic build): the lowering goes without its executable.
+    assert lowered._lowering._executable is not None
+    assert len(dump_lowered(lowered, "its text", 0.5)) == len(blob)
+    assert load_lowered(dump_lowered(lowered, "", 0.0))[0]._lowering._executable is None
+    # A host callback is this process's: not handed over (the run traces it).
+    calls_back = jax.jit(lambda x: jax.pure_callback(
+        np.sin, jax.ShapeDtypeStruct((4,), jnp.float32), x)).lower(x)
+    with pytest.raises(ValueError, match="host callbacks"):
+        dump_lowered(calls_back, "", 0.0)
 
     def no_such_target(*args, **kwargs):
         raise RuntimeError("No registered implementation for FFI custom call to lp_test")

@@ -274,7 +274,7 @@ class Programs:
             compiled, text, lower_s, compile_s = take()
             outputs = jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype),
                                    compiled.out_info)
-        except Exception:
+        except BaseException:   # noqa: BLE001 - whatever it is, the run's own build says
             self._failed_apart(item, why)
             return
         count()
@@ -445,11 +445,12 @@ class Programs:
         """Waits until every program started so far is compiled or has failed (a tool that
         times programs: scripts/program_costs.py); how many there are."""
         while True:
-            with self._lock:   # a build left for the run to ask for: built now
-                left = [p.build_here for p in self._programs.values() if p.build_here]
+            with self._lock:   # every build asked for; one left for the run to ask: now
+                left = [(p, p.build_here) for p in self._programs.values() if p.build_here]
                 for p in self._programs.values():
-                    p.build_here = None
-            for here in left:
+                    p.asked, p.build_here = True, None
+            for p, here in left:
+                count_left_unbuilt(p.name, lowering_process.BUILD_FAILED, built=True)
                 here()
             pending = [p for p in list(self._programs.values()) if not p.compiled.done()]
             if not pending:

@@ -101,7 +101,9 @@ def run_pairs(spec: dict) -> int:
                    on_start=lambda kernel, case: announce(started, kernel, case))
     except (DeviceLost, CaptureBroken):
         # Its pairs' time counts too: a report closed without it left the run's timing table
-        # with only the last worker's share (the H200's nightly at 3d22ac7).
+        # with only the last worker's share (the H200's nightly at 3d22ac7). Its programs
+        # closed first, as below: its lowering processes' CPU seconds count once they ended.
+        programs.close()
         close_report()
         raise
     finally:
