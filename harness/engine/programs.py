@@ -204,8 +204,8 @@ class Programs:
 
     def _failed_apart(self, item, why: str) -> None:
         """Built here; a deterministic or forward build whose trace or compile failed there
-        only once the run asks for it (`get`): most are of pairs that never run them (the
-        default build refused a feature; 86 traced for nothing on the H200 at 3b0c5fc)."""
+        only once the run asks for it (`get`): on the CPU smoke run all such are of pairs that
+        never run them (their default build refused a feature)."""
         program, here = item
         if why == lowering_process.BUILD_FAILED and program.mode != DEFAULT \
                 and not program.oracle:
