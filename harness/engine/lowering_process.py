@@ -30,8 +30,8 @@ traceback (tblib); the run raises it as its own trace would have. (On the H200's
 the run's thread: MaxText's flash, TE's unfused fallback, tokamax's Mosaic and Triton paths, the
 op's refusals.) Any other error the run confirms with its own trace: at once for a default
 build, which the run always runs; a deterministic or forward build only once the run asks for
-it (harness.engine.programs.Programs.get): on the CPU smoke run every such failure is a pair's
-whose default build refused a feature, and which never runs them. The
+it (harness.engine.programs.Programs.get): on the CPU smoke run, run as if on a GPU, none of
+28 such was (the builds of kernels that refuse some of its features). The
 process never compiles: jax's compiler is wrapped there to refuse, as is a cache read that
 fails in any way. A handed-over program is loaded (or its lowering compiled) on the devices of
 the ids it was read or lowered for, and is offered only for a kernel the process has under the

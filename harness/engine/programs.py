@@ -204,8 +204,8 @@ class Programs:
 
     def _failed_apart(self, item, why: str) -> None:
         """Built here; a deterministic or forward build whose trace or compile failed there
-        only once the run asks for it (`get`): on the CPU smoke run all such are of pairs that
-        never run them (their default build refused a feature)."""
+        only once the run asks for it (`get`): on the CPU smoke run, run as if on a GPU, none
+        of 28 was (kernels that refuse some of its features)."""
         program, here = item
         if why == lowering_process.BUILD_FAILED and program.mode != DEFAULT \
                 and not program.oracle:
