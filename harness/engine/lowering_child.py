@@ -212,8 +212,7 @@ def _serve(receive: Connection, send: Connection) -> None:
         # ("failed", token, why): the run builds it
         exc = done.exception()
         lowered = lowerings.pop(id(program), None)
-        if lowered is not None and isinstance(exc, NotCached) and program.trace_error is not exc \
-                and why_not_built(exc) == NOT_IN_CACHE:
+        if lowered is not None and why_not_built(exc, program.trace_error is exc) == NOT_IN_CACHE:
             try:
                 outbox.put(("lowered", token, dump_lowered(lowered, program.text,
                                                            program.timing.lower_s)))

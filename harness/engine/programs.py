@@ -140,16 +140,22 @@ class Programs:
                                      bool(kernel.deterministic_env))
         if fresh:
             self._build_kernel(program, kernel, case)
-            return program
-        with self._lock:
-            program.asked = True
-            left, program.build_here = program.build_here, None
-        if left is not None:   # its build failed in the lowering process: traced here, now
-            count_left_unbuilt(program.name, lowering_process.BUILD_FAILED, built=True)
+        elif self._asked_for([program]):   # its build failed in the lowering process: now
             start = time.perf_counter()
             self._build_kernel(program, kernel, case)
             program.timing.wait_s += time.perf_counter() - start
         return program
+
+    def _asked_for(self, programs) -> list:
+        """Marks `programs` asked for; the builds among them left for the run to ask for
+        (_failed_apart), counted as built here, as (name, build): the run builds them now."""
+        with self._lock:
+            left = [(p.name, p.build_here) for p in programs if p.build_here]
+            for p in programs:
+                p.asked, p.build_here = True, None
+        for name, _ in left:
+            count_left_unbuilt(name, lowering_process.BUILD_FAILED, built=True)
+        return left
 
     def prefetch(self, pairs, probe: bool = True) -> None:
         """Starts tracing and compiling, in order, what (kernel, case) pairs will run: each
@@ -196,9 +202,15 @@ class Programs:
         elif not self._apart.request((program, here), message, route):
             self._failed_apart((program, here), lowering_process.PROCESS_GONE)
 
-    def _built_apart(self, item, blob: bytes) -> None:
+    def _built_apart(self, item, blob: bytes) -> None:   # loaded on a compile thread
+        self._apart_in_pool(self._load, item, blob)
+
+    def _lowered_apart(self, item, blob: bytes) -> None:   # compiled on a compile thread
+        self._apart_in_pool(self._compile_apart, item, blob)
+
+    def _apart_in_pool(self, take, item, blob: bytes) -> None:
         try:
-            self._pool.submit(self._load, item, blob)
+            self._pool.submit(take, item, blob)
         except RuntimeError as exc:   # closed
             item[0].compiled.set_exception(exc)
 
@@ -231,13 +243,6 @@ class Programs:
             program.timing.lower_s += lower_s
         program.trace_error = exc
         program.compiled.set_exception(exc)
-
-    def _lowered_apart(self, item, blob: bytes) -> None:
-        """A program the cache lacks, as the process lowered it: compiled on a compile thread."""
-        try:
-            self._pool.submit(self._compile_apart, item, blob)
-        except RuntimeError as exc:   # closed
-            item[0].compiled.set_exception(exc)
 
     def _compile_apart(self, item, blob: bytes) -> None:
         """Any failure, its compile's included, builds it here instead (the kernel's own trace
@@ -445,12 +450,7 @@ class Programs:
         """Waits until every program started so far is compiled or has failed (a tool that
         times programs: scripts/program_costs.py); how many there are."""
         while True:
-            with self._lock:   # every build asked for; one left for the run to ask: now
-                left = [(p, p.build_here) for p in self._programs.values() if p.build_here]
-                for p in self._programs.values():
-                    p.asked, p.build_here = True, None
-            for p, here in left:
-                count_left_unbuilt(p.name, lowering_process.BUILD_FAILED, built=True)
+            for _, here in self._asked_for(list(self._programs.values())):   # all asked: now
                 here()
             pending = [p for p in list(self._programs.values()) if not p.compiled.done()]
             if not pending:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from harness.judge import tallies
 from harness.judge import vocabulary as v
 from harness.judge.record import Record
 
@@ -77,7 +78,7 @@ if __name__ == "__main__":
 
 
 def first_line(text: str, width: int = 300) -> str:
-    return (text.strip().splitlines() or [""])[0][:width]
+    return tallies.first_line(text.strip(), width)
 
 
 def error_script(kernel, case_id: str, record: Record, modules: list[str], context) -> str:
