@@ -364,6 +364,28 @@ def test_a_run_killed_hard_says_incomplete_in_every_view(tmp_path):
     assert "every kernel expected to pass passed" not in html
 
 
+def test_a_report_of_a_run_stopped_by_the_user_is_not_a_pass_to_report_or_merge(tmp_path):
+    """`harness report` and `harness merge` of a run stopped by the user (Ctrl-C, SIGTERM: its
+    header says interrupted) exit 1, as the views say "not a pass", whatever finished was clean
+    (they exited 0 before: only a killed run's 'running' counted)."""
+    from harness.store import report_file as rec
+    full = _report(tmp_path, "full", "--cases", ONE_CASE)
+    header, records = rec.read(full)
+    assert records and not any(r.bad for r in records)
+    stopped = tmp_path / "stopped" / "report.jsonl"
+    rec.write_report(stopped, header["environment"], records,
+                     **{k: v for k, v in header.items() if k not in ("type", "schema",
+                                                                     "environment", "state")},
+                     state="interrupted", interrupted=True)
+    out = _run("-m", "harness", "report", str(stopped.parent))
+    assert out.returncode == 1 and "interrupted" in out.stdout, out.stdout[-2000:]
+    out = _run("-m", "harness", "merge", str(tmp_path / "joined"), str(full), str(stopped.parent))
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "interrupted" in (tmp_path / "joined" / "summary.md").read_text()
+    out = _run("-m", "harness", "report", str(full))
+    assert out.returncode == 0, out.stdout[-2000:]
+
+
 def test_pytest_report_dir_outside_the_repo_as_two_words(tmp_path):
     where = tmp_path / "x1"
     args = ("-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "--report-dir", str(where),

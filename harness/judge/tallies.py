@@ -52,12 +52,25 @@ def judged_nothing(records: Iterable[Record]) -> bool:
     return not any(r.measured or r.verdict == v.ERROR for r in records)
 
 
+def unfinished(header: dict | None) -> str | None:
+    """How the run that wrote a report's header did not finish: RUNNING (killed before its
+    end: its header still says so) or INTERRUPTED (stopped by the user); None where it
+    finished (or the header is older than the state field)."""
+    if not header:
+        return None
+    if header.get("state") == v.RUNNING:
+        return v.RUNNING
+    if header.get("state") == v.INTERRUPTED or header.get("interrupted"):
+        return v.INTERRUPTED
+    return None
+
+
 def run_status(records: Iterable[Record], header: dict | None = None) -> int:
     """A run's exit status from its records: 1 if anything is bad, if nothing at all was
-    judged (a run where every pair skipped is never green), or if the run never finished
-    (its header still says running: killed before its end); else 0."""
+    judged (a run where every pair skipped is never green), or if the run did not finish
+    (unfinished: killed, or stopped by the user, whatever finished before is clean); else 0."""
     records = list(records)
-    if header is not None and header.get("state") == "running":
+    if unfinished(header):
         return 1
     return 1 if bad(records) or judged_nothing(records) else 0
 

@@ -94,6 +94,12 @@ OUTCOMES = (OK, CAUGHT, KNOWN, REFUSED, UNJUDGED, NOT_RUN, SKIP, FAIL, MISSED, E
 # The worst first: what a row, a cell or a test shows when its records disagree.
 SEVERITY = (ERROR, FAIL, MISSED, CAUGHT, KNOWN, REFUSED, UNJUDGED, NOT_RUN, OK, SKIP)
 
+# ----- a run's state (its report's header; harness.store.writer) -------------------------------
+
+# A report whose run did not finish (killed: still running; stopped by the user) is never a
+# pass, whatever its records say (harness.judge.tallies.unfinished).
+RUNNING, FINISHED, INTERRUPTED = "running", "finished", "interrupted"
+
 # ----- grid cells (kernel x layout) ------------------------------------------------------------
 
 CELL_OK, CELL_NEAR, CELL_CAUGHT, CELL_KNOWN = "ok", "near", "caught", "known"

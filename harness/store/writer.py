@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.judge.vocabulary import FINISHED, INTERRUPTED, RUNNING  # noqa: F401 (theirs)
 from harness.store import report_file as rec
 
 LOCK_FILE = ".lock"
-RUNNING, FINISHED, INTERRUPTED = "running", "finished", "interrupted"
 
 
 class FolderLock:
@@ -68,9 +68,3 @@ class ReportWriter:
         """The header's last facts (wall time, timing, ...) and the run's end state."""
         rec.update_header(self.dir / rec.RECORDS_FILE, state=state,
                           wall_s=round(time.monotonic() - self.start, 1), **facts)
-
-
-def incomplete(header: dict) -> bool:
-    """Whether the run that wrote this header never finished (killed before its end). Reports
-    older than the state field are taken as finished."""
-    return header.get("state") == RUNNING

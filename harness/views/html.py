@@ -18,7 +18,6 @@ from harness.views.markdown import (
     process_lines,
     run_line,
     timed_kernels,
-    unfinished,
 )
 from harness.views.summary import (
     coverage_lines,
@@ -31,6 +30,7 @@ from harness.views.summary import (
     outcome_text,
     padding_lines,
     power_rows,
+    unfinished,
 )
 
 PLOTTED_CHECKS = tuple(c.name for c in v.TENSORS if c.traced)

@@ -22,6 +22,7 @@ from harness.views.summary import (
     outcome_text,
     padding_lines,
     power_rows,
+    unfinished,
 )
 
 MARKS = {v.CELL_OK: "🟢", v.CELL_NEAR: "🟡", v.CELL_CAUGHT: "🔵", v.CELL_KNOWN: "🟠",
@@ -44,17 +45,6 @@ def env_line(env: dict) -> str:
 def _seeds(header: dict) -> int:
     seeds = header.get("seeds")
     return seeds if isinstance(seeds, int) else 1
-
-
-def unfinished(header: dict) -> str | None:
-    """What a view says first where the run that wrote the report did not finish: killed (its
-    state still running) or stopped by the user; None for a run that finished."""
-    if header.get("state") == "running":
-        from harness.views.summary import INCOMPLETE
-        return INCOMPLETE
-    if header.get("interrupted"):
-        return "interrupted: only what finished is here, and it is not a pass"
-    return None
 
 
 def run_line(header: dict, marked: bool = True) -> str:

@@ -166,6 +166,14 @@ STYLES = {v.CELL_OK: "green", v.CELL_NEAR: "yellow", v.CELL_CAUGHT: "cyan",
 
 INCOMPLETE = ("INCOMPLETE: the run that wrote this report never finished (killed before its "
               "end); only what it finished is here, and it is not a pass")
+INTERRUPTED_TEXT = "interrupted: only what finished is here, and it is not a pass"
+
+
+def unfinished(header: dict | None) -> str | None:
+    """What a view says first where the run that wrote the report did not finish
+    (tallies.unfinished: killed, or stopped by the user); None for a run that finished."""
+    return {v.RUNNING: INCOMPLETE, v.INTERRUPTED: INTERRUPTED_TEXT}.get(
+        tallies.unfinished(header))
 
 
 def print_console(records: list[Record], header: dict | None = None, console=None) -> None:
@@ -209,8 +217,8 @@ def print_console(records: list[Record], header: dict | None = None, console=Non
     for line in known_lines(records) + not_judged_lines(records) + coverage_lines(records):
         console.print(f"[yellow]{line}[/]", highlight=False)
     console.print(f"outcomes: {outcome_text(records)}", highlight=False)
-    if header is not None and header.get("state") == "running":
-        console.print(f"[bold red]{INCOMPLETE}[/]", highlight=False)
+    if (notice := unfinished(header)) is not None:
+        console.print(f"[bold red]{notice}[/]", highlight=False)
     if tallies.judged_nothing(records):
         console.print("[bold red]nothing was judged: no check measured anything (every kernel x "
                       "case skipped, or none finished; summary.md lists the skips and why); "
