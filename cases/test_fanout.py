@@ -92,3 +92,43 @@ def test_rejudge_recomputes_expectations_but_keeps_a_kernel_it_cannot_load_here(
                 and r.check == "out"}
     assert outcomes("dot_product") == {("fail", "missed")}
     assert outcomes("needs_a_library") == outcomes("gone") == {("pass", "ok")}
+
+
+def test_rejudge_keeps_a_check_left_to_a_probe_that_was_off_not_run_and_rejudges_dsinks(
+        tmp_path):
+    """`merge --rejudge` of a run made with --no-leak-probe: a check left to the probe reads
+    not run again (it read missed, and the merge exited 1); the sinks' gradient (one record
+    per pair, no segment) is rejudged too (it was copied as recorded)."""
+    from harness.engine import registry
+    from harness.judge.judging import rejudge
+    from harness.kernels.kernel import Kernel
+    from harness.store import report_file as rec
+    src = tmp_path / "src"
+    out = _harness("run", "--kernels", "canary_ignores_segments", "--cases",
+                   "packed/random-b4-t256-h4kv2-d64-bf16-s0", "--no-leak-probe",
+                   "--report-dir", str(src))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    _, before = rec.read(src)
+    assert any(r.outcome == "not run" for r in before)
+    merged = _harness("merge", "--rejudge", str(tmp_path / "merged"), str(src))
+    assert merged.returncode == 0, merged.stdout[-2000:] + merged.stderr[-2000:]
+    _, after = rec.read(tmp_path / "merged")
+    assert sorted((r.key, r.outcome) for r in after) == sorted((r.key, r.outcome)
+                                                               for r in before)
+    # The sinks' gradient, rejudged against an expectation corrected after the run.
+    sinks = tmp_path / "sinks"
+    out = _harness("run", "--kernels", "dot_product", "--cases",
+                   "packed/random-b4-t256-h4kv4-d32-f32-s6-sink", "--no-leak-probe",
+                   "--report-dir", str(sinks))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    _, records = rec.read(sinks)
+    dsinks = [r for r in records if r.check == "dsinks"]
+    assert [(r.verdict, r.outcome) for r in dsinks] == [("pass", "ok")]
+    kernel = registry.all_kernels()["dot_product"]
+
+    def declared(case, check, segment):
+        return ("fail", "declared to fail") if check == "dsinks" else "pass"
+    now = {"dot_product": Kernel("dot_product", kernel.fn, expect=declared,
+                                 features=kernel.features)}
+    again = [r for r in rejudge(records, now, probed=False) if r.check == "dsinks"]
+    assert [(r.expected, r.outcome) for r in again] == [("fail", "missed")]

@@ -433,6 +433,9 @@ def test_a_known_numerical_bug_is_reported_as_known_in_every_view_never_as_ok(tm
         judging.expectation("known", "dq")
     with pytest.raises(ValueError, match="exact"):
         judging.expectation(("known", reason), "leak")
+    # One check over the heads: no segment the leak probe could judge, so never left to it.
+    with pytest.raises(ValueError, match="dsinks check is left to nothing"):
+        judging.expectation("either", "dsinks")
 
 
 def test_the_engine_runs_a_lanes_isolation_groups_at_once(tmp_path, monkeypatch):

@@ -294,17 +294,15 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
         from harness.judge.judging import rejudge as rejudged
         kernels = all_kernels()
 
-        def transform(records):
+        def transform(records, head):
             # A kernel whose library is missing here keeps its records as recorded: its
             # expectations may read that library (te:flax_*'s sinks crash is declared from TE's
             # cuDNN version), and read without it they would turn a declared crash red.
             records = list(records)
             kept.update({name: why for name in sorted({r.kernel for r in records})
-                         if (why := _not_here(kernels.get(name)))})
-            if kept:
-                from harness.views.summary import kept_text
-                print(f"note: --rejudge {kept_text(kept)}", file=sys.stderr)
-            return rejudged(records, {n: k for n, k in kernels.items() if n not in kept})
+                         if name not in kept and (why := _not_here(kernels.get(name)))})
+            return rejudged(records, {n: k for n, k in kernels.items() if n not in kept},
+                            probed=head.get("leak_probe") is not False)
     suites = {rec.read_header(s).get("suite") for s in sources}
     if len(suites) > 1:
         names = ", ".join(map(str, sorted(suites, key=str)))
@@ -314,6 +312,8 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
     overlaps = merge_reports(Path(out), [Path(s) for s in sources], transform,
                              rejudged=rejudge)
     if kept:   # the report says it too, not only the console
+        from harness.views.summary import kept_text
+        print(f"note: --rejudge {kept_text(kept)}", file=sys.stderr)
         rec.update_header(Path(out) / rec.RECORDS_FILE, rejudge_kept=kept)
     header, records = write_views(Path(out))
     return tallies.run_status(records, header), overlaps, header, records

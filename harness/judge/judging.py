@@ -113,6 +113,10 @@ def expectation(value, check_name: str = "") -> tuple[str, str]:
     if expected == v.EITHER and check_name == v.JVP.name:
         raise ValueError("the jvp check is left to nothing: the leak probe does not look at the "
                          "output's tangent; its expectation is pass, fail or known")
+    if expected == v.EITHER and check_name == v.DSINKS.name:
+        raise ValueError("the dsinks check is left to nothing: it is one check over the heads, "
+                         "with no segment the leak probe could judge; its expectation is pass, "
+                         "fail or known")
     if expected == v.KNOWN and not reason:
         raise ValueError("a known bug needs its reason: return ('known', 'what and where')")
     if expected == v.EITHER:
@@ -333,10 +337,12 @@ def cover_unjudged(records: list[Record], probed: bool = True) -> list[Record]:
     return out
 
 
-def rejudge(records: Iterable[Record], kernels: Mapping) -> list[Record]:
+def rejudge(records: Iterable[Record], kernels: Mapping, probed: bool = True) -> list[Record]:
     """Each record's expectation and outcome recomputed from the kernels as registered now.
     Errors, ratios and verdicts stay as measured: for reports measured before an expectation
-    was corrected."""
+    was corrected. `probed`: the report's run had the leak probe on (its header's leak_probe);
+    a pair whose records say the probe did not run for it (not run) keeps that, so a check left
+    to the probe reads not run again, never missed."""
     from harness.model.case import Case
     from harness.model.layouts import Segment
 
@@ -351,6 +357,7 @@ def rejudge(records: Iterable[Record], kernels: Mapping) -> list[Record]:
             continue
         case = Case.from_id(case_id)
         fresh = []
+        pair_probed = probed and not any(r.outcome == v.NOT_RUN for r in rows)
         for r in rows:
             if r.verdict in (v.PASS, v.FAIL, v.UNPROBED) and r.segment:
                 seg = Segment(r.row, r.segment, r.start, r.length)
@@ -360,6 +367,10 @@ def rejudge(records: Iterable[Record], kernels: Mapping) -> list[Record]:
                 if v.has_ratio(r.check) and not r.nonfinite:  # the message is its reason
                     changes["message"] = reason
                 r = r.replace(**changes)
+            elif r.verdict in (v.PASS, v.FAIL) and r.check == v.DSINKS.name:
+                expected, reason = kernel.expected_kernel_check(case, r.check)
+                r = r.replace(expected=expected, outcome=outcome(r.verdict, expected),
+                              **({} if r.nonfinite else {"message": reason}))
             elif r.verdict in (v.PASS, v.FAIL) and r.check == v.PADDING.name:
                 expected, _ = kernel.expected_padding(case, r.row)
                 r = r.replace(expected=expected, outcome=outcome(r.verdict, expected))
@@ -370,7 +381,7 @@ def rejudge(records: Iterable[Record], kernels: Mapping) -> list[Record]:
                 expected, result = error_outcome(r.message, kernel.error_expected(case))
                 r = r.replace(expected=expected, outcome=result)
             fresh.append(r)
-        out += cover_unjudged(fresh)
+        out += cover_unjudged(fresh, probed=pair_probed)
     return out
 
 

@@ -86,8 +86,9 @@ def merged_selection(headers: list[dict]) -> dict | None:
 
 def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None = None,
                   **header) -> list[tuple[Path, int]]:
-    """One report (records and traces) from several report folders; `transform(records)`
-    rewrites the joined records first (merge --rejudge); `header` adds to the joined header.
+    """One report (records and traces) from several report folders; `transform(records,
+    header)` rewrites each source's records, with its header, first (merge --rejudge);
+    `header` adds to the joined header.
     Returns (source, pairs it replaced) for each source that overlapped an earlier one."""
     by_case: dict[tuple, list] = {}
     traces: dict[tuple, list] = {}
@@ -98,7 +99,7 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
             head, rows = rec.read_lines(src)
         else:
             head, records = rec.read(src)
-            rows = [(r.pair, r) for r in records]
+            rows = [(r.pair, rec.record_line(r)) for r in transform(records, head)]
         headers.append(head)
         fresh: dict[tuple, list] = {}
         for pair, row in rows:
@@ -113,8 +114,6 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
             fresh_traces.setdefault(pair, []).append(line)
         traces.update(fresh_traces)
     rows = [r for pair_rows in by_case.values() for r in pair_rows]
-    if transform is not None:
-        rows = [rec.record_line(r) for r in transform(rows)]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     facts = merged_environment([{k: h.get(k) for k in RUN_FACTS} for h in headers])
