@@ -44,6 +44,21 @@ def test_a_kernel_that_raises_is_an_error_not_a_skip():
     assert records[0].outcome == "error" and "cuDNN said no" in records[0].message
 
 
+def test_an_empty_expected_error_is_refused_not_a_licence_for_every_crash():
+    """An expected error is the text its message holds: "" is in every message, so an
+    expect_error of "" (or a function returning it) made any crash known, green."""
+    def crashes(q, k, v, seg, *, causal, scale):
+        raise RuntimeError("CUDA illegal memory access: a real bug")
+    with pytest.raises(ValueError, match="every message holds an empty one"):
+        Kernel("k", crashes, expect_error="")
+    kernel = Kernel("k", crashes, expect_error=lambda case: "")
+    with pytest.raises(UsageError, match="kernel k: expect_error.case. returned '' on"):
+        run_kernel_case(kernel, CASE, Platform("cpu"))
+    named = Kernel("k", crashes, expect_error=lambda case: "illegal memory access")
+    assert [r.outcome for r in run_kernel_case(named, CASE, Platform("cpu")).records] == [
+        "known"]
+
+
 def test_wrong_output_shape_is_an_error():
     def wrong(q, k, v, seg, *, causal, scale):
         return q[:, :-1]

@@ -128,6 +128,11 @@ class Kernel:
         if self.conventions.get(CHUNK, "segment") not in CHUNK_CONVENTIONS:
             raise ValueError(f"conventions[{CHUNK!r}] must be one of "
                              f"{', '.join(CHUNK_CONVENTIONS)}")
+        if self.expect_error is not None and not callable(self.expect_error) and not (
+                isinstance(self.expect_error, str) and self.expect_error.strip()):
+            raise ValueError(f"expect_error {self.expect_error!r}: the text the error's message "
+                             "holds (every message holds an empty one), a function of the case, "
+                             "or None")
         wrong = [d for d in self.devices if d not in ("cpu", "gpu", "tpu")]
         if wrong:
             raise ValueError(f"devices {tuple(self.devices)}: {', '.join(map(repr, wrong))} is "
@@ -207,9 +212,16 @@ class Kernel:
     def error_expected(self, case: Case) -> str | None:
         """The upstream error this kernel declares on `case` (expect_error: a text, or a
         function of the case for an error some cases raise), or None."""
-        if callable(self.expect_error):
-            return self.expect_error(case)
-        return self.expect_error
+        if not callable(self.expect_error):
+            return self.expect_error
+        text = self.expect_error(case)
+        if text is not None and not (isinstance(text, str) and text.strip()):
+            # "" is in every message: it would make any crash of the kernel a known one.
+            from harness.errors import UsageError
+            raise UsageError(f"kernel {self.name}: expect_error(case) returned {text!r} on "
+                             f"{case.id}: it must return the text the error's message holds, "
+                             "or None where no error is expected")
+        return text
 
     def expected_kernel_check(self, case: Case, check: str) -> tuple[str, str]:
         """(expected, reason) of a check with no segment (dsinks): `expect(case, check, None)`;
