@@ -50,6 +50,14 @@ def test_a_planted_growth_and_a_planted_flip_are_caught(runs):
     result = regression.compare(flipped, base)
     assert result.regressed and len(result.flips) == 1
     assert [(b.verdict, r.verdict) for b, r in result.flips] == [("pass", "fail")]
+    # A leak check that compared the segment and now compares nothing (unprobed: its tensors
+    # too noisy) ran and now did not: a regression, not only a flip (it was only a flip).
+    unprobed = [r.replace(verdict="unprobed", outcome="unjudged") if r.key == flip.key else r
+                for r in second]
+    result = regression.compare(unprobed, base)
+    assert len(result.flips) == 1 and result.regressions == [
+        f"flash_attn3:varlen leak {flip.where} of {flip.case_id}: measured in the baseline "
+        "(pass), now unprobed (unjudged)"]
 
 
 def test_a_check_that_varied_between_runs_is_held_to_its_band(runs):

@@ -123,6 +123,13 @@ def _check_changes(new: list[Record], base: list[Record], growth: float,
                 result.regressions.append(f"{_label(r)}: verdict {b.verdict} -> {r.verdict} "
                                           f"({b.outcome} -> {r.outcome})")
                 continue
+            if b.measured and not r.measured and r.expected in HELD \
+                    and r.verdict not in (v.SKIP, v.ERROR):   # a pair's: _pair_changes
+                # It ran and now compared nothing (a leak probe now unprobed: its tensors too
+                # noisy, or not reproducible).
+                result.regressions.append(f"{_label(r)}: measured in the baseline "
+                                          f"({b.verdict}), now {r.verdict} ({r.outcome})")
+                continue
         if not b.bad and r.bad:
             result.regressions.append(f"{_label(r)}: {b.outcome} -> {r.outcome}")
         elif r.expected in HELD and grew(b, r, growth):
