@@ -144,7 +144,9 @@ def test_a_worker_dying_between_pairs_blames_no_pair(tmp_path, monkeypatch):
     finishes anything blames the pair it would have run first (and the run goes on)."""
     from harness.engine import workers as isolation
     pairs = [("k", "a"), ("k", "b"), ("k", "c")]
-    script = {"between": [("a",), ("b", "c")], "at start": [(), ("b", "c")]}
+    # "a*": killed while appending a's records (one whole, one cut short, never finished).
+    script = {"between": [("a",), ("b", "c")], "at start": [(), ("b", "c")],
+              "mid-write": [("a*",), ("b", "c")]}
 
     def run(plan):
         attempts = iter(plan)
@@ -154,10 +156,16 @@ def test_a_worker_dying_between_pairs_blames_no_pair(tmp_path, monkeypatch):
             report.mkdir(parents=True)
             ran = next(attempts)
             with (report / "report.jsonl").open("w") as rec, \
-                    (report / isolation.STARTED_FILE).open("w") as started:
+                    (report / isolation.STARTED_FILE).open("w") as started, \
+                    (report / isolation.FINISHED_FILE).open("w") as finished:
                 for case in ran:
-                    started.write(json.dumps({"kernel": "k", "case_id": case}) + "\n")
-                    rec.write(json.dumps({"type": "record", "kernel": "k", "case_id": case}) + "\n")
+                    pair = {"kernel": "k", "case_id": case.rstrip("*")}
+                    started.write(json.dumps(pair) + "\n")
+                    rec.write(json.dumps({"type": "record", **pair}) + "\n")
+                    if case.endswith("*"):
+                        rec.write(json.dumps({"type": "record", **pair})[:20])
+                    else:
+                        finished.write(json.dumps({**pair, "records": 1}) + "\n")
             dies = len(ran) < len(json.loads(Path(command[-1]).read_text())["pairs"])
             return (-9, "Killed") if dies else (0, "")
         monkeypatch.setattr(isolation, "_stream", fake_stream)
@@ -168,6 +176,16 @@ def test_a_worker_dying_between_pairs_blames_no_pair(tmp_path, monkeypatch):
     at_start = run(script["at start"])
     assert [c[:2] for c in at_start.crashes] == [("k", "a")]
     assert "killed by SIGKILL" in at_start.crashes[0][2]
+    # Its records not all written: the pair it died on, blamed (it read as done before, and
+    # kept what the kill left of its records without a word); the join reads past the cut line.
+    mid_write = run(script["mid-write"])
+    assert [c[:2] for c in mid_write.crashes] == [("k", "a")]
+    from harness.store import report_file as rec
+    header_line = json.dumps({"type": "run", "schema": 2, "environment": {},
+                              "state": "running"}) + "\n"
+    first = mid_write.report_dirs[0] / "report.jsonl"
+    first.write_text(header_line + first.read_text())
+    assert [pair for pair, _ in rec.read_lines(first)[1]] == [("k", "a")]
 
 
 SLOW = """

@@ -362,6 +362,14 @@ def test_a_run_killed_hard_says_incomplete_in_every_view(tmp_path):
     # problems section does not read as a pass.
     assert '<p class="bad">INCOMPLETE' in html and "**INCOMPLETE" not in html
     assert "every kernel expected to pass passed" not in html
+    # Killed while appending: the last line of each file cut short. Read past, not a
+    # traceback nor "not a harness report".
+    for name in ("report.jsonl", "traces.jsonl"):
+        with (tmp_path / "r" / name).open("a") as f:
+            f.write('{"type": "record", "kernel": "dot_pro')
+    out = _run("-m", "harness", "report", str(tmp_path / "r"))
+    assert out.returncode == 1 and "INCOMPLETE" in out.stdout, out.stdout[-2000:] + out.stderr
+    assert "Traceback" not in out.stderr and "not a harness report" not in out.stderr
 
 
 def test_a_report_of_a_run_stopped_by_the_user_is_not_a_pass_to_report_or_merge(tmp_path):

@@ -516,3 +516,31 @@ def test_report_renders_a_baseline_whose_known_records_keep_no_message(tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert "known 1" in (tmp_path / "summary.md").read_text()
+
+
+def test_a_cell_with_a_check_not_run_never_reads_ok_and_an_unprobed_tensor_judged_nothing():
+    """A grid cell whose checks left to the leak probe did not run (--no-leak-probe) reads
+    'not run', not a pass (it read 'near' or 'ok' over ratios nothing judged); and a check left
+    to the probe on a tensor the probe could not compare (unprobed) says so, not 'leak probe on
+    the same segments: ok'."""
+    from harness.judge import judging, tallies
+    from harness.judge.record import Record
+    from harness.views.summary import not_judged_lines
+    where = dict(kernel="k", case_id=CASE.id, layout=CASE.layout, row=0)
+    ok = Record(check="out", verdict="pass", expected="pass", outcome="ok", segment=1,
+                ratio=0.1, **where)
+    left = [Record(check="dk", verdict="fail", expected="either", outcome="unjudged",
+                   segment=s, ratio=24.0, message="left to the probe", **where) for s in (1, 2)]
+    not_run = judging.cover_unjudged([ok, *left], probed=False)
+    assert tallies.cell(not_run).status == "not run"
+    assert tallies.cell(judging.cover_unjudged([ok])).status == "ok"
+    leak = [Record(check="leak", verdict="pass", expected="pass", outcome="ok", segment=s,
+                   probed=["out", "dq", "dv"], unprobed=["dk"] if s == 2 else [], **where)
+            for s in (1, 2)]
+    judged = judging.cover_unjudged([ok, *left, *leak])
+    assert [r.judged_by for r in judged if r.check == "dk"] == [
+        "leak:ok", "leak:dk not compared (unprobed)"]
+    lines = not_judged_lines(judged)
+    assert "k dk: 1 not judged (left to the probe; leak probe on the same segments: ok)" in lines
+    assert ("k dk: 1 not judged (left to the probe; leak probe on the same segments: dk not "
+            "compared (unprobed))") in lines

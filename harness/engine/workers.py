@@ -43,6 +43,7 @@ from harness.engine.main_parts import (
     with_parts,
 )
 from harness.engine.memory import memory_bound
+from harness.store import report_file as rec
 
 STARTED_FILE = "started.jsonl"
 FINISHED_FILE = "finished.jsonl"   # pairs whose records are all written (harness.engine.lanes)
@@ -287,27 +288,21 @@ def write_spec(path: Path, options, pairs: list, report_dir: Path,
 
 
 def _done_pairs(report_dir: Path) -> set[tuple[str, str]]:
-    """Pairs with records in a worker's report (a line cut short by a crash is ignored)."""
-    done = set()
-    path = report_dir / "report.jsonl"
-    if not path.exists():
-        return done
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("type") == "record":
-            done.add((row["kernel"], row["case_id"]))
-    return done
+    """Pairs whose records are all in a worker's report (FINISHED_FILE, written after them).
+    A pair with some records only (the worker killed while appending them) is not done: the
+    worker died on it, and its crash record stands for it (before, any line of it made it done,
+    and the pair kept what the kill left of its records, without a word)."""
+    return set(_announced(report_dir / FINISHED_FILE))
 
 
 def _announced(path: Path, field_: str | None = None) -> list:
-    """The pairs a worker's log of pairs (STARTED_FILE, DEFERRED_FILE, RETRY_FILE) names, in
-    order; with `field_`, each with that field of its line."""
+    """The pairs a worker's log of pairs (STARTED_FILE, FINISHED_FILE, DEFERRED_FILE,
+    RETRY_FILE) names, in order; with `field_`, each with that field of its line. A last line
+    cut short by a kill is left out."""
     if not path.exists():
         return []
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = [json.loads(x) for x in path.read_text().splitlines(keepends=True)
+            if x.strip() and not rec.cut_short(x)]
     pairs = [(r["kernel"], r["case_id"]) for r in rows]
     return pairs if field_ is None else [(p, r.get(field_, "")) for p, r in zip(pairs, rows)]
 
@@ -466,7 +461,6 @@ def run_pair_in_worker(kernel, case, options, workdir: Path):
     """One kernel x case in a worker of its own (pytest, where the kernel's group clashes with
     one this process already loaded): its records and traces, or an error record."""
     from harness.engine.runner import KernelCaseResult
-    from harness.store import report_file as rec
     workdir.mkdir(parents=True, exist_ok=True)
     result = run_group(kernel.isolation or "main", [(kernel.name, case.id)], workdir, options,
                        echo=lambda line: None)

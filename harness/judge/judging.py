@@ -331,6 +331,10 @@ def cover_unjudged(records: list[Record], probed: bool = True) -> list[Record]:
                 r = r.replace(outcome=v.MISSED,
                               message="left unjudged by the expectation, and the leak probe did "
                                       "not judge this segment")
+            elif r.check in (probe.unprobed or ()):
+                # The probe compared the segment, but not this tensor (its run-to-run noise
+                # left nothing to compare): it judged nothing of this check either.
+                r = r.replace(judged_by=f"leak:{r.check} not compared (unprobed)")
             else:
                 r = r.replace(judged_by=f"leak:{probe.outcome}")
         out.append(r)

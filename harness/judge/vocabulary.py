@@ -104,10 +104,12 @@ RUNNING, FINISHED, INTERRUPTED = "running", "finished", "interrupted"
 
 CELL_OK, CELL_NEAR, CELL_CAUGHT, CELL_KNOWN = "ok", "near", "caught", "known"
 CELL_FAIL, CELL_MISSED, CELL_ERROR, CELL_SKIP = "FAIL", "MISSED", "ERROR", "skip"
-CELL_REFUSED = "refused"
-# Which outcome, if any record of a cell has it, names the cell (first match wins).
+CELL_REFUSED, CELL_NOT_RUN = "refused", "not run"
+# Which outcome, if any record of a cell has it, names the cell (first match wins): a cell
+# with a check that did not run (left to the leak probe, which was off) never reads ok.
 CELL_BY_OUTCOME = ((ERROR, CELL_ERROR), (FAIL, CELL_FAIL), (MISSED, CELL_MISSED),
-                   (CAUGHT, CELL_CAUGHT), (KNOWN, CELL_KNOWN), (REFUSED, CELL_REFUSED))
+                   (CAUGHT, CELL_CAUGHT), (KNOWN, CELL_KNOWN), (REFUSED, CELL_REFUSED),
+                   (NOT_RUN, CELL_NOT_RUN))
 BAD_CELLS = frozenset({CELL_FAIL, CELL_MISSED, CELL_ERROR})
 
 # ----- the selftest (the bug zoo) --------------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from harness.errors import UsageError
 from harness.judge.record import Record, Trace
+from harness.judge.vocabulary import RUNNING
 
 SCHEMA = 2
 READABLE = (1, 2)
@@ -122,6 +123,8 @@ def _read(path: str | Path, what: str, with_records: bool, as_lines: bool = Fals
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
+                if cut_short(line) and header is not None and header.get("state") == RUNNING:
+                    break   # the line a run killed while appending left cut short
                 row = json.loads(line)
                 if row.get("type") == "run":
                     if row.get("schema") not in READABLE:
@@ -142,22 +145,40 @@ def _read(path: str | Path, what: str, with_records: bool, as_lines: bool = Fals
     return header, records
 
 
+def cut_short(line: str) -> bool:
+    """A last line without its end that does not parse: what a process killed while appending
+    leaves (every line is written whole, with its newline)."""
+    if line.endswith("\n"):
+        return False
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return True
+    return False
+
+
 def read_traces(path: str | Path) -> list[Trace]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    with _open(path) as f:
-        return [Trace.from_json(json.loads(line)) for line in f if line.strip()]
+    return [Trace.from_json(row) for row, _ in _trace_rows(path)]
 
 
 def read_trace_lines(path: str | Path) -> list[tuple]:
     """[((kernel, case_id), line), ...] of a traces file, each line as written."""
+    return [((row["kernel"], row["case_id"]), line) for row, line in _trace_rows(path)]
+
+
+def _trace_rows(path: str | Path) -> list[tuple[dict, str]]:
+    """(row, line with its newline) of each trace; a line cut short by a killed run is left
+    out (the records came first: theirs are whole), anything else unreadable is a UsageError."""
     path = Path(path)
     if not path.exists():
         return []
-    with _open(path) as f:
-        return [(((row := json.loads(line))["kernel"], row["case_id"]),
-                 line if line.endswith("\n") else line + "\n") for line in f if line.strip()]
+    try:
+        with _open(path) as f:
+            return [(json.loads(line), line if line.endswith("\n") else line + "\n")
+                    for line in f if line.strip() and not cut_short(line)]
+    except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError) as exc:
+        raise UsageError(f"traces {path}: not a harness traces file ({type(exc).__name__})"
+                         ) from None
 
 
 def check_writable(report_dir: str | Path, option: str = "--report-dir") -> Path:

@@ -27,7 +27,7 @@ from harness.views.summary import (
 
 MARKS = {v.CELL_OK: "🟢", v.CELL_NEAR: "🟡", v.CELL_CAUGHT: "🔵", v.CELL_KNOWN: "🟠",
          v.CELL_REFUSED: "🟣", v.CELL_FAIL: "🔴", v.CELL_MISSED: "🔴", v.CELL_ERROR: "❌",
-         v.CELL_SKIP: "⚪"}
+         v.CELL_SKIP: "⚪", v.CELL_NOT_RUN: "⚫"}
 
 
 ENV_KEYS = ("device_kind", "device_count", "platform", "compute_capability", "jax", "jaxlib",
@@ -346,7 +346,8 @@ def render(header: dict, records: list[Record]) -> str:
            "🔵 expected failure caught · "
            "🟠 known upstream failure, reproduced · 🟣 a feature refused before computing · "
            "🔴 unexpected failure or missed catch · "
-           "❌ error · ⚪ skipped. A cell reads segments passing every check / segments "
+           "❌ error · ⚪ skipped · ⚫ some checks not run (left to the leak probe, which was "
+           "off). A cell reads segments passing every check / segments "
            "measured, and the worst error/tolerance ratio.", ""]
     out += _grid(records)
     idle = skipped_kernel_lines(records)

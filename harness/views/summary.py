@@ -161,7 +161,8 @@ def outcome_text(records: list[Record]) -> str:
 
 STYLES = {v.CELL_OK: "green", v.CELL_NEAR: "yellow", v.CELL_CAUGHT: "cyan",
           v.CELL_KNOWN: "yellow", v.CELL_REFUSED: "magenta", v.CELL_FAIL: "bold red",
-          v.CELL_MISSED: "bold red", v.CELL_ERROR: "bold red", v.CELL_SKIP: "dim"}
+          v.CELL_MISSED: "bold red", v.CELL_ERROR: "bold red", v.CELL_SKIP: "dim",
+          v.CELL_NOT_RUN: "yellow"}
 
 
 INCOMPLETE = ("INCOMPLETE: the run that wrote this report never finished (killed before its "
