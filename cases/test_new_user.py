@@ -39,6 +39,70 @@ def test_a_kernel_module_that_registers_nothing_is_a_usage_error(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_a_kernel_that_calls_sys_exit_is_an_error_in_its_worker_and_here(tmp_path):
+    """A kernel whose library calls sys.exit(0): in the run's process it ended the run with
+    status 0 and no record; in a worker of its own the worker ended with status 0 and its
+    pairs were dropped from the report, the run green. Now an error record either way."""
+    module = tmp_path / "exits.py"
+    module.write_text(
+        "import sys, harness\n"
+        "def exits(q, k, v, seg, *, causal, scale):\n"
+        "    sys.exit(0)\n"
+        "for name, group in (('exits_here', None), ('exits_apart', 'g1')):\n"
+        "    harness.register_kernel(name, exits, dtypes=('bfloat16',), gqa=True,\n"
+        "                            isolation=group)\n")
+    from harness.store import report_file as rec
+    for kernels in ("exits_here", "dot_product,exits_apart"):
+        report = tmp_path / kernels.replace(",", "-")
+        out = _run("-m", "harness", "run", "--kernel-module", str(module), "--kernels", kernels,
+                   "--cases", ONE_CASE, "--no-leak-probe", "--report-dir", str(report))
+        assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+        _, records = rec.read(report)
+        errors = [r for r in records if r.kernel.startswith("exits")]
+        assert [r.outcome for r in errors] == ["error"], [r.message for r in errors]
+        assert "SystemExit" in errors[0].message or "status 0" in errors[0].message
+
+
+def test_a_selected_pair_without_a_record_is_an_error_record(tmp_path):
+    """Every selected pair leaves a record (a skip included): a finished run whose report lacks
+    one lost it on the way (a group's reports left out of the join, a worker that ended
+    without a word), and is never green: the pair gets an error record saying so."""
+    from harness.engine import engine
+    from harness.engine.options import RunOptions
+    from harness.engine.registry import select_kernels
+    from harness.model.case import Case
+    from harness.store import report_file as rec
+    report = _report(tmp_path, "r", "--cases", ONE_CASE)
+    assert _run("-m", "harness", "report", str(report)).returncode == 0
+    kernel, = select_kernels(["dot_product"])
+    lost = Case.from_id("unaligned/odd-b4-t256-h4kv2-d64-bf16-s0")
+    status = engine.finish(report, RunOptions(), console=False,
+                           selected=[(kernel, Case.from_id(ONE_CASE)), (kernel, lost)])
+    assert status == 1
+    _, records = rec.read(report)
+    assert [(r.case_id, r.outcome, r.message) for r in records if r.case_id == lost.id] == [
+        (lost.id, "error", engine.UNREPORTED)]
+    assert "no record: the pair was selected" in (report / "summary.md").read_text()
+
+
+def test_isolation_names_and_constraints_are_checked_in_one_line(tmp_path):
+    """An isolation group named with '/' or glob characters (its workers' reports were left out
+    of the join: the run green without the kernel's failures) is refused when registered; a
+    kernel's constraints that return None or raise are one line naming it, not a traceback."""
+    for i, (extra, needle) in enumerate((
+            ("isolation='lib[v2]'", "isolation 'lib[v2]': letters, digits"),
+            ("constraints=lambda case, platform: None",
+             "kernel mine: constraints(case, platform) returned None on"),
+            ("constraints=lambda case, platform: 1 / 0",
+             "kernel mine: constraints(case, platform) raised on"))):
+        module = tmp_path / f"mine{i}.py"
+        module.write_text("import harness\nfrom harness.kernels.reference import dot_product\n"
+                          f"harness.register_kernel('mine', dot_product, {extra})\n")
+        out = _run("-m", "harness", "run", "--kernel-module", str(module), "--kernels", "mine",
+                   "--cases", ONE_CASE, "--report-dir", str(tmp_path / f"r{i}"))
+        _one_line(out, needle)
+
+
 def test_a_run_where_every_case_skipped_is_not_green(tmp_path):
     out = _run("-m", "harness", "run", "--kernels", "sut:cudnn_flash_jax", "--cases", ONE_CASE,
                "--report-dir", str(tmp_path / "r"))

@@ -326,6 +326,7 @@ def _begin(config, pairs) -> None:
     from harness.errors import UsageError
     from harness.store import report_file as rec
     from harness.store.writer import RUNNING, FolderLock
+    config._harness_pairs = list(pairs)   # each must leave a record (engine.unreported)
     try:
         config._harness_lock = FolderLock(_report_dir(config)).acquire()
     except UsageError as exc:
@@ -462,7 +463,10 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
     from harness.store.merge import merge_cache, merge_reports, merge_timing
     from harness.store.writer import FINISHED, INTERRUPTED
     options = _options(config)
-    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop is not False
+    # Stopped early: by the user, or by -x / --maxfail (shouldfail) before every selected test
+    # ran: the report says interrupted, not finished.
+    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop is not False \
+        or session.shouldfail is not False
     runs = [rec.read(s)[0] for s in sources] + lane_runs
     modes = probe_modes(runs)
     report_dir = _report_dir(config)
@@ -476,6 +480,7 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
                        time_utc=config._harness_started_utc)
     status = engine.finish(
         report_dir, options, state=INTERRUPTED if interrupted else FINISHED, console=False,
+        selected=getattr(config, "_harness_pairs", None),
         wall_s=round(time.monotonic() - config._harness_start, 1),
         timing=merge_timing([r.get("timing") for r in runs]),
         # The lanes compiled (or read from the cache) what the tests' own processes did not.

@@ -140,6 +140,7 @@ def run(options: RunOptions) -> int:
         if interrupted:
             print("interrupted: the report holds what finished", file=sys.stderr)
         status = finish(report_dir, options, state=INTERRUPTED if interrupted else FINISHED,
+                        selected=[(k, c) for c in selection.cases for k in selection.kernels],
                         **facts)
         return STOPPED if interrupted else status
     finally:
@@ -257,15 +258,19 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
 
 
 def finish(report_dir: Path, options: RunOptions, *, state: str = FINISHED,
-           console: bool = True, **facts) -> int:
+           console: bool = True, selected: list | None = None, **facts) -> int:
     """The one end of every run: the header's last facts (`facts`: wall time, timing, ...)
     and its state, the views, the console, the status; then the baseline compared. Returns 1
-    if anything is bad or regressed (or nothing was judged), else 0."""
+    if anything is bad or regressed (or nothing was judged), else 0. `selected`: the (kernel,
+    case) pairs the run selected; in a finished run, each without a record gets an error
+    record (unreported)."""
     from harness.views.report_dir import write_views
     from harness.views.summary import print_console
     rec.update_header(Path(report_dir) / rec.RECORDS_FILE, state=state,
                       **({"interrupted": True} if state == INTERRUPTED else {}), **facts)
     header, records = write_views(Path(report_dir))
+    if state == FINISHED and selected and unreported(Path(report_dir), selected, records):
+        header, records = write_views(Path(report_dir))
     if console:
         print_console(records, header)
         wall = header.get("wall_s")
@@ -317,6 +322,25 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
         rec.update_header(Path(out) / rec.RECORDS_FILE, rejudge_kept=kept)
     header, records = write_views(Path(out))
     return tallies.run_status(records, header), overlaps, header, records
+
+
+# A selected pair with no record in a finished run's report.
+UNREPORTED = ("no record: the pair was selected and nothing of it reached the report (its "
+              "worker ended without a word about it, or its records were lost); not a pass")
+
+
+def unreported(report_dir: Path, selected: list, records: list) -> bool:
+    """Appends an error record (UNREPORTED) for each selected (kernel, case) pair without a
+    record in the report: every pair that runs leaves one, a skip included, so a pair without
+    any was lost on the way (a kernel's sys.exit(0) ending its worker, a group's reports left
+    out of the join), and a run that lost one is never green. True where it appended some."""
+    from harness.judge import judging
+    have = {r.pair for r in records}
+    lost = [judging.error_record(k, c, UNREPORTED) for k, c in selected
+            if (k.name, c.id) not in have]
+    if lost:
+        rec.append(report_dir / rec.RECORDS_FILE, lost)
+    return bool(lost)
 
 
 def _not_here(kernel) -> str | None:

@@ -48,6 +48,9 @@ from harness.judge.vocabulary import JVP, LEAK, PASS, TENSORS
 from harness.kernels.kernel import Kernel, Platform
 from harness.model.case import Case, forget_inputs, make_inputs, make_tangents
 
+# What a kernel may raise: any error, and a sys.exit() of its library (it ended the whole run,
+# or its worker without a word, with status 0).
+KERNEL_RAISED = (Exception, SystemExit)
 # Cases whose inputs are drawn ahead of the one running (make_inputs keeps 8).
 INPUTS_AHEAD = 4
 INPUTS = "inputs (drawing ahead)"   # its row of the timing table: how long the run waited
@@ -105,7 +108,7 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
     programs = programs or _default_programs()
     try:
         inputs, ref, results, errs = _measure(kernel, case, programs)
-    except Exception as exc:  # a kernel that raises is an error, never a skip
+    except KERNEL_RAISED as exc:  # a kernel that raises is an error, never a skip
         message = judging.error_message(exc)
         # Raised while tracing, naming a feature the case handed over: refused before any
         # computing, which a path may always do (judging.refused_feature).
@@ -169,7 +172,7 @@ def _jvp_records(kernel, case, programs, inputs) -> tuple[list[Record], tuple | 
         args = inputs.device_args[:-1] + make_tangents(case)
         tangent = program(*args, poison_unwritten=programs.poisons_unwritten)
         program.require_markers()
-    except Exception as exc:  # declared and raising: an error, never a skip
+    except KERNEL_RAISED as exc:  # declared and raising: an error, never a skip
         return [judging.error_record(kernel, case, f"jvp: {judging.error_message(exc)}",
                                      _traceback(), check=JVP.name)], None
     errs = token_errors(tangent, ref.truth)
@@ -289,7 +292,7 @@ def _leak_records(kernel, case, programs: Programs, inputs, results, disagreemen
                                          results, reruns=leak_probe.RERUNS_UNCERTAIN,
                                          confirm=True, reproducible=False,
                                          convention=kernel.chunk_convention)
-    except Exception as exc:  # the kernel ran once already: a failure here is the kernel's
+    except KERNEL_RAISED as exc:  # the kernel ran once already: a failure here is its
         return [judging.error_record(kernel, case, f"leak probe: {judging.error_message(exc)}",
                                      _traceback(), check=LEAK.name)]
     return judging.leak_records(kernel, case, found, mode, note)

@@ -21,6 +21,7 @@ its process runs its pair in a worker (run_pair_in_worker).
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -395,8 +396,11 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
         if stop is not None and stop.is_set() or returncode in INTERRUPTED:
             # Stopped with the run (Ctrl-C reaches the workers too): no pair's crash.
             raise Stopped(result)
-        if returncode == 0:  # should not happen: say so, never drop
-            result.crashes += [(k, c, "the worker ended without running it") for k, c in left]
+        if returncode == 0:  # a kernel's sys.exit(0), say: say so, never drop
+            for k, c in left:
+                result.crashes.append((k, c, "the worker ended (status 0) without running it"))
+                if on_crash:
+                    on_crash(*result.crashes[-1])
             break
         if returncode == 2:  # a user's mistake (harness.errors.UsageError): the same for all
             from harness.errors import UsageError
@@ -443,7 +447,7 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
 
 def worker_reports(workdir: Path, name: str) -> list[Path]:
     """The report folders of a group's workers (run_group's `NAME-ATTEMPT`), in attempt order."""
-    found = [(int(m.group(1)), d / "report") for d in workdir.glob(f"{name}-*")
+    found = [(int(m.group(1)), d / "report") for d in workdir.glob(f"{glob.escape(name)}-*")
              if (m := re.fullmatch(re.escape(name) + r"-(\d+)", d.name))]
     return [path for _, path in sorted(found)]
 

@@ -8,6 +8,7 @@ raises on a combination it declares is an error, never a skip.
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -144,6 +145,10 @@ class Kernel:
             raise ValueError("forward_mode with hlo_markers and no forward_markers: name the "
                              "custom calls its forward-mode program must hold, or a fallback "
                              "would pass as the fused path")
+        if self.isolation is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", self.isolation):
+            # It names its workers' folders (harness.engine.workers): a "/" would nest them.
+            raise ValueError(f"isolation {self.isolation!r}: letters, digits, '_', '.' and '-' "
+                             "only (it names the group's worker folders)")
         if self.isolation == "main":
             raise ValueError("isolation 'main' is the group of the kernels without one: "
                              "name the group otherwise")
@@ -191,7 +196,8 @@ class Kernel:
                 reasons.append(f"dense scores need {need / 2**30:.0f} GiB, more than the "
                                f"{platform.memory_bytes / 2**30:.0f} GiB this device allows")
         if self.constraints is not None:
-            reasons += self.constraints(case, platform)
+            reasons += self._reasons(self.constraints, "constraints(case, platform)", case,
+                                     platform)
         reasons += [f"optional dependency {module!r} is not installed"
                     for module in self.missing_requirements()]
         return reasons
@@ -202,7 +208,23 @@ class Kernel:
 
     def forward_reasons(self, case: Case) -> list[str]:
         """Why the jvp check cannot run on `case` (forward_limits), or []."""
-        return list(self.forward_limits(case)) if self.forward_limits else []
+        return self._reasons(self.forward_limits, "forward_limits(case)", case) \
+            if self.forward_limits else []
+
+    def _reasons(self, fn, call: str, case: Case, *more) -> list[str]:
+        """What a kernel's own function of the case says against it (constraints,
+        forward_limits): a list of reasons. One that raises or returns anything else is its
+        author's mistake: one line naming the kernel, the function and the case."""
+        from harness.errors import UsageError
+        try:
+            value = fn(case, *more)
+        except Exception as exc:
+            raise UsageError(f"kernel {self.name}: {call} raised on {case.id}: "
+                             f"{type(exc).__name__}: {exc}") from None
+        if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
+            raise UsageError(f"kernel {self.name}: {call} returned {value!r} on {case.id}: it "
+                             "must return a list of reasons (strings), [] where the case runs")
+        return list(value)
 
     def expected(self, case: Case, check: str, segment: Segment) -> tuple[str, str]:
         """(expected, reason): what this kernel must show on that check of that segment."""
