@@ -103,6 +103,26 @@ def test_isolation_names_and_constraints_are_checked_in_one_line(tmp_path):
         _one_line(out, needle)
 
 
+def test_a_report_dir_whose_workers_folder_is_not_the_harness_is_refused_not_deleted(tmp_path):
+    """A run with workers clears its report folder's workers/ (an earlier run's); a workers/
+    that holds anything else (a project's own folder given as --report-dir) is refused in
+    one line and kept (it was deleted without a word)."""
+    module = tmp_path / "apart.py"
+    module.write_text("import harness\nfrom harness.kernels.reference import dot_product\n"
+                      "harness.register_kernel('apart', dot_product, isolation='g1')\n")
+    mine = tmp_path / "r" / "workers" / "mine"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("precious")
+    args = ("-m", "harness", "run", "--kernel-module", str(module), "--kernels",
+            "dot_product,apart", "--cases", ONE_CASE, "--no-leak-probe", "--report-dir")
+    _one_line(_run(*args, str(tmp_path / "r")), "is not a harness run's worker folders")
+    assert (mine / "notes.txt").read_text() == "precious"
+    for _ in range(2):   # an earlier run's own workers are cleared
+        out = _run(*args, str(tmp_path / "ok"))
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "ok" / "workers").iterdir()) == ["g1-1", "main-1"]
+
+
 def test_a_run_where_every_case_skipped_is_not_green(tmp_path):
     out = _run("-m", "harness", "run", "--kernels", "sut:cudnn_flash_jax", "--cases", ONE_CASE,
                "--report-dir", str(tmp_path / "r"))

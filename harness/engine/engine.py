@@ -187,17 +187,16 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
     """Kernels of several isolation groups: each group's pairs in worker processes (several
     groups at a time, harness.engine.workers.start_groups); their reports joined into the
     folder's. This process never touches a device."""
-    import shutil
     import threading
 
     from harness.engine.environment import describe_host
     from harness.store.merge import merge_reports
+    workdir = report_dir / "workers"
+    _clear_workers(workdir)   # an earlier run's workers are not this run's
     start, started_at = time.monotonic(), time.time()
     rec.write_header(report_dir / rec.RECORDS_FILE, describe_host(), state="running",
                      **run_info(options, selection))
     (report_dir / rec.TRACES_FILE).write_text("")
-    workdir = report_dir / "workers"
-    shutil.rmtree(workdir, ignore_errors=True)   # an earlier run's workers are not this run's
     groups = workers.groups(selection.kernels)
     stopping = threading.Event()
     crashes, interrupted = [], False
@@ -322,6 +321,22 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
         rec.update_header(Path(out) / rec.RECORDS_FILE, rejudge_kept=kept)
     header, records = write_views(Path(out))
     return tallies.run_status(records, header), overlaps, header, records
+
+
+def _clear_workers(workdir: Path) -> None:
+    """Removes an earlier run's worker folders (`<group>-<attempt>/` with its spec.json, and
+    `crashes/`); a folder of that name holding anything else is not the harness's: a
+    UsageError, not deleted (a --report-dir given as a project's own folder)."""
+    import shutil
+    if not workdir.exists():
+        return
+    if not workdir.is_dir() or not all(
+            d.is_dir() and ((d / "spec.json").exists() or d.name == "crashes")
+            for d in workdir.iterdir()):
+        raise UsageError(f"--report-dir {workdir.parent}: its {workdir.name}/ is not a harness "
+                         "run's worker folders (the run would delete it); give another "
+                         "--report-dir")
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 # A selected pair with no record in a finished run's report.
