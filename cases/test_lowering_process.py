@@ -601,3 +601,22 @@ def test_a_lowering_that_does_not_compile_here_is_built_here(monkeypatch):
         programs.close()
     assert _why_since(before) == {LOWERED_FAILED: 2}
     assert _counts()["lowered"] == before["lowered"]
+
+
+def test_an_answer_whose_handling_raises_fails_its_program_never_leaves_it_pending():
+    """Where handling a "failed" answer raises (a build here that cannot be scheduled, say),
+    the program fails with that error: before, the receive thread died with it and the run
+    waited on the program for ever. The thread goes on answering the others."""
+    def failed(item, why):
+        raise RuntimeError(f"could not build {item[0].name} here ({why})")
+    process = LoweringProcess({}, None, failed, None,
+                              broken=lambda item, exc: item[0].fail(exc))
+    first, second = Program("a", (), Timing()), Program("b", (), Timing())
+    process._answer((first, None), "failed", NOT_IN_CACHE)
+    process._answer((second, None), "lowered", b"")   # no `lowered`: failed, NOT_IN_CACHE
+    for program in (first, second):
+        with pytest.raises(RuntimeError, match=f"could not build {program.name} here"):
+            program.compiled.result(timeout=1)
+    first.fail(RuntimeError("again"))   # settled already: left as it was
+    with pytest.raises(RuntimeError, match="could not build a here"):
+        first.compiled.result(timeout=1)

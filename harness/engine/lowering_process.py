@@ -98,12 +98,13 @@ class LoweringProcess:
     lowered it: load_lowered; the run compiles it) or, where the process could not build it,
     `failed(program, why)` (build it here; `why` is one of the reasons above). Every request
     gets one of them, also when the process ends early; without `lowered`, a lowered program
-    comes back as failed (NOT_IN_CACHE)."""
+    comes back as failed (NOT_IN_CACHE). Where `failed` itself raises, `broken(program, exc)`
+    is told (the program fails with it: never left pending, the run waiting on it for ever)."""
 
-    def __init__(self, options: dict, built, failed, raised, lowered=None):
+    def __init__(self, options: dict, built, failed, raised, lowered=None, broken=None):
         self._options = options
         self._built, self._failed, self._raised = built, failed, raised
-        self._lowered = lowered
+        self._lowered, self._broken = lowered, broken
         self._lock = threading.Lock()
         self._pending: dict[int, object] = {}
         self._tokens = itertools.count()
@@ -191,7 +192,12 @@ class LoweringProcess:
                  "lowered": self._lowered}[kind](program, payload)
                 return
             payload = LOAD_FAILED
-        self._failed(program, str(payload))
+        try:
+            self._failed(program, str(payload))
+        except BaseException as exc:   # noqa: BLE001 - the receive thread goes on answering
+            if self._broken is not None:
+                with contextlib.suppress(BaseException):
+                    self._broken(program, exc)
 
     def stop(self) -> None:
         """Tells the process to end once it has read what was sent; answers nothing more."""
@@ -220,8 +226,9 @@ class LoweringProcesses:
     among those opened: the second opens once OPEN_AFTER requests were made (a worker with
     fewer, a FlashAttention group's, keeps one). Every request is answered, as with one."""
 
-    def __init__(self, options: dict, built, failed, raised, count: int, lowered=None):
-        self.processes = [LoweringProcess(options, built, failed, raised, lowered)
+    def __init__(self, options: dict, built, failed, raised, count: int, lowered=None,
+                 broken=None):
+        self.processes = [LoweringProcess(options, built, failed, raised, lowered, broken)
                           for _ in range(max(1, count))]
         self._given: dict = {}
         self._asked = [0] * len(self.processes)

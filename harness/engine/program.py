@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
 import jax
@@ -64,6 +64,11 @@ class Program:
     # failed in the lowering process, left for the run to trace once it asks: its build here.
     asked: bool = field(default=False, repr=False)
     build_here: object = field(default=None, repr=False)
+
+    def fail(self, exc: BaseException) -> None:
+        """Fails with `exc`, unless compiled or failed already: never left pending."""
+        with contextlib.suppress(InvalidStateError):
+            self.compiled.set_exception(exc)
 
     def missing_markers(self) -> list[str]:
         """Fused-kernel custom calls absent from the program handed to XLA. XLA never drops a

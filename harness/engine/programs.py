@@ -130,7 +130,8 @@ class Programs:
         # as the run's cores allow, processes_for).
         self._apart = None if lowering_process is None else LoweringProcesses(
             lowering_process, self._built_apart, self._failed_apart, self._raised_apart,
-            lowering_processes or processes_for(usable_cores()), lowered=self._lowered_apart)
+            lowering_processes or processes_for(usable_cores()), lowered=self._lowered_apart,
+            broken=lambda item, exc: item[0].fail(exc))   # _failed_apart raised
 
     # ----- kernels ----------------------------------------------------------------------------
 
