@@ -123,7 +123,7 @@ class Lanes:
         for done in sorted(self.workdir.glob(f"lane-*/{DONE}")):
             status = json.loads(done.read_text())
             if "error" in status:
-                out.append(f"{done.parent.name}: {status['error'].splitlines()[0][:300]}")
+                out.append(f"{done.parent.name}: {(status['error'].splitlines() or [''])[0][:300]}")
         return out
 
     def run_again(self) -> list[dict]:

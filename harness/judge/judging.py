@@ -246,7 +246,7 @@ def refused_record(kernel, case, feature: str, message: str) -> Record:
     """A feature refused before computing: the path's honest answer, never a pass of the
     checks it did not run."""
     return status_record(kernel, case, v.REFUSED,
-                         f"refused {feature} while tracing: {message.splitlines()[0][:500]}")
+                         f"refused {feature} while tracing: {(message.splitlines() or [''])[0][:500]}")
 
 
 def dsinks_record(kernel, case, err: float, nonfinite: bool, reference, mode: str) -> Record:
