@@ -132,3 +132,8 @@ def test_rejudge_keeps_a_check_left_to_a_probe_that_was_off_not_run_and_rejudges
                                  features=kernel.features)}
     again = [r for r in rejudge(records, now, probed=False) if r.check == "dsinks"]
     assert [(r.expected, r.outcome) for r in again] == [("fail", "missed")]
+    # A non-finite one keeps the message that says so.
+    nan = dsinks[0].replace(verdict="fail", outcome="fail", max_abs_err=None, ratio=None,
+                            message="dsinks non-finite")
+    assert [(r.expected, r.outcome, r.message) for r in rejudge([nan], now, probed=False)] == [
+        ("fail", "caught", "dsinks non-finite")]

@@ -51,6 +51,9 @@ def test_an_empty_expected_error_is_refused_not_a_licence_for_every_crash():
         raise RuntimeError("CUDA illegal memory access: a real bug")
     with pytest.raises(ValueError, match="every message holds an empty one"):
         Kernel("k", crashes, expect_error="")
+    for name in ("main", "main.1", "main.deferred"):   # the main group's, and its parts' folders
+        with pytest.raises(ValueError, match="name the group otherwise"):
+            Kernel("k", crashes, isolation=name)
     kernel = Kernel("k", crashes, expect_error=lambda case: "")
     with pytest.raises(UsageError, match="kernel k: expect_error.case. returned '' on"):
         run_kernel_case(kernel, CASE, Platform("cpu"))

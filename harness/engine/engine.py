@@ -324,14 +324,16 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
 
 
 def _clear_workers(workdir: Path) -> None:
-    """Removes an earlier run's worker folders (`<group>-<attempt>/` with its spec.json, and
-    `crashes/`); a folder of that name holding anything else is not the harness's: a
+    """Removes an earlier run's worker folders (`<group>-<attempt>/`, `crashes/`; hidden
+    files beside them); a folder of that name holding anything else is not the harness's: a
     UsageError, not deleted (a --report-dir given as a project's own folder)."""
+    import re
     import shutil
     if not workdir.exists():
         return
     if not workdir.is_dir() or not all(
-            d.is_dir() and ((d / "spec.json").exists() or d.name == "crashes")
+            d.name.startswith(".") or d.is_dir() and (
+                d.name == "crashes" or re.fullmatch(r"[A-Za-z0-9_.-]+-\d+", d.name))
             for d in workdir.iterdir()):
         raise UsageError(f"--report-dir {workdir.parent}: its {workdir.name}/ is not a harness "
                          "run's worker folders (the run would delete it); give another "

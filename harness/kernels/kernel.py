@@ -149,9 +149,9 @@ class Kernel:
             # It names its workers' folders (harness.engine.workers): a "/" would nest them.
             raise ValueError(f"isolation {self.isolation!r}: letters, digits, '_', '.' and '-' "
                              "only (it names the group's worker folders)")
-        if self.isolation == "main":
-            raise ValueError("isolation 'main' is the group of the kernels without one: "
-                             "name the group otherwise")
+        if self.isolation == "main" or (self.isolation or "").startswith("main."):
+            raise ValueError(f"isolation {self.isolation!r}: 'main' is the group of the kernels "
+                             "without one, and 'main.*' its parts: name the group otherwise")
         if self.padding_output not in v.PADDING_OUTPUTS:
             raise ValueError(f"padding_output must be one of {', '.join(v.PADDING_OUTPUTS)}, "
                              f"not {self.padding_output!r}")
