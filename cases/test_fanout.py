@@ -100,7 +100,7 @@ def test_rejudge_keeps_a_check_left_to_a_probe_that_was_off_not_run_and_rejudges
     not run again (it read missed, and the merge exited 1); the sinks' gradient (one record
     per pair, no segment) is rejudged too (it was copied as recorded)."""
     from harness.engine import registry
-    from harness.judge.judging import rejudge
+    from harness.judge.rejudge import rejudge
     from harness.kernels.kernel import Kernel
     from harness.store import report_file as rec
     src = tmp_path / "src"

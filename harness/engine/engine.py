@@ -295,7 +295,7 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
     transform, kept = None, {}   # kernel -> why its records were kept as recorded
     if rejudge:
         from harness.engine.registry import all_kernels
-        from harness.judge.judging import rejudge as rejudged
+        from harness.judge.rejudge import rejudge as rejudged
         kernels = all_kernels()
 
         def transform(records, head):

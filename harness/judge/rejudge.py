@@ -1,0 +1,60 @@
+"""Reports measured before an expectation was corrected, judged again (`harness merge
+--rejudge`): each record's expectation and outcome recomputed from the kernels as registered
+now, by harness.judge.judging's rules; what was measured stays as it was."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from harness.judge import vocabulary as v
+from harness.judge.judging import cover_unjudged, error_outcome, outcome
+from harness.judge.record import Record
+from harness.judge.vocabulary import KERNEL_LEVEL
+
+
+def rejudge(records: Iterable[Record], kernels: Mapping, probed: bool = True) -> list[Record]:
+    """Each record's expectation and outcome recomputed from the kernels as registered now.
+    Errors, ratios and verdicts stay as measured: for reports measured before an expectation
+    was corrected. `probed`: the report's run had the leak probe on (its header's leak_probe);
+    a pair whose records say the probe did not run for it (not run) keeps that, so a check left
+    to the probe reads not run again, never missed."""
+    from harness.model.case import Case
+    from harness.model.layouts import Segment
+
+    groups: dict[tuple, list[Record]] = {}
+    for r in records:
+        groups.setdefault(r.pair, []).append(r)
+    out = []
+    for (name, case_id), rows in groups.items():
+        kernel = kernels.get(name)
+        if kernel is None:
+            out += rows
+            continue
+        case = Case.from_id(case_id)
+        fresh = []
+        pair_probed = probed and not any(r.outcome == v.NOT_RUN for r in rows)
+        for r in rows:
+            if r.verdict in (v.PASS, v.FAIL, v.UNPROBED) and r.segment:
+                seg = Segment(r.row, r.segment, r.start, r.length)
+                expected, reason = kernel.expected(case, r.check, seg)
+                changes = dict(expected=expected, outcome=outcome(r.verdict, expected),
+                               judged_by=None)
+                if v.has_ratio(r.check) and not r.nonfinite:  # the message is its reason
+                    changes["message"] = reason
+                r = r.replace(**changes)
+            elif r.verdict in (v.PASS, v.FAIL) and r.check == v.DSINKS.name:
+                expected, reason = kernel.expected_kernel_check(case, r.check)
+                # Non-finite (no error measured): its message says so, whatever is expected.
+                r = r.replace(expected=expected, outcome=outcome(r.verdict, expected),
+                              **({} if r.max_abs_err is None else {"message": reason}))
+            elif r.verdict in (v.PASS, v.FAIL) and r.check == v.PADDING.name:
+                expected, _ = kernel.expected_padding(case, r.row)
+                r = r.replace(expected=expected, outcome=outcome(r.verdict, expected))
+            elif r.verdict == v.PASS and r.check == KERNEL_LEVEL and r.expected == v.ERROR \
+                    and kernel.error_expected(case) is None:
+                r = r.replace(expected=v.PASS, outcome=v.OK)  # no longer a declared crash
+            elif r.verdict == v.ERROR:
+                expected, result = error_outcome(r.message, kernel.error_expected(case))
+                r = r.replace(expected=expected, outcome=result)
+            fresh.append(r)
+        out += cover_unjudged(fresh, probed=pair_probed)
+    return out
