@@ -34,6 +34,7 @@ from pathlib import Path
 
 from harness.engine import workers as isolation
 from harness.engine.main_parts import parts_wanted, split
+from harness.judge.record import first_line
 
 PLAN = "plan.json"
 CRASHES = "crashes.jsonl"
@@ -123,7 +124,7 @@ class Lanes:
         for done in sorted(self.workdir.glob(f"lane-*/{DONE}")):
             status = json.loads(done.read_text())
             if "error" in status:
-                out.append(f"{done.parent.name}: {(status['error'].splitlines() or [''])[0][:300]}")
+                out.append(f"{done.parent.name}: {first_line(status['error'], 300)}")
         return out
 
     def run_again(self) -> list[dict]:

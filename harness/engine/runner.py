@@ -41,7 +41,7 @@ from harness.judge.oracle import (
     launch_reference,
     reference_for,
 )
-from harness.judge.record import Record, Trace
+from harness.judge.record import Record, Trace, first_line
 from harness.judge.tallies import ratio_text
 from harness.judge import vocabulary as v
 from harness.judge.vocabulary import JVP, LEAK, PASS, TENSORS
@@ -276,7 +276,7 @@ def _leak_records(kernel, case, programs: Programs, inputs, results, disagreemen
                                              kernel.chunk_convention)
             except Exception as exc:  # e.g. a deterministic workspace that does not fit
                 note = (f"deterministic build {_failed(exc)} ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0][:300] if str(exc) else ''}); probed the "
+                        f"{first_line(str(exc), 300)}); probed the "
                         f"default build, not reproducible by construction: its gradients "
                         f"above their run-to-run noise ({leak_probe.RERUNS_UNCERTAIN} reruns), "
                         "each leak confirmed by a second run")

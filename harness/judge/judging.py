@@ -32,7 +32,7 @@ import numpy as np
 
 from harness.judge import vocabulary as v
 from harness.judge.metrics import segment_error
-from harness.judge.record import Record
+from harness.judge.record import Record, first_line
 from harness.judge.vocabulary import KERNEL_LEVEL, LEAK, Check
 
 # In float32 the peer computes in the truth's own precision, so its error shows almost none of
@@ -244,7 +244,7 @@ def refused_record(kernel, case, feature: str, message: str) -> Record:
     """A feature refused before computing: the path's honest answer, never a pass of the
     checks it did not run."""
     return status_record(kernel, case, v.REFUSED,
-                         f"refused {feature} while tracing: {(message.splitlines() or [''])[0][:500]}")
+                         f"refused {feature} while tracing: {first_line(message, 500)}")
 
 
 def dsinks_record(kernel, case, err: float, nonfinite: bool, reference, mode: str) -> Record:

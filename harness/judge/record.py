@@ -11,6 +11,12 @@ from dataclasses import dataclass, field, fields
 from harness.judge import vocabulary as v
 
 
+def first_line(message: str | None, width: int) -> str:
+    """A message's first line, cut to `width` characters ("" for none: a baseline's records
+    keep no messages)."""
+    return ((message or "").splitlines() or [""])[0][:width]
+
+
 @dataclass
 class Record:
     kernel: str

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from harness.judge import judging
 from harness.judge import vocabulary as v
-from harness.judge.record import Record
+from harness.judge.record import Record, first_line
 
 
 def worst_ratio(records: Iterable[Record]) -> tuple[bool, float | None]:
@@ -79,12 +79,6 @@ def unjudged(records: Iterable[Record]) -> Counter:
     """(kernel, check, reason, judged_by) -> count of checks an expectation left unjudged."""
     return Counter((r.kernel, r.check, r.message, r.judged_by or "")
                    for r in records if r.outcome == v.UNJUDGED and r.check != v.LEAK.name)
-
-
-def first_line(message: str | None, width: int) -> str:
-    """A message's first line, cut to `width` characters ("" for none: a baseline's records
-    keep no messages)."""
-    return ((message or "").splitlines() or [""])[0][:width]
 
 
 def known_passed(records: Iterable[Record]) -> Counter:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from harness.judge import tallies
 from harness.judge import vocabulary as v
-from harness.judge.record import Record
+from harness.judge.record import Record, first_line as record_first_line
 
 _ERROR_SCRIPT = '''#!/usr/bin/env python3
 # Error reproducer written by `python -m harness census`: @KERNEL@ raised on @CASE@
@@ -78,7 +77,7 @@ if __name__ == "__main__":
 
 
 def first_line(text: str, width: int = 300) -> str:
-    return tallies.first_line(text.strip(), width)
+    return record_first_line(text.strip(), width)
 
 
 def error_script(kernel, case_id: str, record: Record, modules: list[str], context) -> str:

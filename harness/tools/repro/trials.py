@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from harness.errors import UsageError
 from harness.judge import judging
 from harness.judge import vocabulary as v
-from harness.judge.record import Record
+from harness.judge.record import Record, first_line
 from harness.judge.vocabulary import JVP, LEAK, TENSORS
 from harness.kernels.kernel import Kernel, Platform
 from harness.model.case import Case
@@ -107,6 +107,6 @@ def refuse_errors(kernel: Kernel, trial: Trial) -> None:
     """A UsageError if the kernel raised on the case: repro shrinks wrong results only."""
     for r in trial.records:
         if r.verdict == v.ERROR:
-            first = r.message.splitlines()[0][:300] if r.message else ""
-            raise UsageError(f"{kernel.name} raises on {trial.case.id} ({first}); repro shrinks "
+            raise UsageError(f"{kernel.name} raises on {trial.case.id} "
+                             f"({first_line(r.message, 300)}); repro shrinks "
                              "wrong results, not errors")
