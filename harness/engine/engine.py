@@ -192,7 +192,7 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
     from harness.engine.environment import describe_host
     from harness.store.merge import merge_reports
     workdir = report_dir / "workers"
-    _clear_workers(workdir)   # an earlier run's workers are not this run's
+    workers.clear_workdir(workdir)   # an earlier run's workers are not this run's
     start, started_at = time.monotonic(), time.time()
     rec.write_header(report_dir / rec.RECORDS_FILE, describe_host(), state="running",
                      **run_info(options, selection))
@@ -321,24 +321,6 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
         rec.update_header(Path(out) / rec.RECORDS_FILE, rejudge_kept=kept)
     header, records = write_views(Path(out))
     return tallies.run_status(records, header), overlaps, header, records
-
-
-def _clear_workers(workdir: Path) -> None:
-    """Removes an earlier run's worker folders (`<group>-<attempt>/`, `crashes/`; hidden
-    files beside them); a folder of that name holding anything else is not the harness's: a
-    UsageError, not deleted (a --report-dir given as a project's own folder)."""
-    import re
-    import shutil
-    if not workdir.exists():
-        return
-    if not workdir.is_dir() or not all(
-            d.name.startswith(".") or d.is_dir() and (
-                d.name == "crashes" or re.fullmatch(r"[A-Za-z0-9_.-]+-\d+", d.name))
-            for d in workdir.iterdir()):
-        raise UsageError(f"--report-dir {workdir.parent}: its {workdir.name}/ is not a harness "
-                         "run's worker folders (the run would delete it); give another "
-                         "--report-dir")
-    shutil.rmtree(workdir, ignore_errors=True)
 
 
 # A selected pair with no record in a finished run's report.

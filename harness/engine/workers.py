@@ -445,6 +445,26 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
     return result
 
 
+def clear_workdir(workdir: Path) -> None:
+    """Removes an earlier run's worker folders (run_group's `NAME-ATTEMPT/`, `crashes/`;
+    hidden files beside them); a folder of that name holding anything else is not the
+    harness's: a UsageError, not deleted (a --report-dir given as a project's own folder)."""
+    import shutil
+
+    from harness.errors import UsageError
+    from harness.kernels.kernel import ISOLATION_NAME
+    if not workdir.exists():
+        return
+    if not workdir.is_dir() or not all(
+            d.name.startswith(".") or d.is_dir() and (
+                d.name == "crashes" or re.fullmatch(rf"{ISOLATION_NAME}-\d+", d.name))
+            for d in workdir.iterdir()):
+        raise UsageError(f"--report-dir {workdir.parent}: its {workdir.name}/ is not a harness "
+                         "run's worker folders (the run would delete it); give another "
+                         "--report-dir")
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
 def worker_reports(workdir: Path, name: str) -> list[Path]:
     """The report folders of a group's workers (run_group's `NAME-ATTEMPT`), in attempt order."""
     found = [(int(m.group(1)), d / "report") for d in workdir.glob(f"{glob.escape(name)}-*")

@@ -29,6 +29,10 @@ Expectation = Callable[[Case, str, Segment], object]
 PaddingExpectation = Callable[[Case, int], object]
 
 
+# What an isolation group's name may hold: it names its workers' folders, `<name>-<attempt>`
+# (harness.engine.workers).
+ISOLATION_NAME = r"[A-Za-z0-9_.-]+"
+
 @dataclass(frozen=True)
 class Platform:
     name: str                      # "cpu" or "gpu"
@@ -145,7 +149,7 @@ class Kernel:
             raise ValueError("forward_mode with hlo_markers and no forward_markers: name the "
                              "custom calls its forward-mode program must hold, or a fallback "
                              "would pass as the fused path")
-        if self.isolation is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", self.isolation):
+        if self.isolation is not None and not re.fullmatch(ISOLATION_NAME, self.isolation):
             # It names its workers' folders (harness.engine.workers): a "/" would nest them.
             raise ValueError(f"isolation {self.isolation!r}: letters, digits, '_', '.' and '-' "
                              "only (it names the group's worker folders)")
