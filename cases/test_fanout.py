@@ -19,6 +19,15 @@ def _harness(*args):
                           capture_output=True, text=True, timeout=900, env=dict(os.environ))
 
 
+def _probe_off(folder, kernels, cases):
+    """A run of these kernels and cases without the leak probe, into `folder`: its records."""
+    from harness.store import report_file as rec
+    out = _harness("run", "--kernels", kernels, "--cases", cases, "--no-leak-probe",
+                   "--report-dir", str(folder))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return rec.read(folder)[1]
+
+
 def _records(path):
     from harness.store import report_file as rec
     header, records = rec.read(path)
@@ -61,9 +70,7 @@ def test_rejudge_recomputes_expectations_but_keeps_a_kernel_it_cannot_load_here(
     from harness.kernels.reference import dot_product
     from harness.store import report_file as rec
     src = tmp_path / "src"
-    out = _harness("run", "--kernels", "dot_product", "--cases", "packed/random-b4-t256-h4kv2*",
-                   "--no-leak-probe", "--report-dir", str(src))
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    _probe_off(src, "dot_product", "packed/random-b4-t256-h4kv2*")
     # The same records again under the names of a kernel that needs a library and of one not
     # registered at all.
     lines = (src / rec.RECORDS_FILE).read_text().splitlines()
@@ -104,11 +111,7 @@ def test_rejudge_keeps_a_check_left_to_a_probe_that_was_off_not_run_and_rejudges
     from harness.kernels.kernel import Kernel
     from harness.store import report_file as rec
     src = tmp_path / "src"
-    out = _harness("run", "--kernels", "canary_ignores_segments", "--cases",
-                   "packed/random-b4-t256-h4kv2-d64-bf16-s0", "--no-leak-probe",
-                   "--report-dir", str(src))
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    _, before = rec.read(src)
+    before = _probe_off(src, "canary_ignores_segments", "packed/random-b4-t256-h4kv2-d64-bf16-s0")
     assert any(r.outcome == "not run" for r in before)
     merged = _harness("merge", "--rejudge", str(tmp_path / "merged"), str(src))
     assert merged.returncode == 0, merged.stdout[-2000:] + merged.stderr[-2000:]
@@ -116,12 +119,8 @@ def test_rejudge_keeps_a_check_left_to_a_probe_that_was_off_not_run_and_rejudges
     assert sorted((r.key, r.outcome) for r in after) == sorted((r.key, r.outcome)
                                                                for r in before)
     # The sinks' gradient, rejudged against an expectation corrected after the run.
-    sinks = tmp_path / "sinks"
-    out = _harness("run", "--kernels", "dot_product", "--cases",
-                   "packed/random-b4-t256-h4kv4-d32-f32-s6-sink", "--no-leak-probe",
-                   "--report-dir", str(sinks))
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    _, records = rec.read(sinks)
+    records = _probe_off(tmp_path / "sinks", "dot_product",
+                         "packed/random-b4-t256-h4kv4-d32-f32-s6-sink")
     dsinks = [r for r in records if r.check == "dsinks"]
     assert [(r.verdict, r.outcome) for r in dsinks] == [("pass", "ok")]
     kernel = registry.all_kernels()["dot_product"]
