@@ -50,12 +50,14 @@ def test_a_queued_signature_is_compiled_by_its_caller_and_never_twice():
         return x + 1
 
     g = Ahead(f)
-    queue = []
+    queue, timing = [], Timing()
     x = jnp.zeros(4)
-    g.compile_ahead(queue.append, Timing(), *_shapes(x))   # queued, not started
+    g.compile_ahead(queue.append, timing, *_shapes(x))   # queued, not started
     np.testing.assert_array_equal(g(x), np.ones(4))
     queue[0]()   # the compile thread comes later: nothing left to do
     assert len(compiled) == 1 and not g.unforeseen
+    # The run stood still while it compiled: that is its wait for the program.
+    assert timing.wait_s > 0 and timing.wait_s >= timing.compile_s * 0.5, timing
 
 
 def test_a_signature_that_fails_to_compile_raises_at_the_call_as_jit_does():
@@ -107,3 +109,26 @@ def test_a_matrix_run_compiles_none_of_the_harness_programs_on_its_thread():
     assert not any(new.values()), f"compiled on the run's thread: {new}"
     row = programs.report()[OWN]
     assert row["programs"] >= len(own), row
+
+
+def test_the_harness_programs_compile_while_every_kernel_compile_thread_is_busy():
+    """They compile in threads of their own: queued behind the kernels' compiles, the run's
+    thread reached them first and compiled them itself (the H200's cold nightly at 4d948f1:
+    75 s of its 324)."""
+    import threading
+    kernel = Kernel("dp_own_pool", dot_product)
+    case = Case("packed/random", 2, 48, 3, 1, 8, "bfloat16", 6)   # a shape of its own
+    programs, hold = Programs(workers=1), threading.Event()
+    busy = programs._pool.submit(hold.wait, 60)   # the kernels' only compile thread
+    try:
+        programs.prefetch([(kernel, case)])
+        programs._tracer.submit(lambda: None).result()   # traced; own programs announced
+        own = [e for f in (metrics.stacked_token_errors, metrics.scales)
+               for e in f._entries.values() if e.timing is programs.timing[OWN]]
+        assert own
+        for entry in own:
+            entry.compiled.result(timeout=60)   # compiled, the kernels' thread still held
+        assert not busy.done()
+    finally:
+        hold.set()
+        programs.close()

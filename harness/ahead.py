@@ -4,12 +4,12 @@ and comparisons, the jvp check's tangents), compiled ahead of their first call.
 Each is a jitted function, `ahead(fn)`: called with a signature (argument shapes and dtypes,
 static arguments) that was compiled ahead, it runs that compiled program; with one that was
 not, it is plain jax.jit and compiles on the caller's thread. harness.engine.programs compiles
-the signatures a case will need in its compile pool, beside the kernels' programs, from the
-lowered programs whose outputs they take. On the H200, compiled on the run's thread, they took
-69 s of the cold nightly worker's 350 (reports/nightly-h200-c9725fe/).
+the signatures a case will need in compile threads of their own, beside the kernels' programs,
+from the lowered programs whose outputs they take. On the H200, compiled on the run's thread,
+they took 69 s of the cold nightly worker's 350 (reports/nightly-h200-c9725fe/).
 
-A signature still queued when it is called is compiled by the caller (a queue of kernel
-compiles ahead of it must not hold the run up); one compiling is waited for.
+A signature still queued when it is called is compiled by the caller; one compiling is waited
+for. Either counts as the run's wait for it (its timing's wait_s).
 """
 from __future__ import annotations
 
@@ -75,9 +75,10 @@ class Ahead:
         if entry is None:
             self.unforeseen.add(key)
             return self._jit(*args, **static)
-        if not self._compile(entry) and not entry.compiled.done():
-            start = time.perf_counter()
-            entry.compiled.exception()
+        if not entry.compiled.done():   # compiled here (still queued) or waited for: the
+            start = time.perf_counter()  # run stands still for it either way
+            if not self._compile(entry):
+                entry.compiled.exception()
             entry.timing.wait_s += time.perf_counter() - start
         if entry.compiled.exception() is not None:
             return self._jit(*args, **static)   # raises where it raises, as jax.jit would

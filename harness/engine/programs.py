@@ -33,6 +33,7 @@ import jax
 
 from harness.compiling import compile_lowered
 from harness.engine import lowering_process, own_programs, unwritten
+from harness.engine.compile_pool import CompilePool
 from harness.engine.compilation_cache import (
     count_handed_over,
     count_left_unbuilt,
@@ -65,33 +66,14 @@ ORACLE = "oracle"
 # The harness's own small programs (harness.ahead), compiled ahead: their row of the timing
 # table (programs and compile seconds; waited: the run's waits for one still compiling).
 OWN = "harness's own programs"
+# Their compile threads: they compile once the programs whose outputs they take are built, and
+# queued behind the kernels' compiles they were still waiting when the run called them, so the
+# run's thread compiled them itself (75 s of the H200's cold nightly at 4d948f1, 324 s).
+OWN_THREADS = 4
 SWITCH_INTERVAL_S = 0.0001
 # How long `close` waits for the compiles under way (each writes jax's cache when done).
 CLOSE_WAIT_S = 120.0
 
-
-class _Pool(ThreadPoolExecutor):
-    """The compile threads, knowing which of their tasks have not ended (`unfinished`)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._unfinished: set = set()
-        self._count_lock = threading.Lock()
-
-    def submit(self, fn, /, *args, **kwargs):
-        future = super().submit(fn, *args, **kwargs)
-        with self._count_lock:
-            self._unfinished.add(future)
-        future.add_done_callback(self._ended)
-        return future
-
-    def _ended(self, future) -> None:
-        with self._count_lock:
-            self._unfinished.discard(future)
-
-    def unfinished(self) -> list:
-        with self._count_lock:
-            return list(self._unfinished)
 
 class Programs:
     """The compiled programs of one run, and their times per kernel."""
@@ -112,8 +94,10 @@ class Programs:
         # interval (5 ms by default; at 0.5 ms the H200's warm nightly at c4f8fc7 sampled its
         # run thread 42 s of 203 inside jax's calls of compiled programs).
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
-        self._pool = _Pool(max_workers=workers or usable_cores(),
-                                        thread_name_prefix="compile")
+        self._pool = CompilePool(max_workers=workers or usable_cores(),
+                                 thread_name_prefix="compile")
+        # The harness's own programs in threads of their own (see OWN_THREADS).
+        self._own_pool = CompilePool(max_workers=OWN_THREADS, thread_name_prefix="compile-own")
         self._tracer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trace")
         self._programs: dict[tuple, Program] = {}
         self._lowered: dict[tuple, object] = {}
@@ -373,7 +357,7 @@ class Programs:
             outputs(self._oracle_key(case, False, convention, mode)),
             outputs((kernel, _shape(kernel, case), (), mode),
                     ("kernel", kernel, _shape(kernel, case), mode)),
-            self._pool.submit, self.timing[OWN])
+            self._own_pool.submit, self.timing[OWN])
 
     # ----- the oracle -------------------------------------------------------------------------
 
@@ -476,8 +460,10 @@ class Programs:
         self._tracer.shutdown(wait=False, cancel_futures=True)
         if self._apart is not None:
             self._apart.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        futures.wait(self._pool.unfinished(), timeout=CLOSE_WAIT_S)
+        for pool in (self._pool, self._own_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
+        futures.wait(self._pool.unfinished() + self._own_pool.unfinished(),
+                     timeout=CLOSE_WAIT_S)
         share_programs(None, closing=self)   # references asked for later: plain jit
 
 
