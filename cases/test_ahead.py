@@ -132,3 +132,27 @@ def test_the_harness_programs_compile_while_every_kernel_compile_thread_is_busy(
     finally:
         hold.set()
         programs.close()
+
+
+def test_the_jvp_tangents_program_is_compiled_ahead_when_its_pair_is_announced():
+    """make_tangents takes no other program's outputs: it is compiled ahead from the pair's
+    announcement, before anything of the pair is traced (the run draws the next case's
+    tangents for its jvp reference launched ahead, before that case's other programs are
+    announced; compiled on the run's thread then, 13.3 s of the H200's cold nightly)."""
+    import threading
+    kernel = Kernel("dp_tangents_ahead", dot_product, forward_mode=True)
+    case = Case("packed/random", 2, 56, 3, 1, 8, "bfloat16", 7)   # a shape of its own
+    programs, hold = Programs(), threading.Event()
+    programs._tracer.submit(hold.wait, 60)   # nothing gets traced
+    before = set(case_module.tangents_program.unforeseen)
+    try:
+        programs.prefetch([(kernel, case)])
+        entries = [e for e in case_module.tangents_program._entries.values()
+                   if e.timing is programs.timing[OWN]]
+        assert len(entries) == 1
+        entries[0].compiled.result(timeout=60)   # compiled with the tracer still held
+        case_module.make_tangents(case)
+        assert case_module.tangents_program.unforeseen == before
+    finally:
+        hold.set()
+        programs.close()

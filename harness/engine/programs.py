@@ -153,6 +153,8 @@ class Programs:
             convention = kernel.chunk_convention
             forward = [FORWARD] if kernel.forward_mode and not kernel.forward_reasons(case) \
                 else []
+            if forward:
+                own_programs.tangents_ahead(case, self._own_pool.submit, self.timing[OWN])
             for truth in (True, False):
                 for mode in [DEFAULT] + forward:
                     program, fresh = self._oracle_entry(case, truth, convention, mode)
