@@ -59,8 +59,10 @@ from multiprocessing.connection import Connection
 NO_PREALLOCATION = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 STOP_WAIT_S = 5.0
 # A run's lowering processes (LoweringProcesses): at most this many, each with this many of
-# the run's cores.
-MAX_PROCESSES = 2
+# the run's cores. With two, the H200's warm nightly at 4d948f1 kept both busy (190 s of CPU
+# in the main worker's 102 s on its pairs) and its run thread waited 16 s for programs not
+# handed over yet (reports/nightly-h200-4d948f1/).
+MAX_PROCESSES = 3
 CORES_PER_PROCESS = 4
 OPEN_AFTER = 200     # requests before a second process opens (LoweringProcesses)
 CHILD = "harness.engine.lowering_child"   # the process itself
@@ -253,8 +255,8 @@ class LoweringProcesses:
 
 
 def processes_for(cores: int) -> int:
-    """How many lowering processes a run starts: a second one where it has at least
-    CORES_PER_PROCESS cores for each (the run's own thread and compile threads need some)."""
+    """How many lowering processes a run starts: another one (up to MAX_PROCESSES) for each
+    CORES_PER_PROCESS cores it has (the run's own thread and compile threads need some)."""
     return max(1, min(MAX_PROCESSES, cores // CORES_PER_PROCESS))
 
 
