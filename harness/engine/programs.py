@@ -66,9 +66,10 @@ ORACLE = "oracle"
 # The harness's own small programs (harness.ahead), compiled ahead: their row of the timing
 # table (programs and compile seconds; waited: the run's waits for one still compiling).
 OWN = "harness's own programs"
-# Their compile threads: they compile once the programs whose outputs they take are built, and
-# queued behind the kernels' compiles they were still waiting when the run called them, so the
-# run's thread compiled them itself (75 s of the H200's cold nightly at 4d948f1, 324 s).
+# Their compile threads. They compile once the programs whose outputs they take are built;
+# queued behind the kernels' compiles, they were still waiting when the run called them, and
+# the run's thread compiled them itself (75 s of the H200's cold nightly worker's 324 s at
+# 4d948f1).
 OWN_THREADS = 4
 SWITCH_INTERVAL_S = 0.0001
 # How long `close` waits for the compiles under way (each writes jax's cache when done).
