@@ -64,7 +64,8 @@ DETERMINISTIC_COMPILER_OPTIONS = {"xla_gpu_deterministic_ops": True}
 NO_AUTOTUNING = {"xla_gpu_autotune_level": 0}
 ORACLE = "oracle"
 # The harness's own small programs (harness.ahead), compiled ahead: their row of the timing
-# table (programs and compile seconds; waited: the run's waits for one still compiling).
+# table (programs and compile seconds; waited: the run's waits for one still compiling, and
+# its compiling of one still queued).
 OWN = "harness's own programs"
 # Their compile threads. They compile once the programs whose outputs they take are built;
 # queued behind the kernels' compiles, they were still waiting when the run called them, and

@@ -137,8 +137,9 @@ def timing_lines(header: dict) -> list[str]:
                 "leak probe's deterministic build (GPUs; on CPUs the probe runs the default "
                 "build). The harness's own programs (per-token metrics, the probe's "
                 "perturbations and comparisons, the jvp check's tangents) compile ahead, beside "
-                "the kernels' (their row: waited is the run's wait for one still compiling; "
-                "their runs count in the kernel's host time)."]
+                "the kernels' in threads of their own (their row: waited is the run's wait for "
+                "one still compiling, or its compiling of one still queued; their runs count "
+                "in the kernel's host time)."]
     out += process_lines(header)
     cache = header.get("compilation_cache")
     if cache:
