@@ -239,3 +239,11 @@ def test_close_waits_for_the_compiles_under_way_not_for_those_never_started(monk
     assert not task.done()
     hold.set()
     assert task.result(timeout=30) is True
+    # The harness's own programs compile in threads of their own: close waits for those too.
+    monkeypatch.setattr(programs_module, "CLOSE_WAIT_S", 30)
+    own, started, release, ran = Programs(workers=1), threading.Event(), threading.Event(), []
+    own._own_pool.submit(lambda: (started.set(), release.wait(30), ran.append("own")))
+    assert started.wait(30)
+    threading.Timer(0.3, release.set).start()
+    own.close()
+    assert ran == ["own"]
