@@ -106,6 +106,9 @@ class Programs:
         self._lock = threading.Lock()          # the dicts
         self._trace_lock = threading.Lock()    # one trace at a time (environment, jax caches)
         self.timing: dict[str, Timing] = defaultdict(Timing)
+        # The own programs' row is read and written by compile threads (their done callbacks)
+        # as well as the run's: made here, never by two threads' first lookups at once.
+        self.timing[OWN] = Timing()
         # Compiler options of the harness's own programs (see NO_AUTOTUNING).
         self._own = NO_AUTOTUNING if self.platform == "gpu" else {}
         # References asked for outside the runner's calls (a drop's prediction) come from here.
