@@ -75,6 +75,31 @@ def test_a_step_on_a_cpu_writes_its_report_its_status_and_one_archive(tmp_path):
     assert {"steps.txt", "n1/report.jsonl.gz", "n1/summary.md", "n1.log.txt"} <= set(names)
 
 
+FAKE_PYSPY = """#!/usr/bin/env bash
+# As py-spy record does: writes its -o file, runs the command after --, and exits 0 whatever
+# the command's status.
+while [ "$1" != -- ]; do [ "$1" = -o ] && : > "$2"; shift; done; shift
+"$@"; exit 0
+"""
+
+
+def test_a_profiled_step_says_its_commands_status_not_the_profilers(tmp_path):
+    """Under PYSPY the step's status is the run's (py-spy exits 0 whatever its command did:
+    the H200's cold nightly at 396cbf3 exited 1 on an error and steps.txt read rc=0)."""
+    module = tmp_path / "leaky.py"
+    module.write_text(LEAKY)
+    fake = tmp_path / "py-spy"
+    fake.write_text(FAKE_PYSPY)
+    fake.chmod(0o755)
+    env = _on_this_cpu(tmp_path, PYSPY=str(fake), HARNESS_ARGS=(
+        f"--suite smoke --cases packed/random-*-f32-s0 --kernel-module {module} "
+        "--kernels leaky,dot_product"))
+    out = _gpu_sh("nightly:n1", env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps = (tmp_path / "scratch" / "steps.txt").read_text()
+    assert "nightly:n1 rc=1 " in steps, steps
+
+
 def test_a_step_stopped_at_its_limit_leaves_time_to_pack_its_files(tmp_path):
     """A step runs under what is left of the call less PACK_S, and is killed KILL_S seconds
     after being told to stop: the archive is written inside CALL_S (at 79376bd a run stopped

@@ -112,12 +112,15 @@ step() {   # step NAME: its command under the time left, its log, its line in st
   if [ "$(left)" -lt "${MIN_LEFT:-240}" ]; then
     echo "$s not started: $(left)s left" | tee -a "$r/steps.txt"; return; fi
   mapfile -t cmd < <(command_of "$s")
-  local prof=""
+  local prof="" status=""
   if [ -n "${PYSPY:-}" ]; then
     prof=$log.pyspy.txt
     local sampled=--idle; [ "${PYSPY_GIL:-0}" = 1 ] && sampled=--gil
+    # py-spy exits 0 whatever its command did (the H200's cold nightly at 396cbf3 recorded an
+    # error and exited 1; steps.txt read rc=0): the command's own status goes to a file.
+    status=$r/$log.status; rm -f "$status"
     cmd=("$PYSPY" record --nonblocking "$sampled" --threads --subprocesses --rate 20 --format raw
-         -o "$r/$prof" -- "${cmd[@]}")
+         -o "$r/$prof" -- bash -c '"${@:2}"; echo $? > "$1"' bash "$status" "${cmd[@]}")
   fi
   if command -v nvidia-smi > /dev/null; then
     nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits \
@@ -132,6 +135,9 @@ step() {   # step NAME: its command under the time left, its log, its line in st
   local sig=TERM; [ -n "$prof" ] && sig=INT
   timeout -s "$sig" -k "${KILL_S:-20}" "$limit" "${cmd[@]}" > "$r/$log.log.txt" 2>&1; rc=$?
   [ -n "$mon" ] && kill "$mon" 2> /dev/null
+  # Profiled: the command's status where py-spy ended well and the command wrote one (a
+  # command stopped at its limit writes none: timeout's status stands).
+  if [ -n "$status" ] && [ "$rc" -eq 0 ] && [ -s "$status" ]; then rc=$(cat "$status"); fi
   # The allocator's diagnostics (out-of-memory dumps) apart, kept; the log without them.
   grep 'Allocator\|bfc_allocator\|OUT_OF_MEMORY\|out of memory' "$r/$log.log.txt" > "$r/$log.alloc.txt"
   sed -i '/Allocator\|bfc_allocator\|^W0000\|^I0000/d' "$r/$log.log.txt"
