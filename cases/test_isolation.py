@@ -706,6 +706,77 @@ def test_a_group_stopped_partway_keeps_the_pairs_it_ran_again(tmp_path, monkeypa
         {"kernel": "k", "case_id": "a", "why": "previous error during capture"}]
 
 
+RED_ZONE = "E1205 19:26:40.789849    5693 gpu_profiler.cc:374] Red zone modified"
+
+
+def _dying_group(tmp_path, monkeypatch, deaths: int):
+    """run_group over ("k", "a"), ("k", "b") whose first `deaths` workers die as the H200's
+    cold nightly's did at 396cbf3 (SIGSEGV, XLA's autotuner's last words) before finishing a
+    pair; the next one finishes what it is given."""
+    from harness.engine import workers as isolation
+    given = []
+
+    def fake_stream(command, echo, env=None, stop=None):
+        spec = json.loads(Path(command[-1]).read_text())
+        report = Path(spec["report_dir"])
+        report.mkdir(parents=True)
+        given.append([tuple(p) for p in spec["pairs"]])
+        if len(given) <= deaths:
+            return -11, RED_ZONE
+        (report / isolation.FINISHED_FILE).write_text("".join(
+            json.dumps({"kernel": k, "case_id": c}) + "\n" for k, c in spec["pairs"]))
+        return 0, ""
+    monkeypatch.setattr(isolation, "_stream", fake_stream)
+    said = []
+    result = isolation.run_group("g", [("k", "a"), ("k", "b")], tmp_path, RunOptions(),
+                                 echo=said.append)
+    return result, given, said
+
+
+def test_a_worker_killed_in_xlas_autotuning_runs_its_pair_again(tmp_path, monkeypatch):
+    """A worker killed while XLA's autotuner (a compile thread) found a red zone modified died
+    of the harness's concurrency (harness.engine.capture): the pair runs again in a fresh
+    worker, no error, and the header's run_again says why."""
+    result, given, said = _dying_group(tmp_path, monkeypatch, deaths=1)
+    assert given == [[("k", "a"), ("k", "b")]] * 2
+    assert result.crashes == []
+    assert result.run_again == [("k", "a", f"killed by SIGSEGV: {RED_ZONE}")]
+    assert any("died in XLA's autotuning on k a" in line and "runs again" in line
+               for line in said), said
+
+
+def test_a_worker_killed_in_xlas_autotuning_twice_is_the_pairs_error(tmp_path, monkeypatch):
+    """Killed so again in the fresh worker: the pair's error stands (what happens twice is not
+    left out), and the rest runs on."""
+    result, given, _ = _dying_group(tmp_path, monkeypatch, deaths=2)
+    assert given == [[("k", "a"), ("k", "b")]] * 2 + [[("k", "b")]]
+    assert [c[:2] for c in result.crashes] == [("k", "a")]
+    assert "died while running it (killed by SIGSEGV" in result.crashes[0][2]
+    assert "Red zone modified" in result.crashes[0][2]
+    assert len(result.run_again) == 1
+
+
+def test_a_worker_killed_otherwise_blames_its_pair_at_once(tmp_path, monkeypatch):
+    """Any other death is the pair's at the first time (a kernel that crashes its process)."""
+    from harness.engine import workers as isolation
+    attempts = []
+
+    def fake_stream(command, echo, env=None, stop=None):
+        spec = json.loads(Path(command[-1]).read_text())
+        Path(spec["report_dir"]).mkdir(parents=True)
+        attempts.append(spec["pairs"])
+        if len(attempts) == 1:
+            return -11, "Segmentation fault in the kernel's own library"
+        (Path(spec["report_dir"]) / isolation.FINISHED_FILE).write_text("".join(
+            json.dumps({"kernel": k, "case_id": c}) + "\n" for k, c in spec["pairs"]))
+        return 0, ""
+    monkeypatch.setattr(isolation, "_stream", fake_stream)
+    result = isolation.run_group("g", [("k", "a"), ("k", "b")], tmp_path, RunOptions(),
+                                 echo=lambda line: None)
+    assert [c[:2] for c in result.crashes] == [("k", "a")] and result.run_again == []
+    assert attempts == [[["k", "a"], ["k", "b"]], [["k", "b"]]]
+
+
 BREAKS_A_CAPTURE = """
 import os
 import harness

@@ -15,6 +15,13 @@ starts a fresh worker for the pairs left, that one among them, and tells it so (
 `run_again`). A pair whose capture breaks again there keeps its records, error and all: what
 happens twice is not left out. The report's header lists the pairs run again (`run_again`), and
 the summary's first line counts them.
+
+A worker killed while XLA's autotuner, in a compile thread, found a red zone modified (the
+guard bytes around the buffers it times candidate kernels in, `gpu_profiler.cc`: "Red zone
+modified") died of the same concurrency: autotuning is a compile's, and a user's step
+compiles before it runs. The pair the run was on is blamed only if it dies so again in a
+fresh worker (`died_autotuning`; the H200's cold nightly at 396cbf3 killed its worker on
+`tokamax:cudnn`, a pair its warm run passed on the same machine).
 """
 from __future__ import annotations
 
@@ -22,6 +29,15 @@ MARKERS = ("previous error during capture", "cudaErrorStreamCaptureInvalidated",
            "cuda_graph_end_capture")
 RETRY_FILE = "run_again.jsonl"
 CAPTURE_BROKEN = 4      # the worker's exit status: a pair to run again, listed in RETRY_FILE
+
+
+AUTOTUNER_MARKERS = ("Red zone modified",)
+
+
+def died_autotuning(why: str | None) -> bool:
+    """Whether a worker's death (workers.death) names XLA's autotuner finding a red zone
+    modified."""
+    return any(m in (why or "") for m in AUTOTUNER_MARKERS)
 
 
 def broke_capture(message: str | None) -> bool:

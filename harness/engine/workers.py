@@ -11,10 +11,10 @@ GPU's memory, the other groups take turns beside them with what they need of the
 --main-workers on GPUs the kernels without a group run in parts that share those 75%,
 harness.engine.main_parts), or one after another with the whole device where the user chose
 jax's memory settings themselves (`user_set_memory`). A worker appends its records as it goes
-and says which pair it starts. A worker that dies (a crash, a clash at import) costs one error record,
-for the pair it was running, with the reason; a fresh worker then takes the group's remaining
-pairs, so the rest of the run goes on. The controller joins the workers' reports into one
-(harness.store.merge.merge_reports).
+and says which pair it starts. A worker that dies (a crash, a clash at import) costs one error
+record, for the pair it was running, with the reason (one killed in XLA's autotuning runs the
+pair again first: harness.engine.capture); a fresh worker takes the group's remaining pairs.
+The controller joins the workers' reports into one (harness.store.merge.merge_reports).
 
 pytest uses the same workers: a test whose kernel's group clashes with one already loaded in
 its process runs its pair in a worker (run_pair_in_worker).
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engine.capture import RETRY_FILE
+from harness.engine.capture import RETRY_FILE, died_autotuning
 from harness.engine.main_parts import (
     CORES_SHARE,
     DEFERRED,
@@ -222,9 +222,8 @@ def ended_results(futures, *, stopped: bool = False) -> list[WorkerResult]:
 
 
 def run_again_entries(futures, again: WorkerResult | None = None) -> list[dict]:
-    """The header's `run_again`: the pairs the groups that finished or were stopped partway
-    (and the deferred pairs' workers, `again`) ran again in a fresh worker after a broken
-    capture (harness.engine.capture)."""
+    """The header's `run_again`: the pairs the groups that finished or were stopped partway (and
+    the deferred pairs' workers, `again`) ran again in a fresh worker (harness.engine.capture)."""
     ended = ended_results(futures, stopped=True) + ([again] if again is not None else [])
     return [{"kernel": k, "case_id": c, "why": why} for r in ended for k, c, why in r.run_again]
 
@@ -275,7 +274,7 @@ def write_spec(path: Path, options, pairs: list, report_dir: Path,
     """A worker's orders: the run's options (paths of kernel modules made absolute: the
     worker may start elsewhere), its pairs and its report folder; `defer_memory`: a pair that
     lacked device memory is listed in DEFERRED_FILE instead of recorded (the main group's parts);
-    `run_again`: pairs run once more after a broken capture (harness.engine.capture)."""
+    `run_again`: pairs run once more in a fresh worker (harness.engine.capture)."""
     import dataclasses
     modules = tuple(str(Path(m).resolve()) if os.path.exists(m) else m
                     for m in options.kernel_modules)
@@ -366,8 +365,7 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
     `env`: the workers' environment (default: this process's); `on_crash(kernel, case, why)`
     is told each pair a worker died on, as it happens; `stop` (a threading.Event) set: no
     further worker starts (isolation.Stopped). `defer_memory` (a part of the main group,
-    harness.engine.main_parts): a pair that lacked
-    device memory, recorded or died on, goes to the result's `deferred`."""
+    harness.engine.main_parts): a pair that lacked device memory goes to `deferred`."""
     import shutil
     result = WorkerResult(name=name)
     remaining, attempt = list(pairs), 0
@@ -425,15 +423,19 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
             remaining = [p for p in left if p != crashed]
             continue
         if crashed not in left:
-            # It died between pairs: after the records of the last pair it started, before it
-            # announced the next. No pair is to blame where it finished some: a fresh worker
-            # takes the rest (each pair then dies, if it does, while announced). One that
-            # finished none (it died starting up) blames the pair it would have run first.
+            # It died between pairs (after the records of the last pair it started): no pair is
+            # to blame where it finished some, a fresh worker takes the rest (each then dies,
+            # if it does, while announced); one that died starting up blames its first pair.
             if done or deferred:
                 echo(f"[worker {name}#{attempt}] died between pairs: {why}")
                 remaining = left
                 continue
             crashed = left[0]
+        if died_autotuning(why) and crashed not in [p[:2] for p in result.run_again]:
+            echo(f"[worker {name}#{attempt}] died in XLA's autotuning on {' '.join(crashed)}: "
+                 f"{why}: it runs again in a fresh worker")
+            result.run_again, remaining = result.run_again + [(*crashed, why)], left
+            continue
         whose = (f"the worker process for the main group's part {name!r}"
                  if is_part(name) or name == DEFERRED
                  else f"the worker process for isolation group {name!r}")
