@@ -707,12 +707,14 @@ def test_a_group_stopped_partway_keeps_the_pairs_it_ran_again(tmp_path, monkeypa
 
 
 RED_ZONE = "E1205 19:26:40.789849    5693 gpu_profiler.cc:374] Red zone modified"
+TIMER = ("W1205 19:26:40.790001    5680 cuda_timer.cc:88] Delay kernel timed out: measured time "
+         "has sub-optimal accuracy.")
 
 
 def _dying_group(tmp_path, monkeypatch, deaths: int):
     """run_group over ("k", "a"), ("k", "b") whose first `deaths` workers die as the H200's
-    cold nightly's did at 396cbf3 (SIGSEGV, XLA's autotuner's last words) before finishing a
-    pair; the next one finishes what it is given."""
+    cold nightly's did at 396cbf3 (SIGSEGV after XLA's autotuner's line, other threads' timer
+    warnings logged after it) on their first pair; the next one finishes what it is given."""
     from harness.engine import workers as isolation
     given = []
 
@@ -721,8 +723,10 @@ def _dying_group(tmp_path, monkeypatch, deaths: int):
         report = Path(spec["report_dir"])
         report.mkdir(parents=True)
         given.append([tuple(p) for p in spec["pairs"]])
-        if len(given) <= deaths:
-            return -11, RED_ZONE
+        if len(given) <= deaths:   # it dies on its first pair, announced; other threads log on
+            (report / isolation.STARTED_FILE).write_text(json.dumps(
+                {"kernel": spec["pairs"][0][0], "case_id": spec["pairs"][0][1]}) + "\n")
+            return -11, f"{RED_ZONE}\n{TIMER}\n{TIMER}"
         (report / isolation.FINISHED_FILE).write_text("".join(
             json.dumps({"kernel": k, "case_id": c}) + "\n" for k, c in spec["pairs"]))
         return 0, ""
@@ -734,13 +738,13 @@ def _dying_group(tmp_path, monkeypatch, deaths: int):
 
 
 def test_a_worker_killed_in_xlas_autotuning_runs_its_pair_again(tmp_path, monkeypatch):
-    """A worker killed while XLA's autotuner (a compile thread) found a red zone modified died
-    of the harness's concurrency (harness.engine.capture): the pair runs again in a fresh
-    worker, no error, and the header's run_again says why."""
+    """A worker killed just after XLA's autotuner (a compile thread) logged a red zone
+    modified is taken as the harness's concurrency's doing (harness.engine.capture): the pair
+    runs again in a fresh worker, no error, and the header's run_again keeps the death."""
     result, given, said = _dying_group(tmp_path, monkeypatch, deaths=1)
     assert given == [[("k", "a"), ("k", "b")]] * 2
     assert result.crashes == []
-    assert result.run_again == [("k", "a", f"killed by SIGSEGV: {RED_ZONE}")]
+    assert result.run_again == [("k", "a", f"killed by SIGSEGV: {TIMER}")]
     assert any("died in XLA's autotuning on k a" in line and "runs again" in line
                for line in said), said
 
@@ -752,7 +756,6 @@ def test_a_worker_killed_in_xlas_autotuning_twice_is_the_pairs_error(tmp_path, m
     assert given == [[("k", "a"), ("k", "b")]] * 2 + [[("k", "b")]]
     assert [c[:2] for c in result.crashes] == [("k", "a")]
     assert "died while running it (killed by SIGSEGV" in result.crashes[0][2]
-    assert "Red zone modified" in result.crashes[0][2]
     assert len(result.run_again) == 1
 
 

@@ -135,9 +135,11 @@ step() {   # step NAME: its command under the time left, its log, its line in st
   local sig=TERM; [ -n "$prof" ] && sig=INT
   timeout -s "$sig" -k "${KILL_S:-20}" "$limit" "${cmd[@]}" > "$r/$log.log.txt" 2>&1; rc=$?
   [ -n "$mon" ] && kill "$mon" 2> /dev/null
-  # Profiled: the command's status where py-spy ended well and the command wrote one (a
-  # command stopped at its limit writes none: timeout's status stands).
-  if [ -n "$status" ] && [ "$rc" -eq 0 ] && [ -s "$status" ]; then rc=$(cat "$status"); fi
+  # Profiled: the command's own status wherever it wrote one (py-spy may also end non-zero
+  # after its command did), except for a step stopped at its limit: timeout's 124 or 137
+  # stands (the command's own status there is that of being stopped).
+  if [ -n "$status" ] && [ -s "$status" ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; then
+    rc=$(cat "$status"); fi
   # The allocator's diagnostics (out-of-memory dumps) apart, kept; the log without them.
   grep 'Allocator\|bfc_allocator\|OUT_OF_MEMORY\|out of memory' "$r/$log.log.txt" > "$r/$log.alloc.txt"
   sed -i '/Allocator\|bfc_allocator\|^W0000\|^I0000/d' "$r/$log.log.txt"

@@ -431,7 +431,7 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
                 remaining = left
                 continue
             crashed = left[0]
-        if died_autotuning(why) and crashed not in [p[:2] for p in result.run_again]:
+        if died_autotuning(returncode, tail) and crashed not in [p[:2] for p in result.run_again]:
             echo(f"[worker {name}#{attempt}] died in XLA's autotuning on {' '.join(crashed)}: "
                  f"{why}: it runs again in a fresh worker")
             result.run_again, remaining = result.run_again + [(*crashed, why)], left

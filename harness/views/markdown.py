@@ -86,9 +86,9 @@ def run_line(header: dict, marked: bool = True) -> str:
     if header.get("rejudge_kept"):
         parts.append(f"rejudged, but {kept_text(header['rejudge_kept'])}")
     if header.get("run_again"):
-        parts.append(f"{len(header['run_again'])} pair(s) run again in a fresh worker after "
-                     "another thread of theirs broke it (a CUDA graph capture, XLA's "
-                     "autotuning: harness/engine/capture.py)")
+        parts.append(f"{len(header['run_again'])} pair(s) run again in a fresh worker (a CUDA "
+                     "graph capture broken, or a worker killed after XLA's autotuner logged "
+                     "'Red zone modified': harness/engine/capture.py)")
     notice = unfinished(header) if marked else None
     if notice:
         parts.append(f"**{notice}**")
