@@ -211,3 +211,26 @@ def test_a_baseline_file_keeps_only_what_the_gate_reads_and_judges_as_the_whole_
     assert any("now errors: boom" in line for line in against_file.regressions)
     assert any("ran in the baseline and not now (dq)" in line
                for line in against_file.regressions)
+
+
+def test_compare_names_the_pairs_run_again_in_a_fresh_worker(runs, tmp_path, capsys):
+    """A pair judged on its second run in a fresh worker (a broken capture, a worker killed
+    after XLA's autotuner logged "Red zone modified": harness.engine.capture) is no regression,
+    but compare names it with its first failure: a kernel that fails now and then can pass so."""
+    from harness.views.compare import compare_files
+    first, second = runs
+    why = "killed by SIGSEGV: E1205 gpu_profiler.cc:374] Red zone modified"
+    rec.write_report(tmp_path / "base" / rec.RECORDS_FILE, {"platform": "gpu"}, first,
+                     suite="nightly")
+    rec.write_report(tmp_path / "new" / rec.RECORDS_FILE, {"platform": "gpu"}, second,
+                     suite="nightly", run_again=[{"kernel": second[0].kernel,
+                                                  "case_id": second[0].case_id, "why": why}])
+    assert compare_files(tmp_path / "new", tmp_path / "base") == 0
+    said = capsys.readouterr().out
+    assert "run again in a fresh worker, judged on that run (the first failure): 1" in said
+    assert f"{second[0].kernel} on {second[0].case_id}: {why}" in said
+    assert "no regression" in said
+    rec.write_report(tmp_path / "plain" / rec.RECORDS_FILE, {"platform": "gpu"}, second,
+                     suite="nightly")
+    assert compare_files(tmp_path / "plain", tmp_path / "base") == 0
+    assert "run again" not in capsys.readouterr().out

@@ -102,6 +102,13 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
           f"missing: {len(result.missing_cases)}")
     print(f"  checks that ran in the baseline and not now: {len(result.lost_checks)}")
     _listed("missing", [f"{k} on {c}" for k, c in result.missing_cases], shown=20)
+    # Judged on a second try in a fresh worker (harness.engine.capture): not a regression, but
+    # a kernel that fails now and then can pass so; the first failure is named here.
+    again = new_header.get("run_again") or []
+    if again:
+        _listed("run again in a fresh worker, judged on that run (the first failure)",
+                [f"{a['kernel']} on {a['case_id']}: {' '.join(str(a.get('why', '')).split())[:200]}"
+                 for a in again])
     if result.compared_nothing:
         print("NOTHING COMPARED: no check was measured in both this run and the baseline "
               "(another suite, kernels or cases, or every shared pair skipped); this is not a "
