@@ -716,13 +716,14 @@ def _dying_group(tmp_path, monkeypatch, deaths: int):
     cold nightly's did at 396cbf3 (SIGSEGV after XLA's autotuner's line, other threads' timer
     warnings logged after it) on their first pair; the next one finishes what it is given."""
     from harness.engine import workers as isolation
-    given = []
+    given, told = [], []
 
     def fake_stream(command, echo, env=None, stop=None):
         spec = json.loads(Path(command[-1]).read_text())
         report = Path(spec["report_dir"])
         report.mkdir(parents=True)
         given.append([tuple(p) for p in spec["pairs"]])
+        told.append([tuple(p) for p in spec["run_again"]])
         if len(given) <= deaths:   # it dies on its first pair, announced; other threads log on
             (report / isolation.STARTED_FILE).write_text(json.dumps(
                 {"kernel": spec["pairs"][0][0], "case_id": spec["pairs"][0][1]}) + "\n")
@@ -734,6 +735,9 @@ def _dying_group(tmp_path, monkeypatch, deaths: int):
     said = []
     result = isolation.run_group("g", [("k", "a"), ("k", "b")], tmp_path, RunOptions(),
                                  echo=said.append)
+    # Each worker after the first death is told the pair was run again (its spec's run_again:
+    # a capture that breaks there then stands as the pair's error, harness.engine.worker).
+    assert told == [[]] + [[("k", "a")]] * (len(told) - 1), told
     return result, given, said
 
 
@@ -757,6 +761,36 @@ def test_a_worker_killed_in_xlas_autotuning_twice_is_the_pairs_error(tmp_path, m
     assert [c[:2] for c in result.crashes] == [("k", "a")]
     assert "died while running it (killed by SIGSEGV" in result.crashes[0][2]
     assert len(result.run_again) == 1
+
+
+def test_a_pair_runs_again_once_at_most_for_either_cause(tmp_path, monkeypatch):
+    """Run again after a broken capture, then its fresh worker killed after the autotuner's
+    red-zone line: the second failure stands as the pair's error (harness.engine.capture)."""
+    from harness.engine import workers as isolation
+    from harness.engine.capture import RETRY_FILE
+    attempts = []
+
+    def fake_stream(command, echo, env=None, stop=None):
+        spec = json.loads(Path(command[-1]).read_text())
+        report = Path(spec["report_dir"])
+        report.mkdir(parents=True)
+        attempts.append(spec["pairs"])
+        first = json.dumps({"kernel": "k", "case_id": "a"}) + "\n"
+        if len(attempts) == 1:
+            (report / RETRY_FILE).write_text(first[:-2] + ', "why": "during capture"}\n')
+            return 4, "a CUDA graph capture broke"
+        if len(attempts) == 2:
+            (report / isolation.STARTED_FILE).write_text(first)
+            return -11, RED_ZONE
+        (report / isolation.FINISHED_FILE).write_text("".join(
+            json.dumps({"kernel": k, "case_id": c}) + "\n" for k, c in spec["pairs"]))
+        return 0, ""
+    monkeypatch.setattr(isolation, "_stream", fake_stream)
+    result = isolation.run_group("g", [("k", "a"), ("k", "b")], tmp_path, RunOptions(),
+                                 echo=lambda line: None)
+    assert attempts == [[["k", "a"], ["k", "b"]]] * 2 + [[["k", "b"]]]
+    assert [c[:2] for c in result.crashes] == [("k", "a")]
+    assert result.run_again == [("k", "a", "during capture")]
 
 
 def test_a_worker_killed_otherwise_blames_its_pair_at_once(tmp_path, monkeypatch):
