@@ -100,6 +100,19 @@ def test_a_profiled_step_says_its_commands_status_not_the_profilers(tmp_path):
     assert "nightly:n1 rc=1 " in steps, steps
 
 
+def test_a_profiled_step_whose_command_said_nothing_is_unknown_not_a_success(tmp_path):
+    """A profiler that ends well without its command's status (the shell around the command
+    killed; here a stand-in that never runs it): the step's status is unknown, never 0."""
+    fake = tmp_path / "py-spy"
+    fake.write_text(FAKE_PYSPY.replace('"$@"; exit 0', "exit 0"))
+    fake.chmod(0o755)
+    out = _gpu_sh("nightly:n1", env=_on_this_cpu(tmp_path, PYSPY=str(fake),
+                                                 HARNESS_ARGS="--suite smoke"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps = (tmp_path / "scratch" / "steps.txt").read_text()
+    assert "nightly:n1 rc=unknown " in steps, steps
+
+
 def test_a_step_stopped_at_its_limit_leaves_time_to_pack_its_files(tmp_path):
     """A step runs under what is left of the call less PACK_S, and is killed KILL_S seconds
     after being told to stop: the archive is written inside CALL_S (at 79376bd a run stopped

@@ -42,8 +42,9 @@
 # archive is packed after it (a warm run stopped at CALL_S=400 in a call of 420 s at 79376bd
 # lost all its files to the tool's own limit while they were packed); a run that cannot start
 # with MIN_LEFT seconds left (default 240) is not started and says so in steps.txt. Every
-# step's exit status, wall time and (for runs) the device's peak memory go to steps.txt, which
-# the script writes; nothing in it is typed by hand.
+# step's exit status (profiled: its command's own, `unknown` where it wrote none), wall time and
+# (for runs) the device's peak memory go to steps.txt, which the script writes; nothing in it
+# is typed by hand.
 set -uo pipefail
 plan=0
 if [ "${1:-}" = --plan ]; then plan=1; shift; fi
@@ -138,8 +139,11 @@ step() {   # step NAME: its command under the time left, its log, its line in st
   # Profiled: the command's own status wherever it wrote one (py-spy may also end non-zero
   # after its command did), except for a step stopped at its limit: timeout's 124 or 137
   # stands (the command's own status there is that of being stopped).
-  if [ -n "$status" ] && [ -s "$status" ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; then
-    rc=$(cat "$status"); fi
+  # None written, py-spy ending well, no stop: the shell around the command was killed, and
+  # how the command ended is unknown, never a success.
+  if [ -n "$status" ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; then
+    if [ -s "$status" ]; then rc=$(cat "$status"); elif [ "$rc" -eq 0 ]; then rc=unknown; fi
+  fi
   # The allocator's diagnostics (out-of-memory dumps) apart, kept; the log without them.
   grep 'Allocator\|bfc_allocator\|OUT_OF_MEMORY\|out of memory' "$r/$log.log.txt" > "$r/$log.alloc.txt"
   sed -i '/Allocator\|bfc_allocator\|^W0000\|^I0000/d' "$r/$log.log.txt"
