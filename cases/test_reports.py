@@ -544,3 +544,21 @@ def test_a_cell_with_a_check_not_run_never_reads_ok_and_an_unprobed_tensor_judge
     assert "k dk: 1 not judged (left to the probe; leak probe on the same segments: ok)" in lines
     assert ("k dk: 1 not judged (left to the probe; leak probe on the same segments: dk not "
             "compared (unprobed))") in lines
+
+
+def test_the_worker_line_names_a_worker_that_died_untimed():
+    """A worker killed partway writes no header, so no timing: the summary's worker line names
+    it instead of leaving it out (the H200's cold nightly at 396cbf3 showed main-1 and main-3
+    and said nothing of main-2, killed between them); the controller's crash records beside
+    the workers' reports are no worker."""
+    from harness.views.markdown import process_lines
+    merged = [{"worker": "main-1", "path": "/w/main-1/report", "startup_s": 5.1, "wall_s": 238.6},
+              {"path": "/w/main-2/report"},
+              {"worker": "main-3", "path": "/w/main-3/report", "startup_s": 4.0, "wall_s": 41.8},
+              {"path": "/w/crashes"}]
+    line = process_lines({"merged_from": merged, "merge_s": 1.5})[1]
+    assert "main-1 5.1 s starting, 238.6 s on its pairs" in line
+    assert "untimed (died before writing a header): main-2;" in line, line
+    assert "crashes" not in line
+    alive = process_lines({"merged_from": [merged[0]], "merge_s": 1.5})[1]
+    assert "untimed" not in alive

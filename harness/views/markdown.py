@@ -168,13 +168,18 @@ def timing_lines(header: dict) -> list[str]:
 def process_lines(header: dict) -> list[str]:
     """Where a run in worker processes spent its wall time outside the table: each worker's
     start (imports, the device, its lowering process) and time on its pairs, and the join of
-    their reports (the run's wall time covers them side by side, then the join). Workers
-    that crashed wrote no header to say it: they are not in the line."""
-    workers = [m for m in header.get("merged_from") or [] if m.get("startup_s") is not None]
+    their reports (the run's wall time covers them side by side, then the join). A worker
+    that died wrote no header to say it: the line names it as untimed."""
+    merged = header.get("merged_from") or []
+    workers = [m for m in merged if m.get("startup_s") is not None]
     if not workers or header.get("merge_s") is None:
         return []
     each = "; ".join(f"{m.get('worker', m['path'])} {m['startup_s']:.1f} s starting, "
                      f"{m.get('wall_s') or 0:.1f} s on its pairs{_cpu(m)}" for m in workers)
+    untimed = [Path(m["path"]).parent.name for m in merged
+               if m.get("startup_s") is None and Path(m["path"]).name == "report"]
+    if untimed:   # beside them: the controller's crash records (`crashes/`), not a worker
+        each += f"; untimed (died before writing a header): {', '.join(untimed)}"
     line = f"Worker processes: {each}; their reports joined in {header['merge_s']:.1f} s"
     stamped = [m for m in workers if m.get("began_at") is not None]
     if stamped and None not in (header.get("started_at"), header.get("joined_at")):
