@@ -711,42 +711,54 @@ TIMER = ("W1205 19:26:40.790001    5680 cuda_timer.cc:88] Delay kernel timed out
          "has sub-optimal accuracy.")
 
 
-def _dying_group(tmp_path, monkeypatch, deaths: int):
-    """run_group over ("k", "a"), ("k", "b") whose first `deaths` workers die as the H200's
-    cold nightly's did at 396cbf3 (SIGSEGV after XLA's autotuner's line, other threads' timer
-    warnings logged after it) on their first pair; the next one finishes what it is given."""
+def _pairs_file(path: Path, pairs, **more) -> None:
+    """A worker's log of pairs (STARTED_FILE, FINISHED_FILE, RETRY_FILE), as workers write it."""
+    path.write_text("".join(json.dumps({"kernel": k, "case_id": c, **more}) + "\n"
+                            for k, c in pairs))
+
+
+def _red_zone_death(report: Path, pairs) -> tuple[int, str]:
+    """Dies as the H200's cold nightly's worker did at 396cbf3: on its first pair, announced,
+    SIGSEGV after XLA's autotuner's line, other threads' timer warnings logged after it."""
     from harness.engine import workers as isolation
-    given, told = [], []
+    _pairs_file(report / isolation.STARTED_FILE, pairs[:1])
+    return -11, f"{RED_ZONE}\n{TIMER}\n{TIMER}"
+
+
+def _scripted_group(tmp_path, monkeypatch, ends):
+    """run_group over ("k", "a"), ("k", "b") whose workers end as `ends` say, one per worker
+    (each given its report folder and pairs, returning the exit status and stderr's end); the
+    worker after them finishes what it is given. Returns the result, each worker's pairs and
+    its spec's run_again, and what run_group said."""
+    from harness.engine import workers as isolation
+    given, told, said = [], [], []
 
     def fake_stream(command, echo, env=None, stop=None):
         spec = json.loads(Path(command[-1]).read_text())
         report = Path(spec["report_dir"])
         report.mkdir(parents=True)
-        given.append([tuple(p) for p in spec["pairs"]])
+        pairs = [tuple(p) for p in spec["pairs"]]
+        given.append(pairs)
         told.append([tuple(p) for p in spec["run_again"]])
-        if len(given) <= deaths:   # it dies on its first pair, announced; other threads log on
-            (report / isolation.STARTED_FILE).write_text(json.dumps(
-                {"kernel": spec["pairs"][0][0], "case_id": spec["pairs"][0][1]}) + "\n")
-            return -11, f"{RED_ZONE}\n{TIMER}\n{TIMER}"
-        (report / isolation.FINISHED_FILE).write_text("".join(
-            json.dumps({"kernel": k, "case_id": c}) + "\n" for k, c in spec["pairs"]))
+        if len(given) <= len(ends):
+            return ends[len(given) - 1](report, pairs)
+        _pairs_file(report / isolation.FINISHED_FILE, pairs)
         return 0, ""
     monkeypatch.setattr(isolation, "_stream", fake_stream)
-    said = []
     result = isolation.run_group("g", [("k", "a"), ("k", "b")], tmp_path, RunOptions(),
                                  echo=said.append)
-    # Each worker after the first death is told the pair was run again (its spec's run_again:
-    # a capture that breaks there then stands as the pair's error, harness.engine.worker).
-    assert told == [[]] + [[("k", "a")]] * (len(told) - 1), told
-    return result, given, said
+    return result, given, told, said
 
 
 def test_a_worker_killed_in_xlas_autotuning_runs_its_pair_again(tmp_path, monkeypatch):
     """A worker killed just after XLA's autotuner (a compile thread) logged a red zone
     modified is taken as the harness's concurrency's doing (harness.engine.capture): the pair
     runs again in a fresh worker, no error, and the header's run_again keeps the death."""
-    result, given, said = _dying_group(tmp_path, monkeypatch, deaths=1)
+    result, given, told, said = _scripted_group(tmp_path, monkeypatch, [_red_zone_death])
     assert given == [[("k", "a"), ("k", "b")]] * 2
+    # The fresh worker is told the pair was run again (its spec's run_again: a capture that
+    # breaks there then stands as the pair's error, harness.engine.worker).
+    assert told == [[], [("k", "a")]]
     assert result.crashes == []
     assert result.run_again == [("k", "a", f"killed by SIGSEGV: {TIMER}")]
     assert any("died in XLA's autotuning on k a" in line and "runs again" in line
@@ -756,8 +768,9 @@ def test_a_worker_killed_in_xlas_autotuning_runs_its_pair_again(tmp_path, monkey
 def test_a_worker_killed_in_xlas_autotuning_twice_is_the_pairs_error(tmp_path, monkeypatch):
     """Killed so again in the fresh worker: the pair's error stands (what happens twice is not
     left out), and the rest runs on."""
-    result, given, _ = _dying_group(tmp_path, monkeypatch, deaths=2)
+    result, given, told, _ = _scripted_group(tmp_path, monkeypatch, [_red_zone_death] * 2)
     assert given == [[("k", "a"), ("k", "b")]] * 2 + [[("k", "b")]]
+    assert told == [[]] + [[("k", "a")]] * 2
     assert [c[:2] for c in result.crashes] == [("k", "a")]
     assert "died while running it (killed by SIGSEGV" in result.crashes[0][2]
     assert len(result.run_again) == 1
@@ -766,52 +779,24 @@ def test_a_worker_killed_in_xlas_autotuning_twice_is_the_pairs_error(tmp_path, m
 def test_a_pair_runs_again_once_at_most_for_either_cause(tmp_path, monkeypatch):
     """Run again after a broken capture, then its fresh worker killed after the autotuner's
     red-zone line: the second failure stands as the pair's error (harness.engine.capture)."""
-    from harness.engine import workers as isolation
     from harness.engine.capture import RETRY_FILE
-    attempts = []
 
-    def fake_stream(command, echo, env=None, stop=None):
-        spec = json.loads(Path(command[-1]).read_text())
-        report = Path(spec["report_dir"])
-        report.mkdir(parents=True)
-        attempts.append(spec["pairs"])
-        first = json.dumps({"kernel": "k", "case_id": "a"}) + "\n"
-        if len(attempts) == 1:
-            (report / RETRY_FILE).write_text(first[:-2] + ', "why": "during capture"}\n')
-            return 4, "a CUDA graph capture broke"
-        if len(attempts) == 2:
-            (report / isolation.STARTED_FILE).write_text(first)
-            return -11, RED_ZONE
-        (report / isolation.FINISHED_FILE).write_text("".join(
-            json.dumps({"kernel": k, "case_id": c}) + "\n" for k, c in spec["pairs"]))
-        return 0, ""
-    monkeypatch.setattr(isolation, "_stream", fake_stream)
-    result = isolation.run_group("g", [("k", "a"), ("k", "b")], tmp_path, RunOptions(),
-                                 echo=lambda line: None)
-    assert attempts == [[["k", "a"], ["k", "b"]]] * 2 + [[["k", "b"]]]
+    def capture_broke(report, pairs):
+        _pairs_file(report / RETRY_FILE, pairs[:1], why="during capture")
+        return 4, "a CUDA graph capture broke"
+    result, given, _, _ = _scripted_group(tmp_path, monkeypatch,
+                                          [capture_broke, _red_zone_death])
+    assert given == [[("k", "a"), ("k", "b")]] * 2 + [[("k", "b")]]
     assert [c[:2] for c in result.crashes] == [("k", "a")]
     assert result.run_again == [("k", "a", "during capture")]
 
 
 def test_a_worker_killed_otherwise_blames_its_pair_at_once(tmp_path, monkeypatch):
     """Any other death is the pair's at the first time (a kernel that crashes its process)."""
-    from harness.engine import workers as isolation
-    attempts = []
-
-    def fake_stream(command, echo, env=None, stop=None):
-        spec = json.loads(Path(command[-1]).read_text())
-        Path(spec["report_dir"]).mkdir(parents=True)
-        attempts.append(spec["pairs"])
-        if len(attempts) == 1:
-            return -11, "Segmentation fault in the kernel's own library"
-        (Path(spec["report_dir"]) / isolation.FINISHED_FILE).write_text("".join(
-            json.dumps({"kernel": k, "case_id": c}) + "\n" for k, c in spec["pairs"]))
-        return 0, ""
-    monkeypatch.setattr(isolation, "_stream", fake_stream)
-    result = isolation.run_group("g", [("k", "a"), ("k", "b")], tmp_path, RunOptions(),
-                                 echo=lambda line: None)
+    result, given, _, _ = _scripted_group(tmp_path, monkeypatch, [
+        lambda report, pairs: (-11, "Segmentation fault in the kernel's own library")])
     assert [c[:2] for c in result.crashes] == [("k", "a")] and result.run_again == []
-    assert attempts == [[["k", "a"], ["k", "b"]], [["k", "b"]]]
+    assert given == [[("k", "a"), ("k", "b")], [("k", "b")]]
 
 
 BREAKS_A_CAPTURE = """
