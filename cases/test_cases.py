@@ -77,3 +77,31 @@ def test_mask_only_features_share_one_draw():
     own = _drawn.__wrapped__(case)
     assert own is not drawn
     assert all(np.array_equal(a, b) for a, b in zip(own.args, drawn.args))
+
+
+def test_a_run_draws_inputs_only_for_cases_a_pair_runs_on(monkeypatch):
+    """The cases drawn ahead are those some selected kernel runs on: a kernel's unsupported
+    cases are skips, and their inputs were drawn (and waited for) for nothing. The skip records
+    are written all the same."""
+    import dataclasses
+
+    from harness.engine import runner
+    from harness.engine.programs import Programs
+    from harness.engine.registry import select_kernels
+    from harness.kernels.kernel import Platform
+
+    kernel = dataclasses.replace(select_kernels(["xla"])[0], dtypes=("float32",))
+    runs = Case("packed/random", 2, 64, 2, 2, 8, "float32", seed=3)
+    skipped = Case("packed/random", 2, 64, 2, 2, 8, "bfloat16", seed=4)
+    drawn = []
+    real = runner.make_inputs
+    monkeypatch.setattr(runner, "make_inputs", lambda case: drawn.append(case) or real(case))
+    programs = Programs()
+    try:
+        out = runner.run_matrix([kernel], [skipped, runs], Platform("cpu"), programs=programs,
+                                leak=False)
+    finally:
+        programs.close()
+    assert skipped not in drawn and runs in drawn
+    by_case = {r.case_id: r.verdict for r in out.records}
+    assert by_case[skipped.id] == "skip" and runs.id in by_case

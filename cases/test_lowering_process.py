@@ -456,9 +456,10 @@ def test_a_route_keeps_its_process_and_a_new_route_goes_to_the_least_asked(monke
     small = LoweringProcesses({}, None, None, None, count=2)
     assert {i for i, _ in _routed(small, [(f"s{n}", n) for n in range(199)])} == {0}
     assert _routed(small, [("s199", 199), ("s200", 200)]) == [(0, 199), (1, 200)]
-    # One process where the run has fewer than 8 cores (CI's 2), two from 8, three from 12.
-    assert [processes_for(n) for n in (1, 2, 4, 7, 8, 11, 12, 16, 64)] \
-        == [1, 1, 1, 1, 2, 2, 3, 3, 3]
+    # One process where the run has fewer than 8 cores (CI's 2), two from 8, three from 12,
+    # four from 16 (the H200 runner's).
+    assert [processes_for(n) for n in (1, 2, 4, 7, 8, 11, 12, 15, 16, 64)] \
+        == [1, 1, 1, 1, 2, 2, 3, 3, 4, 4]
 
 
 def test_a_compile_its_trace_asks_for_that_the_cache_lacks_is_named_as_such(

@@ -61,8 +61,10 @@ STOP_WAIT_S = 5.0
 # A run's lowering processes (LoweringProcesses): at most this many, each with this many of
 # the run's cores. With two, the H200's warm nightly at 4d948f1 kept both busy (190 s of CPU
 # in the main worker's 102 s on its pairs) and its run thread waited 16 s for programs not
-# handed over yet (reports/nightly-h200-4d948f1/).
-MAX_PROCESSES = 3
+# handed over yet (reports/nightly-h200-4d948f1/); with three at 396cbf3 it waited 13.2 s,
+# 9.0 s of it for kernels' programs, while 3.1 of the 16 cores were busy on average
+# (reports/nightly-h200-396cbf3/): one more where the run has 16 cores.
+MAX_PROCESSES = 4
 CORES_PER_PROCESS = 4
 OPEN_AFTER = 200     # requests before a second process opens (LoweringProcesses)
 CHILD = "harness.engine.lowering_child"   # the process itself
