@@ -761,8 +761,63 @@ def test_a_worker_killed_in_xlas_autotuning_runs_its_pair_again(tmp_path, monkey
     assert told == [[], [("k", "a")]]
     assert result.crashes == []
     assert result.run_again == [("k", "a", f"killed by SIGSEGV: {TIMER}")]
-    assert any("died in XLA's autotuning on k a" in line and "runs again" in line
+    assert any("died while XLA compiled beside the run, on k a" in line and "runs again" in line
                for line in said), said
+
+
+def test_a_worker_killed_after_the_autotuners_timer_warnings_alone_runs_its_pair_again(
+        tmp_path, monkeypatch):
+    """As the H200's cold nightly's worker died at 4bd381a: SIGSEGV after XLA's timer warnings
+    (the autotuner timing candidates in a compile thread), no red-zone line. Any other line
+    before the signal is the pair's (test_a_worker_killed_otherwise_blames_its_pair_at_once)."""
+    from harness.engine import workers as isolation
+
+    def timer_death(report, pairs):
+        _pairs_file(report / isolation.STARTED_FILE, pairs[:1])
+        return -11, f"{TIMER}\n{TIMER}\n"
+    result, given, _, _ = _scripted_group(tmp_path, monkeypatch, [timer_death])
+    assert result.crashes == [] and given == [[("k", "a"), ("k", "b")]] * 2
+    assert result.run_again == [("k", "a", f"killed by SIGSEGV: {TIMER}")]
+
+
+CRASHES_IN = """
+import faulthandler, sys, threading, time
+faulthandler.enable(all_threads=True)
+
+def {name}():
+    faulthandler._sigsegv()
+
+def waits():
+    time.sleep(60)
+
+threading.Thread(target=waits, daemon=True).start()
+print("W1205 21:35:09.5 29399 some log line", file=sys.stderr, flush=True)
+threading.Thread(target={name}).start()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("name, compiling", [("backend_compile_and_load", True),
+                                             ("kernel_launch", False)])
+def test_a_workers_crashing_thread_is_read_from_faulthandlers_dump(tmp_path, name, compiling):
+    """A real fatal signal in a thread of a process with faulthandler on (as workers run):
+    what the controller keeps of its stderr ends with the crashing thread's frames and says
+    whether it was compiling, which runs its pair again (harness.engine.capture); the dump
+    itself is not kept, the lines before it are."""
+    from harness.engine.capture import CRASHED, StderrTail, died_compiling
+    proc = subprocess.run([sys.executable, "-c", CRASHES_IN.format(name=name)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode < 0 and "Current thread" in proc.stderr
+    tail = StderrTail()
+    for line in proc.stderr.splitlines(keepends=True):
+        tail.add(line)
+    kept = tail.text().splitlines()
+    assert kept[0].endswith("some log line") and kept[1].startswith("Fatal Python error")
+    assert kept[-1].startswith(CRASHED + ("was compiling: " if compiling else "was not "))
+    assert f"{name} (<string>:6) < run (" in kept[-1]
+    assert "waits" not in tail.text() and "Thread 0x" not in tail.text()
+    assert died_compiling(proc.returncode, tail.text()) is compiling
+    assert not died_compiling(0, tail.text())
 
 
 def test_a_worker_killed_in_xlas_autotuning_twice_is_the_pairs_error(tmp_path, monkeypatch):

@@ -16,17 +16,24 @@ starts a fresh worker for the pairs left, that one among them, and tells it so (
 happens twice is not left out. The report's header lists the pairs run again (`run_again`), and
 the summary's first line counts them.
 
-A worker killed by a signal just after XLA's autotuner, in a compile thread, logged a red
-zone modified (the guard bytes around the buffers it times candidate kernels in,
-`gpu_profiler.cc`: "Red zone modified") is taken as the same concurrency's doing, not proven
-so: autotuning is a compile's, and a user's step compiles before it runs. The pair the run
-was on runs again in a fresh worker (`died_autotuning`; the H200's cold nightly at 396cbf3
-lost its worker so on `tokamax:cudnn`, a pair its warm run passed on the same machine). A
-kernel that truly writes out of bounds now and then may so pass on its second run: the
-header's run_again keeps the first death's reason. Each pair runs again once at most, for
-either cause: what breaks it in the fresh worker stands as its error.
+A worker killed by a signal while XLA compiled beside the run is taken as the same
+concurrency's doing, not proven so: autotuning is a compile's, and a user's step compiles
+before it runs. That is a worker whose last lines of stderr hold XLA's autotuner's words (the
+guard bytes around the buffers it times candidate kernels in modified, `gpu_profiler.cc`:
+"Red zone modified"; its timer's warning, `cuda_timer.cc`: "Delay kernel timed out"), or
+whose crashing thread was compiling. Workers dump every thread's stack on a fatal signal
+(faulthandler, harness.engine.worker), and `StderrTail` keeps the crashing thread's innermost
+frames as the last line of what the worker left, the reason its pair's record gives. The pair
+the run was on runs again in a fresh worker (`died_compiling`; the H200's cold nightlies lost
+a worker so at 396cbf3, on `tokamax:cudnn` after a red zone modified, a pair its warm run
+passed on the same machine, and at 4bd381a, on `sut:cudnn_flash_jax`, after five timer
+warnings and no red-zone line). A kernel that truly crashes now and then may so pass on its
+second run: the header's run_again keeps the first death's reason. Each pair runs again once
+at most, for either cause: what breaks it in the fresh worker stands as its error.
 """
 from __future__ import annotations
+
+import re
 
 MARKERS = ("previous error during capture", "cudaErrorStreamCaptureInvalidated",
            "cuda_graph_end_capture")
@@ -34,19 +41,70 @@ RETRY_FILE = "run_again.jsonl"
 CAPTURE_BROKEN = 4      # the worker's exit status: a pair to run again, listed in RETRY_FILE
 
 
-AUTOTUNER_MARKERS = ("Red zone modified",)
+AUTOTUNER_MARKERS = ("Red zone modified", "Delay kernel timed out")
 
 
 # How many of a dead worker's last stderr lines are searched (other compile threads may log
 # XLA's timer warnings after the autotuner's line, before the signal lands).
 AUTOTUNER_LINES = 20
 
+FATAL = "Fatal Python error:"     # faulthandler's dump begins so
+CURRENT = "Current thread "       # and so the crashing thread's frames, innermost first
+CRASHED = "the crashing thread "  # the line StderrTail adds: CRASHED + COMPILING or + OTHER
+COMPILING = "was compiling: "
+OTHER = "was not compiling: "
+# A frame of any of these in the crashing thread's stack: it was compiling (jax's calls into
+# XLA's compiler, and the harness's one entry to them).
+COMPILE_FRAMES = {"backend_compile_and_load", "compile_or_get_cached", "compile_lowered"}
+SHOWN_FRAMES = 4
+_FRAME = re.compile(r'\s*File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<name>\S+)')
 
-def died_autotuning(returncode: int, tail: str | None) -> bool:
-    """Whether a worker killed by a signal logged XLA's autotuner finding a red zone modified
-    among its last AUTOTUNER_LINES lines of stderr."""
+
+def died_compiling(returncode: int, tail: str | None) -> bool:
+    """Whether a worker killed by a signal logged XLA's autotuner's words among its last
+    AUTOTUNER_LINES lines of stderr, or its crashing thread was compiling (StderrTail)."""
     last = [ln for ln in (tail or "").splitlines() if ln.strip()][-AUTOTUNER_LINES:]
-    return returncode < 0 and any(m in ln for ln in last for m in AUTOTUNER_MARKERS)
+    return returncode < 0 and any(m in ln for ln in last
+                                  for m in (*AUTOTUNER_MARKERS, CRASHED + COMPILING))
+
+
+class StderrTail:
+    """What a worker's stderr leaves for the reason it died: its last `lines` lines (of at
+    most `chars` characters in all), and where faulthandler dumped the threads' stacks (a fatal
+    signal), instead of the dump, one line: whether the crashing thread was compiling and its
+    innermost frames (function, the file's last three path parts, line)."""
+
+    def __init__(self, lines: int = 40, chars: int = 1500):
+        self._lines: list[str] = []
+        self._keep, self._chars = lines, chars
+        self._dump = False          # in faulthandler's dump
+        self._current = False       # in its crashing thread's frames
+        self._frames: list[tuple[str, str, str]] = []
+
+    def add(self, line: str) -> None:
+        if not self._dump:
+            self._lines = (self._lines + [line])[-self._keep:]
+            self._dump = line.startswith(FATAL)
+            return
+        if line.startswith(CURRENT):
+            self._current = True
+            return
+        frame = _FRAME.match(line) if self._current else None
+        if frame is None:
+            self._current = False
+            return
+        path = "/".join(frame["path"].split("/")[-3:])
+        self._frames.append((frame["name"], path, frame["line"]))
+
+    def text(self) -> str:
+        text = "".join(self._lines)[-self._chars:]
+        if not self._frames:
+            return text
+        how = COMPILING if any(f[0] in COMPILE_FRAMES for f in self._frames) else OTHER
+        where = " < ".join(f"{name} ({path}:{line})"
+                           for name, path, line in self._frames[:SHOWN_FRAMES])
+        head = text.rstrip("\n")
+        return f"{head}\n{CRASHED}{how}{where}\n"
 
 
 def broke_capture(message: str | None) -> bool:

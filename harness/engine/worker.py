@@ -8,6 +8,7 @@ the workers' reports and finishes the run (harness.engine.engine). A user's mist
 line on stderr and exit status 2, as from the CLI."""
 from __future__ import annotations
 
+import faulthandler
 import json
 import sys
 import time
@@ -174,4 +175,7 @@ if __name__ == "__main__":
     # teardown is skipped (harness.process_end; 6.9 s passed from the end of the main worker's
     # pairs to the join at 32ec331, 2.0 s without it at a83ae73).
     from harness.process_end import end_process
+    # A fatal signal dumps every thread's stack to stderr: its controller reads which thread
+    # crashed, and whether it was compiling (harness.engine.capture.StderrTail).
+    faulthandler.enable(all_threads=True)
     end_process(main(sys.argv[1:]))

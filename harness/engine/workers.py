@@ -12,8 +12,8 @@ GPU's memory, the other groups take turns beside them with what they need of the
 harness.engine.main_parts), or one after another with the whole device where the user chose
 jax's memory settings themselves (`user_set_memory`). A worker appends its records as it goes
 and says which pair it starts. A worker that dies (a crash, a clash at import) costs one error
-record, for the pair it was running, with the reason (one killed in XLA's autotuning runs the
-pair again first: harness.engine.capture); a fresh worker takes the group's remaining pairs.
+record, for the pair it was running, with the reason (one killed while XLA compiled beside the
+run runs the pair again first: harness.engine.capture); a fresh worker takes the group's remaining pairs.
 The controller joins the workers' reports into one (harness.store.merge.merge_reports).
 
 pytest uses the same workers: a test whose kernel's group clashes with one already loaded in
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engine.capture import RETRY_FILE, died_autotuning
+from harness.engine.capture import RETRY_FILE, StderrTail, died_compiling
 from harness.engine.main_parts import (
     CORES_SHARE,
     DEFERRED,
@@ -336,13 +336,13 @@ def _stream(command: list[str], echo, env: dict | None = None, stop=None) -> tup
                                 text=True, errors="replace",
                                 env=worker_environment(dict(os.environ) if env is None else env))
         LIVE.add(proc)
-    tail: list[str] = []
+    tail = StderrTail(chars=MAX_TAIL)
     try:
         for line in proc.stderr:
             if echo is print:
                 sys.stderr.write(line)
-            tail = (tail + [line])[-40:]
-        return proc.wait(), "".join(tail)[-MAX_TAIL:]
+            tail.add(line)
+        return proc.wait(), tail.text()
     except BaseException:
         proc.kill()
         proc.wait()
@@ -431,9 +431,9 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
                 remaining = left
                 continue
             crashed = left[0]
-        if died_autotuning(returncode, tail) and crashed not in [p[:2] for p in result.run_again]:
-            echo(f"[worker {name}#{attempt}] died in XLA's autotuning on {' '.join(crashed)}: "
-                 f"{why}: it runs again in a fresh worker")
+        if died_compiling(returncode, tail) and crashed not in [p[:2] for p in result.run_again]:
+            echo(f"[worker {name}#{attempt}] died while XLA compiled beside the run, on "
+                 f"{' '.join(crashed)}: {why}: it runs again in a fresh worker")
             result.run_again, remaining = result.run_again + [(*crashed, why)], left
             continue
         whose = (f"the worker process for the main group's part {name!r}"

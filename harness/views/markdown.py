@@ -87,8 +87,8 @@ def run_line(header: dict, marked: bool = True) -> str:
         parts.append(f"rejudged, but {kept_text(header['rejudge_kept'])}")
     if header.get("run_again"):
         parts.append(f"{len(header['run_again'])} pair(s) run again in a fresh worker (a CUDA "
-                     "graph capture broken, or a worker killed after XLA's autotuner logged "
-                     "'Red zone modified': harness/engine/capture.py)")
+                     "graph capture broken, or a worker killed while XLA compiled beside the "
+                     "run: harness/engine/capture.py)")
     notice = unfinished(header) if marked else None
     if notice:
         parts.append(f"**{notice}**")
