@@ -393,7 +393,7 @@ def _stop_lanes(config, parts: Path) -> list[dict]:
     runs = []
     for report in lanes.report_dirs():
         try:
-            header, _ = rec.read(report)
+            header = rec.read_header(report)   # its records are not needed here
         except Exception:  # a worker killed before its header was written
             continue
         runs.append({"probe_mode": header.get("probe_mode", "default"),
@@ -467,7 +467,10 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
     # ran: the report says interrupted, not finished.
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop is not False \
         or session.shouldfail is not False
-    runs = [rec.read(s)[0] for s in sources] + lane_runs
+    # Headers alone: reading each part's records too (and the joined report's, below) took
+    # seconds of pytest's wall time on the H200's 96,485-record nightly, where the CLI's merge
+    # copies lines (harness.store.merge).
+    runs = [rec.read_header(s) for s in sources] + lane_runs
     modes = probe_modes(runs)
     report_dir = _report_dir(config)
     info = engine.run_info(options, config._harness_selection)
@@ -476,7 +479,7 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
     else:
         rec.write_header(report_dir / rec.RECORDS_FILE, describe_host(), **info)
     # When the run started, as the CLI's header says (the parts' were made as they began).
-    environment = dict(rec.read(report_dir)[0]["environment"],
+    environment = dict(rec.read_header(report_dir)["environment"],
                        time_utc=config._harness_started_utc)
     status = engine.finish(
         report_dir, options, state=INTERRUPTED if interrupted else FINISHED, console=False,
@@ -488,7 +491,7 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
         probe_mode=modes[0] if len(modes) == 1 else modes, environment=environment,
         # Pairs the lanes ran again after a broken capture (harness.engine.capture).
         **({"run_again": again} if (again := getattr(config, "_harness_run_again", [])) else {}))
-    header, records = rec.read(report_dir)
+    header, records = rec.read_lines(report_dir)   # how many, not parsed into records
     print(f"\nharness report: {report_dir}/ ({len(records)} records, wall time "
           f"{header.get('wall_s', 0):.0f} s)")
     if status and session.exitstatus == 0:
