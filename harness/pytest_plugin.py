@@ -90,7 +90,7 @@ def pytest_configure(config):
     else:
         config._harness_run = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         config._harness_gpus = {}  # xdist worker id -> its GPU (--gpu-per-worker)
-        config._harness_start = time.monotonic()
+        config._harness_start, config._harness_started_at = time.monotonic(), time.time()
         import datetime
         config._harness_started_utc = datetime.datetime.now(datetime.timezone.utc).isoformat(
             timespec="seconds")
@@ -389,17 +389,12 @@ def _stop_lanes(config, parts: Path) -> list[dict]:
     config._harness_run_again = lanes.run_again()
     for why in lanes.errors():
         print(f"\nharness: an engine lane failed ({why}); its remaining pairs ran in their tests")
-    from harness.store import report_file as rec
-    runs = []
-    for report in lanes.report_dirs():
-        try:
-            header = rec.read_header(report)   # its records are not needed here
-        except Exception:  # a worker killed before its header was written
-            continue
-        runs.append({"probe_mode": header.get("probe_mode", "default"),
-                     "timing": header.get("timing", {}),
-                     "compilation_cache": header.get("compilation_cache")})
-    return runs
+    from harness.store.merge import source_entry
+    headers = lanes.headers()
+    # The lane workers' process facts: the summary's "Worker processes" line, as the CLI's.
+    config._harness_lane_workers = [source_entry(report, h) for report, h in headers]
+    return [{"probe_mode": h.get("probe_mode", "default"), "timing": h.get("timing", {}),
+             "compilation_cache": h.get("compilation_cache")} for _, h in headers]
 
 
 @pytest.fixture(scope="session")
@@ -474,13 +469,20 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
     modes = probe_modes(runs)
     report_dir = _report_dir(config)
     info = engine.run_info(options, config._harness_selection)
+    joined, joined_at = time.monotonic(), time.time()
     if sources:
         merge_reports(report_dir, sources, **info)
     else:
         rec.write_header(report_dir / rec.RECORDS_FILE, describe_host(), **info)
+    joined_header = rec.read_header(report_dir)
     # When the run started, as the CLI's header says (the parts' were made as they began).
-    environment = dict(rec.read_header(report_dir)["environment"],
-                       time_utc=config._harness_started_utc)
+    environment = dict(joined_header["environment"], time_utc=config._harness_started_utc)
+    # Beside the tests' parts, the lane workers: when they began and ended against pytest's
+    # start and its join of the parts (the CLI's header has the same facts of its workers).
+    workers = getattr(config, "_harness_lane_workers", [])
+    processes = {"merged_from": joined_header.get("merged_from", []) + workers,
+                 "merge_s": round(time.monotonic() - joined, 1), "joined_at": joined_at,
+                 "started_at": config._harness_started_at} if workers else {}
     status = engine.finish(
         report_dir, options, state=INTERRUPTED if interrupted else FINISHED, console=False,
         selected=getattr(config, "_harness_pairs", None),
@@ -488,7 +490,7 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
         timing=merge_timing([r.get("timing") for r in runs]),
         # The lanes compiled (or read from the cache) what the tests' own processes did not.
         compilation_cache=merge_cache(runs),
-        probe_mode=modes[0] if len(modes) == 1 else modes, environment=environment,
+        probe_mode=modes[0] if len(modes) == 1 else modes, environment=environment, **processes,
         # Pairs the lanes ran again after a broken capture (harness.engine.capture).
         **({"run_again": again} if (again := getattr(config, "_harness_run_again", [])) else {}))
     header, records = rec.read_lines(report_dir)   # how many, not parsed into records

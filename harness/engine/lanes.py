@@ -138,6 +138,18 @@ class Lanes:
     def report_dirs(self) -> list[Path]:
         return sorted(p.parent for p in self.workdir.glob("lane-*/*/report/report.jsonl"))
 
+    def headers(self) -> list[tuple[Path, dict]]:
+        """(report folder, header) of each lane worker that wrote one (a worker killed before
+        its header was written has none); the records are not read."""
+        from harness.store import report_file as rec
+        out = []
+        for report in self.report_dirs():
+            try:
+                out.append((report, rec.read_header(report)))
+            except Exception:
+                continue
+        return out
+
 
 def no_lanes(workdir: Path) -> None:
     """The controller starts none (nothing to run ahead): the tests run their pairs."""

@@ -84,6 +84,16 @@ def merged_selection(headers: list[dict]) -> dict | None:
     return None
 
 
+def source_entry(path, header: dict) -> dict:
+    """What a joined report's header keeps of one source (`merged_from`): its path, its
+    environment and wall time, and a worker's process facts (its name, start, CPU seconds),
+    which the summary's "Worker processes" line reads."""
+    return {"path": str(path), "environment": header["environment"],
+            "wall_s": header.get("wall_s"),
+            **{k: header[k] for k in ("worker", "startup_s", "began_at", "cpu_s",
+                                      "children_cpu_s", "cores") if header.get(k) is not None}}
+
+
 def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None = None,
                   **header) -> list[tuple[Path, int]]:
     """One report (records and traces) from several report folders; `transform(records,
@@ -123,13 +133,7 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
     rec.write_header(out_dir / rec.RECORDS_FILE,
                      merged_environment([h["environment"] for h in headers]),
                      **{**facts, "suite": suites[0] if len(suites) == 1 else suites,
-                        "merged_from": [{"path": str(s), "environment": h["environment"],
-                                         "wall_s": h.get("wall_s"),
-                                         **{k: h[k] for k in ("worker", "startup_s",
-                                                              "began_at", "cpu_s",
-                                                              "children_cpu_s", "cores")
-                                            if h.get(k) is not None}}
-                                        for s, h in zip(sources, headers)],
+                        "merged_from": [source_entry(s, h) for s, h in zip(sources, headers)],
                         "timing": merge_timing([h.get("timing") for h in headers]),
                         "compilation_cache": merge_cache(headers),
                         "selection": merged_selection(headers),
