@@ -761,7 +761,7 @@ def test_a_worker_killed_in_xlas_autotuning_runs_its_pair_again(tmp_path, monkey
     assert told == [[], [("k", "a")]]
     assert result.crashes == []
     assert result.run_again == [("k", "a", f"killed by SIGSEGV: {TIMER}")]
-    assert any("died while XLA compiled beside the run, on k a" in line and "runs again" in line
+    assert any("died while XLA compiled, on k a" in line and "runs again" in line
                for line in said), said
 
 
@@ -812,12 +812,75 @@ def test_a_workers_crashing_thread_is_read_from_faulthandlers_dump(tmp_path, nam
     for line in proc.stderr.splitlines(keepends=True):
         tail.add(line)
     kept = tail.text().splitlines()
-    assert kept[0].endswith("some log line") and kept[1].startswith("Fatal Python error")
+    assert len(kept) == 2 and kept[0].endswith("some log line"), kept
     assert kept[-1].startswith(CRASHED + ("was compiling: " if compiling else "was not "))
     assert f"{name} (<string>:6) < run (" in kept[-1]
     assert "waits" not in tail.text() and "Thread 0x" not in tail.text()
     assert died_compiling(proc.returncode, tail.text()) is compiling
     assert not died_compiling(0, tail.text())
+
+
+ABORTS_OUT_OF_MEMORY = """
+import ctypes, faulthandler, os, sys, time
+faulthandler.enable(all_threads=True)
+print("F1205 external/xla/x.cc:1] Check failed: RESOURCE_EXHAUSTED: Out of memory while "
+      "trying to allocate 70.00GiB", file=sys.stderr, flush=True)
+if sys.argv[1] == "native":   # a thread of a library's own, with no Python frame
+    libc = ctypes.CDLL(None)
+    libc.pthread_create(ctypes.byref(ctypes.c_ulong()), None, libc.abort, None)
+    time.sleep(60)
+os.abort()
+"""
+
+
+@pytest.mark.parametrize("where", ["python", "native"])
+def test_a_workers_death_reason_keeps_its_own_last_line_before_the_crashing_thread(
+        tmp_path, where):
+    """The reason a worker died gives its own last line (XLA's, here an out-of-memory abort:
+    a main group's part defers such a pair, harness.engine.memory), then the crashing thread
+    as faulthandler named it, or that it had no Python frames (a thread of XLA's or CUDA's
+    own: faulthandler names no current thread then)."""
+    from harness.engine.capture import CRASHED, NONE, StderrTail, death, died_compiling
+    from harness.engine.memory import memory_bound
+    proc = subprocess.run([sys.executable, "-c", ABORTS_OUT_OF_MEMORY, where],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode < 0 and "Fatal Python error" in proc.stderr
+    tail = StderrTail()
+    for line in proc.stderr.splitlines(keepends=True):
+        tail.add(line)
+    why = death(proc.returncode, tail.text())
+    assert why.startswith("killed by SIGABRT: F1205 ") and memory_bound(why), why
+    if where == "native":
+        assert why.endswith(f"; {CRASHED}{NONE}"), why
+    else:
+        assert f"; {CRASHED}was not compiling: <module> (<string>:" in why, why
+    assert not died_compiling(proc.returncode, tail.text())
+
+
+def test_the_dump_keeps_what_other_threads_log_meanwhile_and_passes_over_garbage_collecting():
+    """Lines logged by other threads while faulthandler writes its dump are kept (XLA's
+    autotuner's red-zone line, here: its pair runs again); the crashing thread's frames are
+    read past a line saying it was collecting garbage; a second dump replaces the first."""
+    from harness.engine.capture import CRASHED, StderrTail, died_compiling
+    dump = ["Fatal Python error: Segmentation fault\n", "\n",
+            "Thread 0x00007f01 (most recent call first):\n",
+            '  File "/x/threading.py", line 355 in wait\n', "\n",
+            "Current thread 0x00007f02 (most recent call first):\n", "  Garbage-collecting\n",
+            f"{RED_ZONE}\n",
+            '  File "/site/jax/_src/compiler.py", line 395 in backend_compile_and_load\n',
+            '  File "/w/harness/compiling.py", line 43 in compile_lowered\n', "\n",
+            "Extension modules: numpy.core (total: 1)\n"]
+    tail = StderrTail()
+    for line in ["an earlier dump's\n", "Fatal Python error: Aborted\n",
+                 "Current thread 0x00007f03 (most recent call first):\n",
+                 '  File "/w/harness/engine/program.py", line 9 in run\n', "\n",
+                 "before\n", *dump]:
+        tail.add(line)
+    kept = tail.text().splitlines()
+    assert kept[:-1] == ["an earlier dump's", "before", RED_ZONE], kept
+    assert kept[-1] == (CRASHED + "was compiling: backend_compile_and_load "
+                        "(jax/_src/compiler.py:395) < compile_lowered (w/harness/compiling.py:43)")
+    assert died_compiling(-11, tail.text())
 
 
 def test_a_worker_killed_in_xlas_autotuning_twice_is_the_pairs_error(tmp_path, monkeypatch):

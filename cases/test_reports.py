@@ -236,11 +236,12 @@ def test_the_engine_runs_the_pairs_the_tests_select(tmp_path):
     # The lane's worker is timed as the CLI's are: the summary's "Worker processes" line, from
     # pytest's start to its pairs and from their end to the join of the tests' parts.
     header = rec.read_header(tmp_path / "whole")
-    assert [m["worker"] for m in header["merged_from"] if "worker" in m] == ["main-1"]
+    assert [m["worker"] for m in header["merged_from"] if "worker" in m] == ["lane-0/main-1"]
     line = next(ln for ln in (tmp_path / "whole" / "summary.md").read_text().splitlines()
                 if ln.startswith("Worker processes:"))
-    assert re.search(r"main-1 [\d.]+ s starting, [\d.]+ s on its pairs", line), line
+    assert re.search(r"lane-0/main-1 [\d.]+ s starting, [\d.]+ s on its pairs", line), line
     assert "from the run's start to the first worker's pairs" in line and "untimed" not in line
+    assert "pytest's tests taking their records" in line
 
 
 def test_more_workers_than_gpus_is_a_usage_error(tmp_path):

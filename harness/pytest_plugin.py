@@ -379,22 +379,18 @@ def pytest_collection_finish(session):
         _start_lanes(config, pairs)
 
 
-def _stop_lanes(config, parts: Path) -> list[dict]:
-    """Controller: the lanes stopped (pytest may stop early); each lane worker's probe mode,
-    timing and compilation-cache lookups, for the report's header."""
+def _stop_lanes(config, finished: bool) -> list[dict]:
+    """Controller: the lanes stopped (`finished`: pytest did not stop early, and they end on
+    their own first); each lane worker's probe mode, timing and cache lookups, for the
+    report's header, and its process facts (Lanes.finish)."""
     lanes = getattr(config, "_harness_lanes", None)
     if not lanes:
         return []
-    lanes.stop()
+    runs, config._harness_lane_workers = lanes.finish(finished)
     config._harness_run_again = lanes.run_again()
     for why in lanes.errors():
         print(f"\nharness: an engine lane failed ({why}); its remaining pairs ran in their tests")
-    from harness.store.merge import source_entry
-    headers = lanes.headers()
-    # The lane workers' process facts: the summary's "Worker processes" line, as the CLI's.
-    config._harness_lane_workers = [source_entry(report, h) for report, h in headers]
-    return [{"probe_mode": h.get("probe_mode", "default"), "timing": h.get("timing", {}),
-             "compilation_cache": h.get("compilation_cache")} for _, h in headers]
+    return runs
 
 
 @pytest.fixture(scope="session")
@@ -428,7 +424,8 @@ def pytest_sessionfinish(session, exitstatus):
     if getattr(config, "_harness_matrix", None) is None or _is_worker(config):
         return  # configuration failed (nothing ran), or a worker (its part is written)
     parts = _parts(config)
-    lane_runs = _stop_lanes(config, parts)
+    lane_runs = _stop_lanes(config, exitstatus != pytest.ExitCode.INTERRUPTED
+                            and session.shouldstop is False and session.shouldfail is False)
     sources = sorted(p for p in parts.glob("*") if (p / "report.jsonl").exists())
     lock = getattr(config, "_harness_lock", None)
     if not sources:

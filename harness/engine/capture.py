@@ -16,24 +16,28 @@ starts a fresh worker for the pairs left, that one among them, and tells it so (
 happens twice is not left out. The report's header lists the pairs run again (`run_again`), and
 the summary's first line counts them.
 
-A worker killed by a signal while XLA compiled beside the run is taken as the same
-concurrency's doing, not proven so: autotuning is a compile's, and a user's step compiles
-before it runs. That is a worker whose last lines of stderr hold XLA's autotuner's words (the
-guard bytes around the buffers it times candidate kernels in modified, `gpu_profiler.cc`:
-"Red zone modified"; its timer's warning, `cuda_timer.cc`: "Delay kernel timed out"), or
-whose crashing thread was compiling. Workers dump every thread's stack on a fatal signal
-(faulthandler, harness.engine.worker), and `StderrTail` keeps the crashing thread's innermost
-frames as the last line of what the worker left, the reason its pair's record gives. The pair
-the run was on runs again in a fresh worker (`died_compiling`; the H200's cold nightlies lost
-a worker so at 396cbf3, on `tokamax:cudnn` after a red zone modified, a pair its warm run
-passed on the same machine, and at 4bd381a, on `sut:cudnn_flash_jax`, after five timer
-warnings and no red-zone line). A kernel that truly crashes now and then may so pass on its
-second run: the header's run_again keeps the first death's reason. Each pair runs again once
-at most, for either cause: what breaks it in the fresh worker stands as its error.
+A worker killed by a signal while XLA compiled is taken as the harness's concurrency's doing,
+not proven so: autotuning is a compile's, and a user's step compiles before it runs. That is a
+worker whose last lines of stderr hold XLA's autotuner's words (the guard bytes around the
+buffers it times candidate kernels in modified, `gpu_profiler.cc`: "Red zone modified"; its
+timer's warning, `cuda_timer.cc`: "Delay kernel timed out"), or whose crashing thread was
+compiling, beside the run or in the run's own thread (a kernel whose compile crashes XLA
+every time so crashes again, and that stands). Workers dump every Python thread's stack on a
+fatal signal (faulthandler, harness.engine.worker); `StderrTail` keeps, in place of the dump,
+one line naming the crashing thread's innermost frames, where the dump names one (a thread
+of XLA's or CUDA's own has no Python frames: faulthandler names none), and `death` gives it
+after the worker's own last line. The pair the run was on runs again in a fresh worker
+(`died_compiling`; the H200's cold nightlies lost a worker so at 396cbf3, on `tokamax:cudnn`
+after a red zone modified, a pair its warm run passed on the same machine, and at 4bd381a,
+on `sut:cudnn_flash_jax`, after five timer warnings and no red-zone line). A kernel that truly
+crashes now and then may so pass on its second run: the header's run_again keeps the first
+death's reason. Each pair runs again once at most, for either cause: what breaks it in the
+fresh worker stands as its error.
 """
 from __future__ import annotations
 
 import re
+import signal
 
 MARKERS = ("previous error during capture", "cudaErrorStreamCaptureInvalidated",
            "cuda_graph_end_capture")
@@ -50,14 +54,20 @@ AUTOTUNER_LINES = 20
 
 FATAL = "Fatal Python error:"     # faulthandler's dump begins so
 CURRENT = "Current thread "       # and so the crashing thread's frames, innermost first
-CRASHED = "the crashing thread "  # the line StderrTail adds: CRASHED + COMPILING or + OTHER
+CRASHED = "the crashing thread "  # the line StderrTail adds: CRASHED + COMPILING, OTHER or NONE
 COMPILING = "was compiling: "
 OTHER = "was not compiling: "
+NONE = "had no Python frames (a thread of XLA's or CUDA's own, or none named)"
 # A frame of any of these in the crashing thread's stack: it was compiling (jax's calls into
 # XLA's compiler, and the harness's one entry to them).
 COMPILE_FRAMES = {"backend_compile_and_load", "compile_or_get_cached", "compile_lowered"}
 SHOWN_FRAMES = 4
 _FRAME = re.compile(r'\s*File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<name>\S+)')
+# The dump's other lines (CPython 3.11 to 3.13): each thread's header, a thread with no frame
+# or collecting garbage, the runtime's state, the extension modules loaded.
+_DUMP = re.compile(r"(Thread 0x[0-9a-f]+ |Current thread 0x|Stack \(most recent call first\)|"
+                   r"\s+<no Python frame>|\s+Garbage-collecting|Python runtime state:|"
+                   r"Extension modules:|\s*$)")
 
 
 def died_compiling(returncode: int, tail: str | None) -> bool:
@@ -68,43 +78,72 @@ def died_compiling(returncode: int, tail: str | None) -> bool:
                                   for m in (*AUTOTUNER_MARKERS, CRASHED + COMPILING))
 
 
+def death(returncode: int, tail: str) -> str:
+    """Why a worker stopped, in one line: the signal or exit status, its last line of stderr
+    (XLA's own last words, say, which tell an out-of-memory abort: harness.engine.memory), and
+    where faulthandler dumped the threads' stacks, what StderrTail made of the crashing one."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        how = f"killed by {name}"
+    else:
+        how = f"exited with status {returncode}"
+    last = [ln for ln in tail.splitlines() if ln.strip()]
+    own = [ln for ln in last if not ln.startswith(CRASHED)]
+    crashed = [ln for ln in last if ln.startswith(CRASHED)]
+    return how + (f": {own[-1][:300]}" if own else "") + (f"; {crashed[-1][:300]}"
+                                                         if crashed else "")
+
+
 class StderrTail:
     """What a worker's stderr leaves for the reason it died: its last `lines` lines (of at
-    most `chars` characters in all), and where faulthandler dumped the threads' stacks (a fatal
-    signal), instead of the dump, one line: whether the crashing thread was compiling and its
-    innermost frames (function, the file's last three path parts, line)."""
+    most `chars` characters in all), without faulthandler's dump of the threads' stacks (a
+    fatal signal); in its place, as the last line, the crashing thread: whether it was
+    compiling and its innermost frames (function, the file's last three path parts, line), or
+    that it had none. Lines other threads log while the dump is written are kept. A second
+    dump (a lowering process, which shares the stream, dying first) replaces the first."""
 
     def __init__(self, lines: int = 40, chars: int = 1500):
         self._lines: list[str] = []
         self._keep, self._chars = lines, chars
-        self._dump = False          # in faulthandler's dump
+        self._dumped = False        # a dump was seen
         self._current = False       # in its crashing thread's frames
         self._frames: list[tuple[str, str, str]] = []
 
     def add(self, line: str) -> None:
-        if not self._dump:
-            self._lines = (self._lines + [line])[-self._keep:]
-            self._dump = line.startswith(FATAL)
+        if line.startswith(FATAL):
+            self._dumped, self._current, self._frames = True, False, []
             return
-        if line.startswith(CURRENT):
+        if self._dumped and line.startswith(CURRENT):
             self._current = True
             return
-        frame = _FRAME.match(line) if self._current else None
-        if frame is None:
-            self._current = False
+        frame = _FRAME.match(line) if self._dumped else None
+        if frame is not None:
+            if self._current:
+                path = "/".join(frame["path"].split("/")[-3:])
+                self._frames.append((frame["name"], path, frame["line"]))
             return
-        path = "/".join(frame["path"].split("/")[-3:])
-        self._frames.append((frame["name"], path, frame["line"]))
+        if self._dumped and _DUMP.match(line):
+            # The crashing thread's frames end at the next thread's header; a line saying it
+            # is collecting garbage comes before its frames and is passed over.
+            self._current = self._current and "Garbage-collecting" in line
+            return
+        self._lines = (self._lines + [line])[-self._keep:]
 
     def text(self) -> str:
         text = "".join(self._lines)[-self._chars:]
-        if not self._frames:
+        if not self._dumped:
             return text
-        how = COMPILING if any(f[0] in COMPILE_FRAMES for f in self._frames) else OTHER
-        where = " < ".join(f"{name} ({path}:{line})"
-                           for name, path, line in self._frames[:SHOWN_FRAMES])
+        if self._frames:
+            how = COMPILING if any(f[0] in COMPILE_FRAMES for f in self._frames) else OTHER
+            how += " < ".join(f"{name} ({path}:{line})"
+                              for name, path, line in self._frames[:SHOWN_FRAMES])
+        else:
+            how = NONE
         head = text.rstrip("\n")
-        return f"{head}\n{CRASHED}{how}{where}\n"
+        return f"{head}\n{CRASHED}{how}\n"
 
 
 def broke_capture(message: str | None) -> bool:

@@ -40,6 +40,9 @@ PLAN = "plan.json"
 CRASHES = "crashes.jsonl"
 DONE = "done.json"
 PLAN_WAIT_S = 600     # how long a test waits for the controller's plan before running itself
+# How long a finished session waits for its lanes to end on their own (Lanes.stop): a worker's
+# programs close within programs.CLOSE_WAIT_S.
+FINISH_WAIT_S = 150.0
 
 
 class Lanes:
@@ -112,7 +115,14 @@ class Lanes:
             status["run_again"] = isolation.run_again_entries(futures, again)
             (lane / DONE).write_text(json.dumps(status))
 
-    def stop(self) -> None:
+    def stop(self, finish_wait_s: float = 0.0) -> None:
+        """Stops the lanes, killing their live workers; after up to `finish_wait_s` for the
+        lanes to end on their own (a session whose tests all took their records: a worker
+        past its last pair still closes its programs and writes its header's last facts,
+        and killed then, it reads as a worker that died before writing them)."""
+        deadline = time.monotonic() + finish_wait_s
+        for thread in self.threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self.stopping.set()      # before the kill: no worker starts after it (run_group)
         isolation.stop_live()
         for thread in self.threads:
@@ -137,6 +147,19 @@ class Lanes:
 
     def report_dirs(self) -> list[Path]:
         return sorted(p.parent for p in self.workdir.glob("lane-*/*/report/report.jsonl"))
+
+    def finish(self, finished: bool) -> tuple[list[dict], list[dict]]:
+        """Stops the lanes (`finished`: after up to FINISH_WAIT_S for them to end on their
+        own). Returns each lane worker's probe mode, timing and compilation-cache lookups,
+        and its process facts as a joined report's `merged_from` keeps them, named
+        lane-I/WORKER (the summary's "Worker processes" line, as of the CLI's workers)."""
+        from harness.store.merge import source_entry
+        self.stop(FINISH_WAIT_S if finished else 0.0)
+        headers = self.headers()
+        runs = [{"probe_mode": h.get("probe_mode", "default"), "timing": h.get("timing", {}),
+                 "compilation_cache": h.get("compilation_cache")} for _, h in headers]
+        return runs, [{**source_entry(report, h), "worker": "/".join(report.parts[-3:-1])}
+                      for report, h in headers]
 
     def headers(self) -> list[tuple[Path, dict]]:
         """(report folder, header) of each lane worker that wrote one (a worker killed before

@@ -12,8 +12,8 @@ GPU's memory, the other groups take turns beside them with what they need of the
 harness.engine.main_parts), or one after another with the whole device where the user chose
 jax's memory settings themselves (`user_set_memory`). A worker appends its records as it goes
 and says which pair it starts. A worker that dies (a crash, a clash at import) costs one error
-record, for the pair it was running, with the reason (one killed while XLA compiled beside the
-run runs the pair again first: harness.engine.capture); a fresh worker takes the group's remaining pairs.
+record, for the pair it was running, with the reason (one killed while XLA compiled runs the
+pair again first: harness.engine.capture); a fresh worker takes the group's remaining pairs.
 The controller joins the workers' reports into one (harness.store.merge.merge_reports).
 
 pytest uses the same workers: a test whose kernel's group clashes with one already loaded in
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engine.capture import RETRY_FILE, StderrTail, died_compiling
+from harness.engine.capture import RETRY_FILE, StderrTail, death, died_compiling
 from harness.engine.main_parts import (
     CORES_SHARE,
     DEFERRED,
@@ -312,20 +312,6 @@ def _last_started(report_dir: Path) -> tuple[str, str] | None:
     return started[-1] if started else None
 
 
-def death(returncode: int, tail: str) -> str:
-    """Why a worker stopped, in one line."""
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        how = f"killed by {name}"
-    else:
-        how = f"exited with status {returncode}"
-    last = [ln for ln in tail.splitlines() if ln.strip()]
-    return how + (f": {last[-1][:300]}" if last else "")
-
-
 def _stream(command: list[str], echo, env: dict | None = None, stop=None) -> tuple[int, str]:
     """Runs a worker, passing its stderr (progress) through as it comes, and keeps the end of
     it for the reason, should it die. `stop` (a threading.Event): once set, no worker starts."""
@@ -432,8 +418,8 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
                 continue
             crashed = left[0]
         if died_compiling(returncode, tail) and crashed not in [p[:2] for p in result.run_again]:
-            echo(f"[worker {name}#{attempt}] died while XLA compiled beside the run, on "
-                 f"{' '.join(crashed)}: {why}: it runs again in a fresh worker")
+            echo(f"[worker {name}#{attempt}] died while XLA compiled, on {' '.join(crashed)}: "
+                 f"{why}: it runs again in a fresh worker")
             result.run_again, remaining = result.run_again + [(*crashed, why)], left
             continue
         whose = (f"the worker process for the main group's part {name!r}"

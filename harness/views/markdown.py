@@ -176,7 +176,7 @@ def process_lines(header: dict) -> list[str]:
         return []
     each = "; ".join(f"{m.get('worker', m['path'])} {m['startup_s']:.1f} s starting, "
                      f"{m.get('wall_s') or 0:.1f} s on its pairs{_cpu(m)}" for m in workers)
-    untimed = [Path(m["path"]).parent.name for m in merged
+    untimed = [m.get("worker") or Path(m["path"]).parent.name for m in merged
                if m.get("startup_s") is None and Path(m["path"]).name == "report"]
     if untimed:   # beside them: the controller's crash records (`crashes/`), not a worker
         each += f"; untimed (died before writing a header): {', '.join(untimed)}"
@@ -188,7 +188,9 @@ def process_lines(header: dict) -> list[str]:
                                          for m in stamped)
         line += (f" (from the run's start to the first worker's pairs {first:.1f} s; from the "
                  f"end of the last worker's pairs, its programs closed, to the join {last:.1f} "
-                 "s: its exit, the controller's wait and bookkeeping)")
+                 "s: its exit, the controller's wait and bookkeeping"
+                 + (", pytest's tests taking their records" if header.get("source") == "pytest"
+                    else "") + ")")
     return ["", line + "."]
 
 
