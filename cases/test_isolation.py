@@ -825,6 +825,11 @@ import ctypes, faulthandler, os, sys, time
 faulthandler.enable(all_threads=True)
 print("F1205 external/xla/x.cc:1] Check failed: RESOURCE_EXHAUSTED: Out of memory while "
       "trying to allocate 70.00GiB", file=sys.stderr, flush=True)
+# abseil's stack after its fatal line, as XLA's aborts print it
+print("*** Check failure stack trace: ***", file=sys.stderr)
+for i in range(60):
+    print(f"    @     0x7f0e{i:08x}  absl::LogMessage::Flush()", file=sys.stderr)
+sys.stderr.flush()
 if sys.argv[1] == "native":   # a thread of a library's own, with no Python frame
     libc = ctypes.CDLL(None)
     libc.pthread_create(ctypes.byref(ctypes.c_ulong()), None, libc.abort, None)
@@ -881,6 +886,17 @@ def test_the_dump_keeps_what_other_threads_log_meanwhile_and_passes_over_garbage
     assert kept[-1] == (CRASHED + "was compiling: backend_compile_and_load "
                         "(jax/_src/compiler.py:395) < compile_lowered (w/harness/compiling.py:43)")
     assert died_compiling(-11, tail.text())
+    # The crashing thread's frames end with its block: a compile in a thread after it is
+    # another thread's.
+    other = StderrTail()
+    for line in ["Fatal Python error: Segmentation fault\n",
+                 "Current thread 0x00007f02 (most recent call first):\n",
+                 '  File "/w/harness/engine/program.py", line ??? in _launched\n', "\n",
+                 "Thread 0x00007f01 (most recent call first):\n", *dump[8:10], "  ...\n"]:
+        other.add(line)
+    assert other.text().splitlines() == [
+        CRASHED + "was not compiling: _launched (harness/engine/program.py:???)"]
+    assert not died_compiling(-11, other.text())
 
 
 def test_a_worker_killed_in_xlas_autotuning_twice_is_the_pairs_error(tmp_path, monkeypatch):

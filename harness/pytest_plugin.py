@@ -424,8 +424,9 @@ def pytest_sessionfinish(session, exitstatus):
     if getattr(config, "_harness_matrix", None) is None or _is_worker(config):
         return  # configuration failed (nothing ran), or a worker (its part is written)
     parts = _parts(config)
-    lane_runs = _stop_lanes(config, exitstatus != pytest.ExitCode.INTERRUPTED
-                            and session.shouldstop is False and session.shouldfail is False)
+    ended = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)   # not stopped early
+    lane_runs = _stop_lanes(config, exitstatus in ended and session.shouldstop is False
+                            and session.shouldfail is False)
     sources = sorted(p for p in parts.glob("*") if (p / "report.jsonl").exists())
     lock = getattr(config, "_harness_lock", None)
     if not sources:

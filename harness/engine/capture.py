@@ -62,12 +62,15 @@ NONE = "had no Python frames (a thread of XLA's or CUDA's own, or none named)"
 # XLA's compiler, and the harness's one entry to them).
 COMPILE_FRAMES = {"backend_compile_and_load", "compile_or_get_cached", "compile_lowered"}
 SHOWN_FRAMES = 4
-_FRAME = re.compile(r'\s*File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<name>\S+)')
+_FRAME = re.compile(r'\s*File "(?P<path>[^"]*)", line (?P<line>\d+|\?+) in (?P<name>\S+)')
 # The dump's other lines (CPython 3.11 to 3.13): each thread's header, a thread with no frame
 # or collecting garbage, the runtime's state, the extension modules loaded.
 _DUMP = re.compile(r"(Thread 0x[0-9a-f]+ |Current thread 0x|Stack \(most recent call first\)|"
                    r"\s+<no Python frame>|\s+Garbage-collecting|Python runtime state:|"
-                   r"Extension modules:|\s*$)")
+                   r"Extension modules:|\s+\.\.\.\s*$|\s*$)")
+# What abseil prints after a fatal log line (XLA's "F... Check failed: ..."), before the abort:
+# its stack, dozens of lines that would push that line out of the tail.
+_CHECK_TRACE = re.compile(r"(\*\*\* Check failure stack trace: \*\*\*|\s+@\s+0x)")
 
 
 def died_compiling(returncode: int, tail: str | None) -> bool:
@@ -100,10 +103,12 @@ def death(returncode: int, tail: str) -> str:
 class StderrTail:
     """What a worker's stderr leaves for the reason it died: its last `lines` lines (of at
     most `chars` characters in all), without faulthandler's dump of the threads' stacks (a
-    fatal signal); in its place, as the last line, the crashing thread: whether it was
-    compiling and its innermost frames (function, the file's last three path parts, line), or
-    that it had none. Lines other threads log while the dump is written are kept. A second
-    dump (a lowering process, which shares the stream, dying first) replaces the first."""
+    fatal signal) and abseil's stack after a fatal log line; in the dump's place, as the last
+    line, the crashing thread: whether it was compiling and its innermost frames (function,
+    the file's last three path parts, line), or that it had none. Lines other threads log
+    while the dump is written are kept. A later dump replaces an earlier one (a lowering
+    process, which shares the stream, may die first; a worker that then dies without a dump,
+    killed by SIGKILL, keeps that one's line)."""
 
     def __init__(self, lines: int = 40, chars: int = 1500):
         self._lines: list[str] = []
@@ -130,7 +135,8 @@ class StderrTail:
             # is collecting garbage comes before its frames and is passed over.
             self._current = self._current and "Garbage-collecting" in line
             return
-        self._lines = (self._lines + [line])[-self._keep:]
+        if not _CHECK_TRACE.match(line):
+            self._lines = (self._lines + [line])[-self._keep:]
 
     def text(self) -> str:
         text = "".join(self._lines)[-self._chars:]
@@ -143,7 +149,7 @@ class StderrTail:
         else:
             how = NONE
         head = text.rstrip("\n")
-        return f"{head}\n{CRASHED}{how}\n"
+        return (f"{head}\n" if head else "") + f"{CRASHED}{how}\n"
 
 
 def broke_capture(message: str | None) -> bool:
