@@ -379,18 +379,18 @@ def pytest_collection_finish(session):
         _start_lanes(config, pairs)
 
 
-def _stop_lanes(config, finished: bool) -> list[dict]:
+def _stop_lanes(config, finished: bool) -> tuple[list[dict], list[dict]]:
     """Controller: the lanes stopped (`finished`: pytest did not stop early, and they end on
     their own first); each lane worker's probe mode, timing and cache lookups, for the
     report's header, and its process facts (Lanes.finish)."""
     lanes = getattr(config, "_harness_lanes", None)
     if not lanes:
-        return []
-    runs, config._harness_lane_workers = lanes.finish(finished)
+        return [], []
+    runs, workers = lanes.finish(finished)
     config._harness_run_again = lanes.run_again()
     for why in lanes.errors():
         print(f"\nharness: an engine lane failed ({why}); its remaining pairs ran in their tests")
-    return runs
+    return runs, workers
 
 
 @pytest.fixture(scope="session")
@@ -424,19 +424,22 @@ def pytest_sessionfinish(session, exitstatus):
     if getattr(config, "_harness_matrix", None) is None or _is_worker(config):
         return  # configuration failed (nothing ran), or a worker (its part is written)
     parts = _parts(config)
-    ended = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)   # not stopped early
-    lane_runs = _stop_lanes(config, exitstatus in ended and session.shouldstop is False
-                            and session.shouldfail is False)
+    # Stopped early: by the user, or by -x / --maxfail (shouldfail) before every selected test
+    # ran: the report says interrupted, not finished, and the lanes are not waited for.
+    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop is not False \
+        or session.shouldfail is not False
+    lanes = _stop_lanes(config, not interrupted and exitstatus in (pytest.ExitCode.OK,
+                                                                   pytest.ExitCode.TESTS_FAILED))
     sources = sorted(p for p in parts.glob("*") if (p / "report.jsonl").exists())
     lock = getattr(config, "_harness_lock", None)
     if not sources:
         shutil.rmtree(parts, ignore_errors=True)
         if lock is not None:   # begun, but no matrix test ran: nothing was judged
-            _finish(config, session, exitstatus, [], lane_runs)
+            _finish(config, session, interrupted, [], *lanes)
             lock.release()
         return
     try:
-        _finish(config, session, exitstatus, sources, lane_runs)
+        _finish(config, session, interrupted, sources, *lanes)
     finally:
         shutil.rmtree(parts, ignore_errors=True)
         if lock is not None:
@@ -449,17 +452,13 @@ def probe_modes(runs: list[dict]) -> list[str]:
     return sorted({r["probe_mode"] for r in runs if r.get("probe_mode")}) or ["default"]
 
 
-def _finish(config, session, exitstatus, sources, lane_runs) -> None:
+def _finish(config, session, interrupted, sources, lane_runs, lane_workers) -> None:
     from harness.engine import engine
     from harness.engine.environment import describe_host
     from harness.store import report_file as rec
     from harness.store.merge import merge_cache, merge_reports, merge_timing
     from harness.store.writer import FINISHED, INTERRUPTED
     options = _options(config)
-    # Stopped early: by the user, or by -x / --maxfail (shouldfail) before every selected test
-    # ran: the report says interrupted, not finished.
-    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop is not False \
-        or session.shouldfail is not False
     # Headers alone: reading each part's records too (and the joined report's, below) took
     # seconds of pytest's wall time on the H200's 96,485-record nightly, where the CLI's merge
     # copies lines (harness.store.merge).
@@ -477,10 +476,9 @@ def _finish(config, session, exitstatus, sources, lane_runs) -> None:
     environment = dict(joined_header["environment"], time_utc=config._harness_started_utc)
     # Beside the tests' parts, the lane workers: when they began and ended against pytest's
     # start and its join of the parts (the CLI's header has the same facts of its workers).
-    workers = getattr(config, "_harness_lane_workers", [])
-    processes = {"merged_from": joined_header.get("merged_from", []) + workers,
+    processes = {"merged_from": joined_header.get("merged_from", []) + lane_workers,
                  "merge_s": round(time.monotonic() - joined, 1), "joined_at": joined_at,
-                 "started_at": config._harness_started_at} if workers else {}
+                 "started_at": config._harness_started_at} if lane_workers else {}
     status = engine.finish(
         report_dir, options, state=INTERRUPTED if interrupted else FINISHED, console=False,
         selected=getattr(config, "_harness_pairs", None),

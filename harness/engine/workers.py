@@ -48,7 +48,6 @@ from harness.store import report_file as rec
 
 STARTED_FILE = "started.jsonl"
 FINISHED_FILE = "finished.jsonl"   # pairs whose records are all written (harness.engine.lanes)
-MAX_TAIL = 1500
 _LOADED: set[str] = set()     # isolation groups whose kernels ran in this process
 LIVE: set = set()              # worker processes running now (stopped with their run)
 _LIVE_LOCK = threading.Lock()   # starting a worker and stopping them all exclude each other
@@ -322,7 +321,7 @@ def _stream(command: list[str], echo, env: dict | None = None, stop=None) -> tup
                                 text=True, errors="replace",
                                 env=worker_environment(dict(os.environ) if env is None else env))
         LIVE.add(proc)
-    tail = StderrTail(chars=MAX_TAIL)
+    tail = StderrTail()
     try:
         for line in proc.stderr:
             if echo is print:
