@@ -26,6 +26,10 @@
 #                       default and deterministic builds (scripts/program_costs.py; after a
 #                       nightly, whose compilation cache it reads), into costs.log.txt;
 #                       HARNESS_ARGS (options of `harness run`) are not passed to it
+#   compile-costs:KERNELS  compile seconds of a sample of the nightly's oracle programs and of
+#                       these kernels' builds under XLA option sets, no cache
+#                       (scripts/compile_costs.py; COST_CASES cases, default 6), into
+#                       compile-costs.log.txt
 #
 # PYSPY (optional): a py-spy binary; each run step then runs under `py-spy record --nonblocking
 # --idle --threads --subprocesses --rate 20 --format raw` (sampling without pausing the run),
@@ -51,8 +55,8 @@ if [ "${1:-}" = --plan ]; then plan=1; shift; fi
 [ $# -gt 0 ] || { echo "usage: [OUT=DIR] bash scripts/gpu.sh [--plan] STEP... (see the header)" >&2; exit 2; }
 for s in "$@"; do
   case "$s" in
-    env|bench|patch-test|nightly:?*|pytest:?*|census:te|census:fa|census:new|census:?*=?*|features:?*|sharded:?*|repro:?*|flake:[0-9]*|costs:?*) ;;
-    *) echo "gpu.sh: unknown step '$s' (env, nightly:NAME, pytest:NAME, census:te|fa|new|PART=KERNELS, features:NAME, sharded:NAME, bench, patch-test, repro:PATH, flake:SEEDS, costs:KERNELS)" >&2; exit 2 ;;
+    env|bench|patch-test|nightly:?*|pytest:?*|census:te|census:fa|census:new|census:?*=?*|features:?*|sharded:?*|repro:?*|flake:[0-9]*|costs:?*|compile-costs:?*) ;;
+    *) echo "gpu.sh: unknown step '$s' (env, nightly:NAME, pytest:NAME, census:te|fa|new|PART=KERNELS, features:NAME, sharded:NAME, bench, patch-test, repro:PATH, flake:SEEDS, costs:KERNELS, compile-costs:KERNELS)" >&2; exit 2 ;;
   esac
 done
 t_start=$(date +%s)
@@ -83,6 +87,8 @@ command_of() {   # the command a step runs, one word per line (run and --plan pr
     patch-test) printf '%s\n' python3 scripts/maxtext_patch_test.py -q ;;
     repro:*)    printf '%s\n' python3 "$name" ;;
     costs:*)    printf '%s\n' python3 scripts/program_costs.py --suite nightly --kernels "$name" ;;
+    compile-costs:*) printf '%s\n' python3 scripts/compile_costs.py --suite nightly --cases "${COST_CASES:-6}" \
+                  --kernels "$name" ;;
   esac
 }
 gpus() { local n; n=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU '); [ "${n:-0}" -gt 0 ] && echo "$n" || echo 1; }
@@ -192,6 +198,8 @@ import $m" 2>&1); then echo "import $m: ok"
       step patch-test patch-test ;;
     costs:*)
       step "$s" costs ;;
+    compile-costs:*)
+      step "$s" compile-costs ;;
     repro:*)
       mkdir -p "$r/repro"; step "$s" "repro-$(basename "$name" .py)"
       mv "$r/repro-$(basename "$name" .py).log.txt" "$r/repro/$(basename "$name" .py).txt" 2> /dev/null

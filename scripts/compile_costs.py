@@ -1,0 +1,124 @@
+"""Compile seconds of the nightly's oracle programs and of named kernels' leak-probe builds under
+XLA option sets beside the harness's own (programs.NO_AUTOTUNING), one program at a time with no
+compilation cache (each compile is a cold one, and has the process's cores to itself), and how
+far each option set moves the oracle's outputs from the harness's own build (the largest
+difference over an output, as a share of that output's largest magnitude, over the truth's and
+the peer's out, dq, dk, dv).
+
+    python3 scripts/compile_costs.py --suite nightly --cases 8 --kernels xla,dot_product
+
+A diagnosis for issue 32 (the cold nightly's compile seconds), not a check: it decides whether
+an option set is worth a GPU compare of the whole nightly's verdicts."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# Option sets tried beside the harness's own (each added to NO_AUTOTUNING).
+VARIANTS = {
+    "no-triton-gemm": {"xla_gpu_enable_triton_gemm": False},
+    "llvm-cheap": {"xla_llvm_disable_expensive_passes": True},
+    "no-triton-gemm+llvm-cheap": {"xla_gpu_enable_triton_gemm": False,
+                                  "xla_llvm_disable_expensive_passes": True},
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", default="smoke")
+    parser.add_argument("--cases", type=int, default=8,
+                        help="oracle programs' cases, spread over the suite's (one per program)")
+    parser.add_argument("--kernels", default="",
+                        help="kernels whose default and deterministic builds are timed too")
+    args = parser.parse_args(argv)
+    from harness.engine.workers import worker_environment
+    os.environ.update(worker_environment(dict(os.environ)))
+    import jax
+    import numpy as np
+
+    from harness.engine.environment import current_platform
+    from harness.engine.program_functions import DEFAULT, argument_shapes, kernel_fn
+    from harness.engine.programs import DETERMINISTIC_COMPILER_OPTIONS, NO_AUTOTUNING
+    from harness.engine.registry import mark_absl_flags_parsed, select_kernels
+    from harness.judge.oracle import case_key_span, reference_fn
+    from harness.model.case import make_inputs
+    from harness.model.suites import suite_cases
+    mark_absl_flags_parsed()
+    platform = current_platform()
+    cases = suite_cases(args.suite)
+    chosen: dict = {}
+    for c in cases:
+        chosen.setdefault((c.shape_key, case_key_span(c)), c)
+    every = list(chosen.values())
+    step = max(1, len(every) // max(1, args.cases))
+    sample = every[::step][:args.cases]
+    print(f"{len(every)} oracle cases in `{args.suite}`; timing {len(sample)}; "
+          f"platform {platform}; no compilation cache\n")
+
+    def compile_s(lowered, options):
+        start = time.perf_counter()
+        try:
+            compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
+        except Exception as exc:   # noqa: BLE001 - the row says why
+            return None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+        return compiled, time.perf_counter() - start
+
+    totals: dict = {}
+    print("| program | case | " + " | ".join(["own s", *(f"{v} s (moved)" for v in VARIANTS)])
+          + " |\n|" + "---|" * (3 + len(VARIANTS)))
+    for case in sample:
+        inputs = make_inputs(case).device_args
+        for truth in (True, False):
+            lowered = jax.jit(reference_fn(case, truth)).lower(*inputs)
+            base, base_s = compile_s(lowered, NO_AUTOTUNING)
+            if base is None:
+                print(f"| oracle {'truth' if truth else 'peer'} | `{case.id}` | {base_s} |")
+                continue
+            want = [np.asarray(x, np.float64) for x in base(*inputs)]
+            cells = [f"{base_s:.2f}"]
+            totals["own"] = totals.get("own", 0.0) + base_s
+            for name, extra in VARIANTS.items():
+                compiled, s = compile_s(lowered, {**NO_AUTOTUNING, **extra})
+                if compiled is None:
+                    cells.append(s)
+                    continue
+                got = [np.asarray(x, np.float64) for x in compiled(*inputs)]
+                moved = max(float(np.nanmax(np.abs(g - w)) / max(np.nanmax(np.abs(w)), 1e-30))
+                            for g, w in zip(got, want))
+                totals[name] = totals.get(name, 0.0) + s
+                cells.append(f"{s:.2f} ({moved:.1e})")
+            print(f"| oracle {'truth' if truth else 'peer'} | `{case.id}` | "
+                  + " | ".join(cells) + " |", flush=True)
+    print("\noracle totals, s: " + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()))
+    kernels = select_kernels(args.kernels.split(",")) if args.kernels else []
+    if kernels:
+        print("\n| kernel | case | default s | deterministic s | "
+              + " | ".join(f"deterministic {v} s" for v in VARIANTS) + " |\n|"
+              + "---|" * (4 + len(VARIANTS)))
+    for kernel in kernels:
+        for case in sample:
+            if kernel.unsupported_reasons(case, platform) or case.features:
+                continue
+            try:
+                lowered = jax.jit(kernel_fn(kernel, case, DEFAULT)).lower(
+                    *argument_shapes(case, DEFAULT))
+            except Exception as exc:   # noqa: BLE001 - the row says why
+                print(f"| {kernel.name} | `{case.id}` | lowering failed: {type(exc).__name__} |")
+                continue
+            cells = [compile_s(lowered, None)[1],
+                     compile_s(lowered, {**DETERMINISTIC_COMPILER_OPTIONS, **NO_AUTOTUNING})[1]]
+            cells += [compile_s(lowered, {**DETERMINISTIC_COMPILER_OPTIONS, **NO_AUTOTUNING,
+                                          **extra})[1] for extra in VARIANTS.values()]
+            print(f"| {kernel.name} | `{case.id}` | "
+                  + " | ".join(c if isinstance(c, str) else f"{c:.2f}" for c in cells) + " |",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
