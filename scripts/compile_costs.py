@@ -95,6 +95,7 @@ def main(argv=None) -> int:
             print(f"| oracle {'truth' if truth else 'peer'} | `{case.id}` | "
                   + " | ".join(cells) + " |", flush=True)
     print("\noracle totals, s: " + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()))
+    own_programs(sample, jax, NO_AUTOTUNING, compile_s)
     kernels = select_kernels(args.kernels.split(",")) if args.kernels else []
     if kernels:
         print("\n| kernel | case | default s | deterministic s | "
@@ -118,6 +119,45 @@ def main(argv=None) -> int:
                   + " | ".join(c if isinstance(c, str) else f"{c:.2f}" for c in cells) + " |",
                   flush=True)
     return 0
+
+
+def own_programs(sample, jax, no_autotuning, compile_s) -> None:
+    """The harness's own programs (harness.ahead) at each sampled case's signatures: compiled
+    today with no options (XLA's defaults, autotuning included), with NO_AUTOTUNING, and with
+    each option set beside it."""
+    import jax.numpy as jnp
+
+    from harness.judge.leak_probe import redrawn
+    from harness.engine.program_functions import argument_shapes
+    from harness.judge.metrics import stacked_token_errors
+    from harness.judge.oracle import reference_fn
+    from harness.judge.vocabulary import TENSORS
+    from harness.model.case import tangent_statics, tangents_program
+    sets = {"none": {}, "own": no_autotuning,
+            **{k: {**no_autotuning, **v} for k, v in VARIANTS.items()}}
+    totals = dict.fromkeys(sets, 0.0)
+    print("\n| own program | case | " + " | ".join(f"{k} s" for k in sets) + " |\n|"
+          + "---|" * (2 + len(sets)))
+    u32, i32, f32 = (jax.ShapeDtypeStruct((), t) for t in (jnp.uint32, jnp.int32, jnp.float32))
+    for case in sample:
+        flags = jax.ShapeDtypeStruct((case.batch, case.seq_len), jnp.bool_)
+        args = argument_shapes(case)
+        truth = jax.jit(reference_fn(case, True)).lower(*args).out_info
+        lowerings = {
+            "tangents_program": tangents_program._jit.lower(u32, flags, **tangent_statics(case)),
+            "redrawn": redrawn._jit.lower(u32, i32, f32, *args[:3], args[-1], flags, flags),
+            "stacked_token_errors": stacked_token_errors._jit.lower(truth[:len(TENSORS)],
+                                                                  truth[:len(TENSORS)]),
+        }
+        for name, lowered in lowerings.items():
+            cells = []
+            for k, options in sets.items():
+                _, s = compile_s(lowered, options or None)
+                if not isinstance(s, str):
+                    totals[k] += s
+                cells.append(s if isinstance(s, str) else f"{s:.2f}")
+            print(f"| {name} | `{case.id}` | " + " | ".join(cells) + " |", flush=True)
+    print("\nown programs' totals, s: " + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()))
 
 
 if __name__ == "__main__":
