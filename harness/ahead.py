@@ -46,8 +46,8 @@ class _Entry:
     """One signature compiled ahead: compiled by a compile thread, or by its first caller if
     that comes while it is still queued."""
 
-    def __init__(self, shapes: tuple, static: dict, timing):
-        self.shapes, self.static, self.timing = shapes, static, timing
+    def __init__(self, shapes: tuple, static: dict, timing, options: dict | None):
+        self.shapes, self.static, self.timing, self.options = shapes, static, timing, options
         self.state = QUEUED
         self.compiled: Future = Future()
 
@@ -85,15 +85,17 @@ class Ahead:
         return entry.compiled.result()(*args)
 
     def compile_ahead(self, submit: Callable[[Callable[[], None]], object], timing, *shapes,
-                      **static) -> bool:
+                      compiler_options: dict | None = None, **static) -> bool:
         """Compiles the signature of `shapes` (jax.ShapeDtypeStruct trees) and `static` through
-        `submit` (which runs a callable on a compile thread), once; its seconds go to `timing`
-        (harness.engine.program.Timing). False where it was compiled ahead already."""
+        `submit` (which runs a callable on a compile thread), once, with XLA's
+        `compiler_options` (the harness's own: harness.engine.programs.OWN_OPTIONS); its
+        seconds go to `timing` (harness.engine.program.Timing). False where it was compiled
+        ahead already."""
         key = signature(shapes, static)
         with self._lock:
             if key in self._entries:
                 return False
-            entry = self._entries[key] = _Entry(shapes, static, timing)
+            entry = self._entries[key] = _Entry(shapes, static, timing, compiler_options)
         timing.programs += 1
         try:
             submit(lambda: self._compile(entry))
@@ -109,7 +111,8 @@ class Ahead:
             entry.state = COMPILING
         start = time.perf_counter()
         try:
-            compiled = compile_lowered(self._jit.lower(*entry.shapes, **entry.static))
+            compiled = compile_lowered(self._jit.lower(*entry.shapes, **entry.static),
+                                       entry.options, what=self.__name__)
         except BaseException as exc:   # noqa: BLE001 - its caller runs plain jit, raising there
             entry.compiled.set_exception(exc)
         else:

@@ -1,9 +1,9 @@
-"""Compile seconds of the nightly's oracle programs and of named kernels' leak-probe builds under
-XLA option sets beside the harness's own (programs.NO_AUTOTUNING), one program at a time with no
-compilation cache (each compile is a cold one, and has the process's cores to itself), and how
-far each option set moves the oracle's outputs from the harness's own build (the largest
-difference over an output, as a share of that output's largest magnitude, over the truth's and
-the peer's out, dq, dk, dv).
+"""Compile seconds of the nightly's oracle programs, of the harness's own, and of named kernels'
+builds under XLA option sets beside NO_AUTOTUNING (the oracle's options before OWN_OPTIONS,
+harness/engine/programs.py), one program at a time with no compilation cache (each compile is
+a cold one, and has the process's cores to itself), and how far each option set moves the
+oracle's outputs from the NO_AUTOTUNING build (the largest difference over an output, as a
+share of that output's largest magnitude, over the truth's and the peer's out, dq, dk, dv).
 
     python3 scripts/compile_costs.py --suite nightly --cases 8 --kernels xla,dot_product
 

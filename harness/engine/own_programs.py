@@ -13,16 +13,17 @@ from harness.model.case import Case, tangent_statics, tangents_program
 
 
 def compile_ahead(case: Case, forward: bool, probe: bool, args: tuple, truth, peer, mine,
-                  submit, timing) -> None:
+                  submit, timing, options: dict | None = None) -> None:
     """Compiles ahead the programs the runner, the oracle and the probe call on a pair, at the
     signatures of their calls there: for its checks and probe, or with `forward` its jvp check
     (its tangents' program was announced with the pair: tangents_ahead).
     `args`: the kernel program's argument shapes; `truth`, `peer`, `mine`: the output shapes
     of the oracle's programs and the kernel's (None for one that failed to lower: its calls,
     if any, compile when made); `submit` runs a callable on a compile thread; `timing` takes
-    the seconds (harness.engine.program.Timing)."""
+    the seconds (harness.engine.program.Timing); `options`: XLA's compiler options for them
+    (harness.engine.programs.OWN_OPTIONS)."""
     def ahead(fn, *shapes, **static):
-        fn.compile_ahead(submit, timing, *shapes, **static)
+        fn.compile_ahead(submit, timing, *shapes, compiler_options=options, **static)
 
     seg = args[3]
     n = 1 if forward else len(TENSORS)
@@ -43,14 +44,15 @@ def compile_ahead(case: Case, forward: bool, probe: bool, args: tuple, truth, pe
               *args[:3], args[-1], flags, flags)
 
 
-def tangents_ahead(case: Case, submit, timing) -> None:
+def tangents_ahead(case: Case, submit, timing, options: dict | None = None) -> None:
     """make_tangents' program for the case, compiled ahead. It takes no other program's
     outputs, so a run announces it with the pair (Programs.prefetch): the run draws a case's
     tangents for the jvp check's reference launched ahead, before that case's other programs
     are announced, and it compiled them itself then (13.3 s of the H200's cold nightly at
     4d948f1)."""
     tangents_program.compile_ahead(submit, timing, jax.ShapeDtypeStruct((), jnp.uint32),
-                                   _token_flags(case), **tangent_statics(case))
+                                   _token_flags(case), compiler_options=options,
+                                   **tangent_statics(case))
 
 
 def _token_flags(case: Case):

@@ -62,6 +62,11 @@ DETERMINISTIC_COMPILER_OPTIONS = {"xla_gpu_deterministic_ops": True}
 # every program (tens of seconds each for the float32 oracle on the H200), and those programs'
 # speed does not matter. Kernels' default builds compile as users compile them.
 NO_AUTOTUNING = {"xla_gpu_autotune_level": 0}
+# The oracle's programs and the harness's own (harness.ahead) on GPUs, beside that: their GEMMs
+# are cuBLAS calls, not Triton fusions, whose code XLA generates and ptxas compiles for every
+# program (scripts/compile_costs.py times both on a GPU). The probe's deterministic builds are
+# the kernel's program: their GEMMs stay as XLA emits them.
+OWN_OPTIONS = {**NO_AUTOTUNING, "xla_gpu_enable_triton_gemm": False}
 ORACLE = "oracle"
 # The harness's own small programs (harness.ahead), compiled ahead: their row of the timing
 # table (programs and compile seconds; waited: the run's waits for one still compiling, and
@@ -109,8 +114,11 @@ class Programs:
         # The own programs' row is read and written by compile threads (their done callbacks)
         # as well as the run's: made here, never by two threads' first lookups at once.
         self.timing[OWN] = Timing()
-        # Compiler options of the harness's own programs (see NO_AUTOTUNING).
-        self._own = NO_AUTOTUNING if self.platform == "gpu" else {}
+        # Compiler options of the harness's own programs (see OWN_OPTIONS), and of the probe's
+        # deterministic builds beside XLA's deterministic ops (see NO_AUTOTUNING).
+        self._own = OWN_OPTIONS if self.platform == "gpu" else {}
+        self._deterministic = {**DETERMINISTIC_COMPILER_OPTIONS,
+                               **(NO_AUTOTUNING if self.platform == "gpu" else {})}
         # References asked for outside the runner's calls (a drop's prediction) come from here.
         share_programs(self)
         # `lowering_process`: the run's options (as JSON data), to trace and lower what
@@ -159,7 +167,8 @@ class Programs:
             forward = [FORWARD] if kernel.forward_mode and not kernel.forward_reasons(case) \
                 else []
             if forward:
-                own_programs.tangents_ahead(case, self._own_pool.submit, self.timing[OWN])
+                own_programs.tangents_ahead(case, self._own_pool.submit, self.timing[OWN],
+                                            self._own or None)
             for truth in (True, False):
                 for mode in [DEFAULT] + forward:
                     program, fresh = self._oracle_entry(case, truth, convention, mode)
@@ -254,7 +263,7 @@ class Programs:
         if program.oracle:
             return self._own or None
         if program.mode == DETERMINISTIC:
-            return {**DETERMINISTIC_COMPILER_OPTIONS, **self._own}
+            return self._deterministic
         return None
 
     def _load(self, item, blob: bytes) -> None:
@@ -364,7 +373,7 @@ class Programs:
             outputs(self._oracle_key(case, False, convention, mode)),
             outputs((kernel, _shape(kernel, case), (), mode),
                     ("kernel", kernel, _shape(kernel, case), mode)),
-            self._own_pool.submit, self.timing[OWN])
+            self._own_pool.submit, self.timing[OWN], self._own or None)
 
     # ----- the oracle -------------------------------------------------------------------------
 
