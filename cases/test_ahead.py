@@ -173,20 +173,11 @@ def test_a_signature_compiles_with_the_options_it_was_given():
     assert "xla_no_such_option_here" in str(entry.compiled.exception(timeout=60))
 
 
-def test_the_harness_programs_compile_with_its_own_options_and_kernels_as_users_do():
-    """On a GPU the oracle's programs and the harness's own compile with OWN_OPTIONS (no
-    autotuning, GEMMs as cuBLAS calls); a kernel's deterministic build with XLA's deterministic
-    ops and no autotuning, its GEMMs as XLA emits them; its default build with no options, as
-    users compile it. (Programs told the platform is a GPU: XLA's CPU backend takes the GPU
-    options and ignores them.)"""
-    from harness.engine.program import Program
-    from harness.engine.program_functions import DETERMINISTIC
-    from harness.engine.programs import (
-        DETERMINISTIC_COMPILER_OPTIONS,
-        NO_AUTOTUNING,
-        OWN_OPTIONS,
-    )
-    assert OWN_OPTIONS["xla_gpu_enable_triton_gemm"] is False
+def test_the_harness_programs_compiled_ahead_take_the_runs_own_options():
+    """On a GPU the harness's own programs compile with OWN_OPTIONS, as the oracle's do
+    (cases/test_programs.py); elsewhere with none. (Programs told the platform is a GPU: XLA's
+    CPU backend takes the GPU options and ignores them.)"""
+    from harness.engine.programs import OWN_OPTIONS
     kernel = Kernel("dp_own_options", dot_product, forward_mode=True)
     case = Case("packed/random", 2, 64, 3, 1, 8, "bfloat16", 8)   # a shape of its own
     programs = Programs(platform="gpu")
@@ -196,10 +187,6 @@ def test_the_harness_programs_compile_with_its_own_options_and_kernels_as_users_
         own = [e for f in (metrics.stacked_token_errors, case_module.tangents_program)
                for e in f._entries.values() if e.timing is programs.timing[OWN]]
         assert len(own) >= 2 and all(e.options == OWN_OPTIONS for e in own)
-        assert programs._options(Program("oracle", (), Timing(), oracle=True)) == OWN_OPTIONS
-        assert programs._options(Program(kernel.name, (), Timing(), DETERMINISTIC)) == {
-            **DETERMINISTIC_COMPILER_OPTIONS, **NO_AUTOTUNING}
-        assert programs._options(Program(kernel.name, (), Timing())) is None
     finally:
         programs.close()
     on_cpu = Programs(platform="cpu")

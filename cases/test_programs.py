@@ -121,7 +121,8 @@ def test_on_gpus_the_harness_own_programs_skip_autotuning_and_kernels_compile_as
     assert options[("plain", DEFAULT)] is None
     assert options[("plain", DETERMINISTIC)] == {"xla_gpu_deterministic_ops": True,
                                                  "xla_gpu_autotune_level": 0}
-    assert options[("oracle", DEFAULT)] == {"xla_gpu_autotune_level": 0}
+    assert options[("oracle", DEFAULT)] == {"xla_gpu_autotune_level": 0,
+                                            "xla_gpu_enable_triton_gemm": False}
     programs.close()
     cpu = Programs(platform="cpu")
     options.clear()
