@@ -58,16 +58,14 @@ from harness.model.case import Case
 
 DETERMINISTIC_COMPILER_OPTIONS = {"xla_gpu_deterministic_ops": True}
 # The harness's programs on GPUs (the oracle's, its own, the probe's deterministic builds) skip
-# XLA's autotuning: it times candidate GEMM algorithms and Triton configurations on the device for
-# every program (tens of seconds each for the float32 oracle on the H200), and those programs'
-# speed does not matter. Kernels' default builds compile as users compile them.
+# XLA's autotuning: it times candidate GEMM algorithms and Triton configurations on the device
+# for every program (tens of seconds each for the float32 oracle on the H200). Kernels' default
+# builds compile as users compile them.
 NO_AUTOTUNING = {"xla_gpu_autotune_level": 0}
-# The oracle's programs and the harness's own (harness.ahead) on GPUs, beside that: their GEMMs
-# are cuBLAS calls, not Triton fusions, whose code XLA generates and ptxas compiles for every
-# program. On the H200 the oracle's sampled programs compiled in 9.9 s against 15.3 s with
-# bitwise the same outputs, and pytest's warm nightly executed the oracle in 6.3 s against
-# 20.6 s at 57c372e (scripts/compile_costs.py; reports/nightly-h200-45854c3/). The probe's deterministic builds
-# are the kernel's program: their GEMMs stay as XLA emits them.
+# The oracle's and the harness's own programs on GPUs also make their GEMMs cuBLAS calls, not
+# Triton fusions (code XLA generates and ptxas compiles per program): on the H200 the oracle's
+# sampled programs compiled in 9.9 s, not 15.3 s, bitwise the same, and executed faster
+# (reports/nightly-h200-45854c3/). The probe's deterministic builds keep XLA's GEMMs.
 OWN_OPTIONS = {**NO_AUTOTUNING, "xla_gpu_enable_triton_gemm": False}
 ORACLE = "oracle"
 # The harness's own small programs (harness.ahead), compiled ahead: their row of the timing
@@ -116,8 +114,6 @@ class Programs:
         # The own programs' row is read and written by compile threads (their done callbacks)
         # as well as the run's: made here, never by two threads' first lookups at once.
         self.timing[OWN] = Timing()
-        # Compiler options of the harness's own programs (see OWN_OPTIONS), and of the probe's
-        # deterministic builds beside XLA's deterministic ops (see NO_AUTOTUNING).
         self._own = OWN_OPTIONS if self.platform == "gpu" else {}
         self._deterministic = {**DETERMINISTIC_COMPILER_OPTIONS,
                                **(NO_AUTOTUNING if self.platform == "gpu" else {})}
