@@ -160,7 +160,7 @@ def test_the_jvp_tangents_program_is_compiled_ahead_when_its_pair_is_announced()
 
 def test_a_signature_compiles_with_the_options_it_was_given():
     """compile_ahead's compiler options reach XLA: an option XLA does not know fails that
-    compile (and only that one)."""
+    compile."""
     @ahead
     def g(x):
         return x * 3

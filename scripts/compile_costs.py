@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         return compiled, time.perf_counter() - start
 
     totals: dict = {}
-    print("| program | case | " + " | ".join(["own s", *(f"{v} s (moved)" for v in VARIANTS)])
+    print("| program | case | " + " | ".join(["NO_AUTOTUNING s", *(f"{v} s (moved)" for v in VARIANTS)])
           + " |\n|" + "---|" * (3 + len(VARIANTS)))
     for case in sample:
         inputs = make_inputs(case).device_args
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
                 continue
             want = [np.asarray(x, np.float64) for x in base(*inputs)]
             cells = [f"{base_s:.2f}"]
-            totals["own"] = totals.get("own", 0.0) + base_s
+            totals["NO_AUTOTUNING"] = totals.get("NO_AUTOTUNING", 0.0) + base_s
             for name, extra in VARIANTS.items():
                 compiled, s = compile_s(lowered, {**NO_AUTOTUNING, **extra})
                 if compiled is None:
@@ -122,9 +122,10 @@ def main(argv=None) -> int:
 
 
 def own_programs(sample, jax, no_autotuning, compile_s) -> None:
-    """The harness's own programs (harness.ahead) at each sampled case's signatures: compiled
-    today with no options (XLA's defaults, autotuning included), with NO_AUTOTUNING, and with
-    each option set beside it."""
+    """The harness's own programs (harness.ahead) at each sampled case's signatures, each
+    signature once (jax's in-process cache would answer a repeat): with no options (XLA's
+    defaults, autotuning included: how they compiled before OWN_OPTIONS), with NO_AUTOTUNING,
+    and with each option set beside it (no-triton-gemm: OWN_OPTIONS)."""
     import jax.numpy as jnp
 
     from harness.judge.leak_probe import redrawn
@@ -133,9 +134,10 @@ def own_programs(sample, jax, no_autotuning, compile_s) -> None:
     from harness.judge.oracle import reference_fn
     from harness.judge.vocabulary import TENSORS
     from harness.model.case import tangent_statics, tangents_program
-    sets = {"none": {}, "own": no_autotuning,
+    sets = {"none": {}, "NO_AUTOTUNING": no_autotuning,
             **{k: {**no_autotuning, **v} for k, v in VARIANTS.items()}}
     totals = dict.fromkeys(sets, 0.0)
+    seen: set = set()
     print("\n| own program | case | " + " | ".join(f"{k} s" for k in sets) + " |\n|"
           + "---|" * (2 + len(sets)))
     u32, i32, f32 = (jax.ShapeDtypeStruct((), t) for t in (jnp.uint32, jnp.int32, jnp.float32))
@@ -150,6 +152,10 @@ def own_programs(sample, jax, no_autotuning, compile_s) -> None:
                                                                   truth[:len(TENSORS)]),
         }
         for name, lowered in lowerings.items():
+            text = lowered.as_text()
+            if text in seen:
+                continue
+            seen.add(text)
             cells = []
             for k, options in sets.items():
                 _, s = compile_s(lowered, options or None)

@@ -64,7 +64,7 @@ DETERMINISTIC_COMPILER_OPTIONS = {"xla_gpu_deterministic_ops": True}
 NO_AUTOTUNING = {"xla_gpu_autotune_level": 0}
 # The oracle's and the harness's own programs on GPUs also make their GEMMs cuBLAS calls, not
 # Triton fusions (code XLA generates and ptxas compiles per program): on the H200 the oracle's
-# sampled programs compiled in 9.9 s, not 15.3 s, bitwise the same, and executed faster
+# sampled programs compiled in 9.9 s, not 15.3 s, with bitwise the same outputs
 # (reports/nightly-h200-45854c3/). The probe's deterministic builds keep XLA's GEMMs.
 OWN_OPTIONS = {**NO_AUTOTUNING, "xla_gpu_enable_triton_gemm": False}
 ORACLE = "oracle"
