@@ -191,6 +191,6 @@ def test_the_harness_programs_compiled_ahead_take_the_runs_own_options():
         programs.close()
     on_cpu = Programs(platform="cpu")
     try:
-        assert on_cpu._own == {}
+        assert on_cpu._own is None
     finally:
         on_cpu.close()

@@ -28,6 +28,22 @@ VARIANTS = {
 }
 
 
+def compile_s(lowered, options: dict | None):
+    """(the compiled program, its compile seconds), or (None, why it failed)."""
+    from harness.compiling import compile_lowered
+    start = time.perf_counter()
+    try:
+        compiled = compile_lowered(lowered, options)
+    except Exception as exc:   # noqa: BLE001 - the row says why
+        return None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+    return compiled, time.perf_counter() - start
+
+
+def cell(seconds) -> str:
+    """A table cell: seconds, or why there are none."""
+    return seconds if isinstance(seconds, str) else f"{seconds:.2f}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="smoke")
@@ -60,16 +76,9 @@ def main(argv=None) -> int:
     print(f"{len(every)} oracle cases in `{args.suite}`; timing {len(sample)}; "
           f"platform {platform}; no compilation cache\n")
 
-    def compile_s(lowered, options):
-        start = time.perf_counter()
-        try:
-            compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
-        except Exception as exc:   # noqa: BLE001 - the row says why
-            return None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
-        return compiled, time.perf_counter() - start
-
     totals: dict = {}
-    print("| program | case | " + " | ".join(["NO_AUTOTUNING s", *(f"{v} s (moved)" for v in VARIANTS)])
+    print("| program | case | "
+          + " | ".join(["NO_AUTOTUNING s", *(f"{v} s (moved)" for v in VARIANTS)])
           + " |\n|" + "---|" * (3 + len(VARIANTS)))
     for case in sample:
         inputs = make_inputs(case).device_args
@@ -95,7 +104,7 @@ def main(argv=None) -> int:
             print(f"| oracle {'truth' if truth else 'peer'} | `{case.id}` | "
                   + " | ".join(cells) + " |", flush=True)
     print("\noracle totals, s: " + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()))
-    own_programs(sample, jax, NO_AUTOTUNING, compile_s)
+    own_programs(sample)
     kernels = select_kernels(args.kernels.split(",")) if args.kernels else []
     if kernels:
         print("\n| kernel | case | default s | deterministic s | "
@@ -115,27 +124,28 @@ def main(argv=None) -> int:
                      compile_s(lowered, {**DETERMINISTIC_COMPILER_OPTIONS, **NO_AUTOTUNING})[1]]
             cells += [compile_s(lowered, {**DETERMINISTIC_COMPILER_OPTIONS, **NO_AUTOTUNING,
                                           **extra})[1] for extra in VARIANTS.values()]
-            print(f"| {kernel.name} | `{case.id}` | "
-                  + " | ".join(c if isinstance(c, str) else f"{c:.2f}" for c in cells) + " |",
+            print(f"| {kernel.name} | `{case.id}` | " + " | ".join(map(cell, cells)) + " |",
                   flush=True)
     return 0
 
 
-def own_programs(sample, jax, no_autotuning, compile_s) -> None:
+def own_programs(sample) -> None:
     """The harness's own programs (harness.ahead) at each sampled case's signatures, each
     signature once (jax's in-process cache would answer a repeat): with no options (XLA's
     defaults, autotuning included: how they compiled before OWN_OPTIONS), with NO_AUTOTUNING,
     and with each option set beside it (no-triton-gemm: OWN_OPTIONS)."""
+    import jax
     import jax.numpy as jnp
 
-    from harness.judge.leak_probe import redrawn
     from harness.engine.program_functions import argument_shapes
+    from harness.engine.programs import NO_AUTOTUNING
+    from harness.judge.leak_probe import redrawn
     from harness.judge.metrics import stacked_token_errors
     from harness.judge.oracle import reference_fn
     from harness.judge.vocabulary import TENSORS
     from harness.model.case import tangent_statics, tangents_program
-    sets = {"none": {}, "NO_AUTOTUNING": no_autotuning,
-            **{k: {**no_autotuning, **v} for k, v in VARIANTS.items()}}
+    sets = {"none": {}, "NO_AUTOTUNING": NO_AUTOTUNING,
+            **{k: {**NO_AUTOTUNING, **v} for k, v in VARIANTS.items()}}
     totals = dict.fromkeys(sets, 0.0)
     seen: set = set()
     print("\n| own program | case | " + " | ".join(f"{k} s" for k in sets) + " |\n|"
@@ -161,7 +171,7 @@ def own_programs(sample, jax, no_autotuning, compile_s) -> None:
                 _, s = compile_s(lowered, options or None)
                 if not isinstance(s, str):
                     totals[k] += s
-                cells.append(s if isinstance(s, str) else f"{s:.2f}")
+                cells.append(cell(s))
             print(f"| {name} | `{case.id}` | " + " | ".join(cells) + " |", flush=True)
     print("\nown programs' totals, s: " + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()))
 

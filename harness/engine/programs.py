@@ -114,9 +114,9 @@ class Programs:
         # The own programs' row is read and written by compile threads (their done callbacks)
         # as well as the run's: made here, never by two threads' first lookups at once.
         self.timing[OWN] = Timing()
-        self._own = OWN_OPTIONS if self.platform == "gpu" else {}
-        self._deterministic = {**DETERMINISTIC_COMPILER_OPTIONS,
-                               **(NO_AUTOTUNING if self.platform == "gpu" else {})}
+        gpu = self.platform == "gpu"
+        self._own = OWN_OPTIONS if gpu else None     # elsewhere XLA's defaults
+        self._deterministic = {**DETERMINISTIC_COMPILER_OPTIONS, **(NO_AUTOTUNING if gpu else {})}
         # References asked for outside the runner's calls (a drop's prediction) come from here.
         share_programs(self)
         # `lowering_process`: the run's options (as JSON data), to trace and lower what
@@ -166,7 +166,7 @@ class Programs:
                 else []
             if forward:
                 own_programs.tangents_ahead(case, self._own_pool.submit, self.timing[OWN],
-                                            self._own or None)
+                                            self._own)
             for truth in (True, False):
                 for mode in [DEFAULT] + forward:
                     program, fresh = self._oracle_entry(case, truth, convention, mode)
@@ -259,7 +259,7 @@ class Programs:
         """Its compiler options: the harness's own for the oracle's, with XLA's deterministic
         ops for a deterministic build; users' (none) for a kernel's default or forward build."""
         if program.oracle:
-            return self._own or None
+            return self._own
         if program.mode == DETERMINISTIC:
             return self._deterministic
         return None
@@ -371,7 +371,7 @@ class Programs:
             outputs(self._oracle_key(case, False, convention, mode)),
             outputs((kernel, _shape(kernel, case), (), mode),
                     ("kernel", kernel, _shape(kernel, case), mode)),
-            self._own_pool.submit, self.timing[OWN], self._own or None)
+            self._own_pool.submit, self.timing[OWN], self._own)
 
     # ----- the oracle -------------------------------------------------------------------------
 
