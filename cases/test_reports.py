@@ -217,6 +217,32 @@ def test_the_engine_blames_a_crash_on_its_own_test_and_runs_the_rest(tmp_path):
     assert lanes == {"5", "7"}, gpu_log.read_text()
 
 
+def test_a_test_takes_its_pairs_records_once_across_the_workers_header_rewrite(tmp_path):
+    """A lane worker's last act rewrites its report's header (a longer line, a new file moved
+    over the old one): a test still reading takes each record once, a record written after its
+    last read included, and the reader keeps none it has handed over."""
+    import json as json_
+    from harness.engine import workers as isolation
+    from harness.engine.lanes import PLAN, LaneResults
+    (tmp_path / PLAN).write_text(json_.dumps({"lanes": 1}))
+    report = tmp_path / "lane-0" / "main-1" / "report"
+    writer = ReportWriter(report, describe(), suite="test")
+    first = [_record(c, "pass", "ok", ratio=0.1) for c in ("out", "dq")]
+    second = [_record(c, "pass", "ok", ratio=0.2) for c in ("dk", "dv")]
+    rec.append(report / rec.RECORDS_FILE, first)
+    reader = LaneResults(tmp_path, poll_s=0.01)
+    reader._planned(0.0)
+    reader._scan()
+    assert len(reader.records[("k", CASE.id)]) == 2
+    rec.append(report / rec.RECORDS_FILE, second)    # not read before the rewrite
+    writer.close(note="x" * 3000)    # the header grows by more than a record's line
+    (report / isolation.FINISHED_FILE).write_text(
+        json_.dumps({"kernel": "k", "case_id": CASE.id, "records": 4}) + "\n")
+    result = reader.wait(type("Kernel", (), {"name": "k"}), CASE)
+    assert [r.check for r in result.records] == ["out", "dq", "dk", "dv"]
+    assert ("k", CASE.id) not in reader.records
+
+
 def test_the_engine_runs_the_pairs_the_tests_select(tmp_path):
     """With the matrix named whole the lanes start before collection, with every pair; with -k
     they wait for the selection and run only its pairs (the report's header times each kernel

@@ -419,6 +419,10 @@ def record_sink(request):
                                         **cache_stats()})
 
 
+# First among the controller's hooks: xdist's own waits for its workers to exit (their garbage
+# collections and plugins' summaries, seconds after their last test), and every part the
+# report joins was closed before its worker said it had finished.
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if getattr(config, "_harness_matrix", None) is None or _is_worker(config):

@@ -182,7 +182,9 @@ def no_lanes(workdir: Path) -> None:
 
 class _Tail:
     """The complete lines a file has gained since the last read. A file whose first line
-    changed (a worker rewrites its header line at its end) is read again from its start."""
+    changed is a report whose header a worker rewrote at its end (report_file.update_header:
+    the same lines after the first): the read goes on where it was, shifted by the header's
+    change in length, so no line is read twice."""
 
     def __init__(self, path: Path):
         self.path, self.offset, self.rest, self.head = path, 0, b"", None
@@ -192,8 +194,8 @@ class _Tail:
             with self.path.open("rb") as f:
                 head = f.readline()
                 if head.endswith(b"\n") and head != self.head:
-                    if self.head is not None:     # rewritten: everything again
-                        self.offset, self.rest = 0, b""
+                    if self.head is not None and self.offset >= len(self.head):
+                        self.offset += len(head) - len(self.head)
                     self.head = head
                 f.seek(self.offset)
                 data = f.read()
@@ -219,7 +221,6 @@ class LaneResults:
         self.records: dict[tuple, list] = defaultdict(list)
         self.traces: dict[tuple, list] = defaultdict(list)
         self.finished: dict[tuple, int] = {}   # pair -> how many records it wrote
-        self.seen: set[str] = set()   # a worker rewrites its header at its end: lines read twice
         self.crashes: dict[tuple, str] = {}
         self.lanes: int | None = None
 
@@ -237,21 +238,13 @@ class LaneResults:
                 # Finished pairs first: their records are complete in what is read after.
                 for row in self._tail(report / isolation.FINISHED_FILE):
                     self.finished[(row["kernel"], row["case_id"])] = row.get("records", 1)
-                for row in self._fresh(report / "report.jsonl", "record"):
-                    self.records[(row["kernel"], row["case_id"])].append(Record.from_json(row))
-                for row in self._fresh(report / "traces.jsonl", "trace"):
-                    self.traces[(row["kernel"], row["case_id"])].append(Trace.from_json(row))
-
-    def _fresh(self, path: Path, kind: str) -> list[dict]:
-        out = []
-        for row in self._tail(path):
-            if row.get("type") != kind:
-                continue
-            line = f"{path.parent}\n" + json.dumps(row, sort_keys=True)
-            if line not in self.seen:
-                self.seen.add(line)
-                out.append(row)
-        return out
+                for row in self._tail(report / "report.jsonl"):
+                    if row.get("type") == "record":
+                        self.records[(row["kernel"], row["case_id"])].append(
+                            Record.from_json(row))
+                for row in self._tail(report / "traces.jsonl"):
+                    if row.get("type") == "trace":
+                        self.traces[(row["kernel"], row["case_id"])].append(Trace.from_json(row))
 
     def _planned(self, deadline: float) -> int:
         while self.lanes is None:
@@ -270,7 +263,6 @@ class LaneResults:
         self.tails.clear()
         self.records.clear()
         self.traces.clear()
-        self.seen.clear()
         self._scan()
         return len(self.records[key]) < self.finished.get(key, 1)
 
@@ -288,7 +280,9 @@ class LaneResults:
             done = self._all_done()     # before the scan: what a lane wrote before it ended
             self._scan()
             if key in self.finished and len(self.records[key]) >= self.finished[key]:
-                return KernelCaseResult(list(self.records[key]), list(self.traces[key]))
+                # The test's own from here: a session of thousands of pairs holds none it
+                # handed over (pytest's garbage collections walk what is held).
+                return KernelCaseResult(self.records.pop(key), self.traces.pop(key, []))
             if key in self.crashes:
                 return KernelCaseResult(isolation.crash_records(
                     [(*key, self.crashes[key])], {kernel.name: kernel}))
