@@ -19,7 +19,7 @@ Files, under the run's parts folder (lanes/):
   finished (isolation.FINISHED_FILE, each line written after the pair's records, with their
   count: a test takes its pair once it has read that many). A worker's last act rewrites its
   report's header line, as a new file moved over the old one: a reader sees one or the other
-  whole, and reads a file whose first line changed from its start again.
+  whole, and reads on in the new one where it was, shifted by the header's change in length.
 - `lane-I/crashes.jsonl`: pairs a worker died on, with the reason; `lane-I/done.json` at the
   lane's end ({"ok": true}, or {"error": ...}).
 """
