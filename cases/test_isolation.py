@@ -392,11 +392,18 @@ def test_a_worker_whose_device_is_lost_ends_and_a_fresh_one_takes_the_rest(tmp_p
     assert header["timing"]["oracle"]["runs"] == 12, header["timing"]
 
 
-def test_workers_run_without_command_buffers_unless_the_user_chose():
-    """Worker processes start with XLA's command buffers off (a capture is broken by any
-    thread's work on the device: the compile threads' on the H200); a user's own setting of
-    the flag is kept, their other flags too."""
+def test_workers_run_without_command_buffers_unless_the_user_chose(monkeypatch):
+    """Worker processes on a GPU machine start with XLA's command buffers off (a capture is
+    broken by any thread's work on the device: the compile threads' on the H200); a user's own
+    setting of the flag is kept, their other flags too. Without a GPU their flags are the
+    user's (XLA_FLAGS are part of jax's cache keys: the in-process runs' programs stay found)."""
+    from harness.engine import environment
     from harness.engine.workers import NO_COMMAND_BUFFERS, worker_environment
+    monkeypatch.setattr(environment, "nvidia_smi_gpus", lambda: None)
+    assert worker_environment({"XLA_FLAGS": "--a"}) == {"XLA_FLAGS": "--a"}
+    assert worker_environment({}) == {}
+    monkeypatch.setattr(environment, "nvidia_smi_gpus", lambda: 2)
+    assert worker_environment({"CUDA_VISIBLE_DEVICES": ""}) == {"CUDA_VISIBLE_DEVICES": ""}
     assert worker_environment({})["XLA_FLAGS"] == NO_COMMAND_BUFFERS
     assert worker_environment({"XLA_FLAGS": "--xla_dump_to=/tmp/d"})["XLA_FLAGS"] == \
         f"--xla_dump_to=/tmp/d {NO_COMMAND_BUFFERS}"
