@@ -105,7 +105,7 @@ def test_a_process_that_ran_no_probe_adds_no_mode_beside_its_lanes():
     """pytest's header on a GPU: the lanes probed a deterministic build; the test process took
     their records and probed nothing (its part names no mode). The header says
     "deterministic", where it said ['default', 'deterministic'] on the H200."""
-    from harness.pytest_plugin import probe_modes
+    from harness.store.merge import probe_modes
     assert probe_modes([{"probe_mode": None}, {"probe_mode": "deterministic"},
                         {"probe_mode": "deterministic"}]) == ["deterministic"]
     assert probe_modes([{"probe_mode": None}]) == ["default"]

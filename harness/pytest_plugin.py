@@ -419,11 +419,18 @@ def record_sink(request):
                                         **cache_stats()})
 
 
-# First among the controller's hooks: xdist's own waits for its workers to exit (their garbage
-# collections and plugins' summaries, seconds after their last test), and every part the
-# report joins was closed before its worker said it had finished.
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
+    """The report joined before xdist waits for its workers to exit (seconds after their last
+    test): each part was closed before its worker finished. Not on Ctrl-C (still in a test)."""
+    if not (stopped := exitstatus == pytest.ExitCode.INTERRUPTED):
+        _session_finish(session, exitstatus)
+    yield
+    if stopped:
+        _session_finish(session, exitstatus)
+
+
+def _session_finish(session, exitstatus):
     config = session.config
     if getattr(config, "_harness_matrix", None) is None or _is_worker(config):
         return  # configuration failed (nothing ran), or a worker (its part is written)
@@ -450,22 +457,15 @@ def pytest_sessionfinish(session, exitstatus):
             lock.release()
 
 
-def probe_modes(runs: list[dict]) -> list[str]:
-    """The probe modes the run's processes name: a process that ran no probe (its tests took
-    their records from the lanes) names none, so it adds no "default" beside the lanes' mode."""
-    return sorted({r["probe_mode"] for r in runs if r.get("probe_mode")}) or ["default"]
-
-
 def _finish(config, session, interrupted, sources, lane_runs, lane_workers) -> None:
     from harness.engine import engine
     from harness.engine.environment import describe_host
     from harness.store import report_file as rec
-    from harness.store.merge import merge_cache, merge_reports, merge_timing
+    from harness.store.merge import merge_cache, merge_reports, merge_timing, probe_modes
     from harness.store.writer import FINISHED, INTERRUPTED
     options = _options(config)
-    # Headers alone: reading each part's records too (and the joined report's, below) took
-    # seconds of pytest's wall time on the H200's 96,485-record nightly, where the CLI's merge
-    # copies lines (harness.store.merge).
+    # Headers alone: reading the parts' records (and the joined report's) took seconds of the
+    # H200 nightly's pytest wall time; the merge copies lines (harness.store.merge).
     runs = [rec.read_header(s) for s in sources] + lane_runs
     modes = probe_modes(runs)
     report_dir = _report_dir(config)

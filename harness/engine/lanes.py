@@ -280,8 +280,9 @@ class LaneResults:
             done = self._all_done()     # before the scan: what a lane wrote before it ended
             self._scan()
             if key in self.finished and len(self.records[key]) >= self.finished[key]:
-                # The test's own from here: a session of thousands of pairs holds none it
-                # handed over (pytest's garbage collections walk what is held).
+                # The test's own from here: this process keeps no record it handed over
+                # (pytest's garbage collections walk what is held); with -n N it still reads,
+                # and keeps, the records of the pairs of the other workers' tests.
                 return KernelCaseResult(self.records.pop(key), self.traces.pop(key, []))
             if key in self.crashes:
                 return KernelCaseResult(isolation.crash_records(

@@ -36,6 +36,12 @@ def merged_environment(environments: list[dict]) -> dict:
     return out
 
 
+def probe_modes(runs: list[dict]) -> list[str]:
+    """The probe modes the run's processes name: a process that ran no probe (pytest's tests
+    took their records from the lanes) names none, so it adds no "default" beside the lanes'."""
+    return sorted({r["probe_mode"] for r in runs if r.get("probe_mode")}) or ["default"]
+
+
 def merge_cache(headers: list[dict]) -> dict | None:
     """The compilation cache's hits and misses (and compiles retried) summed over the sources'
     processes."""
