@@ -89,7 +89,7 @@ def main(argv=None) -> int:
                 print(f"| oracle {'truth' if truth else 'peer'} | `{case.id}` | {base_s} |")
                 continue
             want = [np.asarray(x, np.float64) for x in base(*inputs)]
-            cells = [f"{base_s:.2f}"]
+            cells = [cell(base_s)]
             totals["NO_AUTOTUNING"] = totals.get("NO_AUTOTUNING", 0.0) + base_s
             for name, extra in VARIANTS.items():
                 compiled, s = compile_s(lowered, {**NO_AUTOTUNING, **extra})

@@ -194,7 +194,7 @@ class _Tail:
             with self.path.open("rb") as f:
                 head = f.readline()
                 if head.endswith(b"\n") and head != self.head:
-                    if self.head is not None and self.offset >= len(self.head):
+                    if self.head is not None:   # read past it already: offset >= its length
                         self.offset += len(head) - len(self.head)
                     self.head = head
                 f.seek(self.offset)
