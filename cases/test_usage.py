@@ -123,6 +123,13 @@ def test_a_nested_pytest_leaves_the_outer_runs_parts_alone(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:]
     assert (outer / "gw0.jsonl").read_text() == '{"type": "record"}\n'
     assert (tmp_path / "reports" / "report.jsonl").exists()
+    # Alone in its folder, a run takes its parts away and parts/ with them (it used to leave
+    # an empty parts/ in every report folder pytest wrote).
+    alone = _run("-m", "pytest", "-p", "no:cacheprovider", MATRIX, "--kernels", "dot_product",
+                 "--cases", ONE_CASE, "--report-dir", str(tmp_path / "alone"))
+    assert alone.returncode == 0, alone.stdout[-2000:]
+    assert (tmp_path / "alone" / "report.jsonl").exists()
+    assert not (tmp_path / "alone" / "parts").exists()
 
 
 def test_compare_takes_folders_and_warns_when_not_like_for_like(tmp_path):

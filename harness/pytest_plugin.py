@@ -19,6 +19,7 @@ worker that crashes loses only the test it was running, and a pytest started ins
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -443,16 +444,13 @@ def _session_finish(session, exitstatus):
                                                                    pytest.ExitCode.TESTS_FAILED))
     sources = sorted(p for p in parts.glob("*") if (p / "report.jsonl").exists())
     lock = getattr(config, "_harness_lock", None)
-    if not sources:
-        shutil.rmtree(parts, ignore_errors=True)
-        if lock is not None:   # begun, but no matrix test ran: nothing was judged
-            _finish(config, session, interrupted, [], *lanes)
-            lock.release()
-        return
     try:
-        _finish(config, session, interrupted, sources, *lanes)
+        if sources or lock is not None:   # no source: begun, but no matrix test ran
+            _finish(config, session, interrupted, sources, *lanes)
     finally:
         shutil.rmtree(parts, ignore_errors=True)
+        with contextlib.suppress(OSError):   # parts/ itself, unless another run's are in it
+            parts.parent.rmdir()
         if lock is not None:
             lock.release()
 
