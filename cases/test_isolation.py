@@ -96,11 +96,12 @@ def test_kernels_that_cannot_share_a_process_run_in_workers(tmp_path):
     # cores they kept busy: whether the run was bound by its CPUs.
     for m in header["merged_from"]:
         assert m["cpu_s"] > 0 and m["children_cpu_s"] >= 0 and m["cores"] >= 1, m
-    assert re.search(r"s on its pairs \(CPU \d+ s, its lowering processes \d+ s: "
-                     r"\d+\.\d of \d+ cores busy on average\), waiting \d+\.\d s of those",
-                     summary), summary[-3000:]
     # ... and how long each stood still, for what (the table sums that over the workers).
-    assert all(isinstance(m["waits"], dict) for m in header["merged_from"]), header
+    assert re.search(r"s on its pairs, of which \d+\.\d s waiting( \[[^]]+\])? \(CPU \d+ s, its "
+                     r"lowering processes \d+ s: \d+\.\d of \d+ cores busy on average\)",
+                     summary), summary[-3000:]
+    for m in header["merged_from"]:
+        assert m["wait_s"] >= sum(m["waits"].values()) - 1e-6, m
     # The clash is real: in one process, the second library fails (an error, never a pass).
     same = tmp_path / "same.py"
     same.write_text(CLASHING.replace('isolation="b"', 'isolation="a"'))

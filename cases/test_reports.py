@@ -602,27 +602,33 @@ def test_the_worker_line_names_a_worker_that_died_untimed():
 
 def test_the_worker_line_says_whose_run_stood_still_and_for_what():
     """The timing table sums each row over the workers that ran side by side (the H200's
-    nightly at ef19cc9: 12.6 to 14.3 s waiting for inputs, from three workers at once); each
-    worker's own waits, largest first, say whose run stood still: a joined report keeps them
-    from its sources' timing (source_entry), and the worker line names them."""
+    nightly at ef19cc9: 12.6 to 14.3 s waiting for inputs, summed over three workers); each
+    worker's own waits say whose run stood still: a joined report keeps them from its sources'
+    timing (source_entry: the total, and the rows of at least WAIT_KEPT_S, largest first), and
+    the worker line names the total and the three largest. A source that is itself a joined
+    report keeps none: its table is a sum, not one process's."""
     from harness.store.merge import source_entry
     from harness.views.markdown import process_lines
-    def header(worker, waits):
+    def header(worker, waits, **more):
         timing = {row: {"wait_s": s, "wall_s": 1.0} for row, s in waits.items()}
         return {"environment": {}, "wall_s": 80.0, "worker": worker, "startup_s": 2.0,
-                "timing": timing}
+                "timing": timing, **more}
     main = source_entry("/w/main-1/report", header("main-1", {
-        "oracle": 3.2, "inputs (drawing ahead)": 0.4, "dot_product": 0.01, "te:thd": 1.1,
+        "oracle": 3.2, "inputs (drawing ahead)": 0.4, "dot_product": 0.04, "te:thd": 1.1,
         "xla": 0.2}))
     assert main["waits"] == {"oracle": 3.2, "te:thd": 1.1, "inputs (drawing ahead)": 0.4,
                              "xla": 0.2}   # largest first; under WAIT_KEPT_S left out
+    assert main["wait_s"] == 4.94            # ... but counted in the total
     fa = source_entry("/w/fa-1/report", header("flash_attn2-1", {"inputs (drawing ahead)": 9.5}))
     idle = source_entry("/w/fa3-1/report", header("flash_attn3-1", {}))
-    old = {k: v for k, v in main.items() if k != "waits"}   # a header from before: no timing
+    old = {k: v for k, v in main.items() if k not in ("waits", "wait_s")}   # no timing then
     line = process_lines({"merged_from": [main, fa, idle, old], "merge_s": 1.0})[1]
-    assert ("main-1 2.0 s starting, 80.0 s on its pairs, waiting 4.9 s of those: oracle 3.2 s, "
-            "te:thd 1.1 s, inputs (drawing ahead) 0.4 s, ...;") in line, line
-    assert ("flash_attn2-1 2.0 s starting, 80.0 s on its pairs, waiting 9.5 s of those: "
-            "inputs (drawing ahead) 9.5 s;") in line, line
-    assert "flash_attn3-1 2.0 s starting, 80.0 s on its pairs, waiting 0.0 s of those;" in line
+    assert ("main-1 2.0 s starting, 80.0 s on its pairs, of which 4.9 s waiting [oracle 3.2 s, "
+            "te:thd 1.1 s, inputs (drawing ahead) 0.4 s, ...];") in line, line
+    assert ("flash_attn2-1 2.0 s starting, 80.0 s on its pairs, of which 9.5 s waiting "
+            "[inputs (drawing ahead) 9.5 s];") in line, line
+    assert "flash_attn3-1 2.0 s starting, 80.0 s on its pairs, of which 0.0 s waiting;" in line
     assert line.count("waiting") == 3, line     # the old header's worker says nothing of it
+    joined = source_entry("/r/report", header(None, {"inputs (drawing ahead)": 13.0},
+                                              merged_from=[main, fa]))
+    assert "waits" not in joined and "wait_s" not in joined, joined

@@ -449,9 +449,9 @@ def _session_finish(session, exitstatus):
             _finish(config, session, interrupted, sources, *lanes)
     finally:
         shutil.rmtree(parts, ignore_errors=True)
-        with contextlib.suppress(OSError):   # parts/ itself, unless another run's are in it
-            parts.parent.rmdir()
-        if lock is not None:
+        if lock is not None:   # holding the folder: parts/ too, unless a run killed left some
+            with contextlib.suppress(OSError):
+                parts.parent.rmdir()
             lock.release()
 
 

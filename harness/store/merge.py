@@ -97,16 +97,22 @@ WAIT_KEPT_S = 0.05
 def source_entry(path, header: dict) -> dict:
     """What a joined report's header keeps of one source (`merged_from`): its path, its
     environment and wall time, and a worker's process facts (its name, start, CPU seconds, and
-    `waits`: how long it stood still per row of its timing table, largest first), which the
-    summary's "Worker processes" line reads. The joined timing table sums the rows over
-    workers that ran side by side; `waits` says whose run stood still."""
-    waits = sorted(((row, t["wait_s"]) for row, t in (header.get("timing") or {}).items()
-                    if t.get("wait_s", 0) >= WAIT_KEPT_S), key=lambda kv: (-kv[1], kv[0]))
+    how long it stood still: `wait_s` in all, `waits` per row of its timing table of at least
+    WAIT_KEPT_S, largest first), which the summary's "Worker processes" line reads. The joined
+    timing table sums the rows over workers that ran side by side; `waits` says whose run stood
+    still. A source that is itself a joined report has no waits of its own: its table is a sum."""
+    timing = header.get("timing")
+    waits = {}
+    if timing is not None and not header.get("merged_from"):   # one process's, not a sum
+        rows = sorted(((row, t.get("wait_s", 0.0)) for row, t in timing.items()),
+                      key=lambda kv: (-kv[1], kv[0]))
+        waits = {"wait_s": round(sum(s for _, s in rows), 3),
+                 "waits": {row: s for row, s in rows if s >= WAIT_KEPT_S}}
     return {"path": str(path), "environment": header["environment"],
             "wall_s": header.get("wall_s"),
             **{k: header[k] for k in ("worker", "startup_s", "began_at", "cpu_s",
                                       "children_cpu_s", "cores") if header.get(k) is not None},
-            **({"waits": dict(waits)} if header.get("timing") is not None else {})}
+            **waits}
 
 
 def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None = None,

@@ -175,7 +175,7 @@ def process_lines(header: dict) -> list[str]:
     if not workers or header.get("merge_s") is None:
         return []
     each = "; ".join(f"{m.get('worker', m['path'])} {m['startup_s']:.1f} s starting, "
-                     f"{m.get('wall_s') or 0:.1f} s on its pairs{_cpu(m)}{_waits(m)}"
+                     f"{m.get('wall_s') or 0:.1f} s on its pairs{_waits(m)}{_cpu(m)}"
                      for m in workers)
     untimed = [m.get("worker") or Path(m["path"]).parent.name for m in merged
                if m.get("startup_s") is None and Path(m["path"]).name == "report"]
@@ -196,16 +196,16 @@ def process_lines(header: dict) -> list[str]:
 
 
 def _waits(worker: dict, named: int = 3) -> str:
-    """How long the worker's run stood still of its time on its pairs, and for what (its
-    largest waits, rows of the timing table, which sums them over the workers side by side);
-    older headers have none: ""."""
-    waits = worker.get("waits")
-    if waits is None:
+    """How long the worker's run stood still of its time on its pairs, and its largest waits
+    (rows of the timing table, which sums them over the workers side by side); older headers
+    have none: ""."""
+    if worker.get("wait_s") is None:
         return ""
+    waits = worker.get("waits") or {}
     largest = ", ".join(f"{row} {s:.1f} s" for row, s in list(waits.items())[:named])
     more = ", ..." if len(waits) > named else ""
-    return f", waiting {sum(waits.values()):.1f} s of those" + (f": {largest}{more}"
-                                                                 if largest else "")
+    return f", of which {worker['wait_s']:.1f} s waiting" + (f" [{largest}{more}]"
+                                                              if largest else "")
 
 
 def _cpu(worker: dict) -> str:
