@@ -102,17 +102,17 @@ def source_entry(path, header: dict) -> dict:
     timing table sums the rows over workers that ran side by side; `waits` says whose run stood
     still. A source that is itself a joined report has no waits of its own: its table is a sum."""
     timing = header.get("timing")
-    waits = {}
+    stood_still = {}
     if timing is not None and not header.get("merged_from"):   # one process's, not a sum
         rows = sorted(((row, t.get("wait_s", 0.0)) for row, t in timing.items()),
                       key=lambda kv: (-kv[1], kv[0]))
-        waits = {"wait_s": round(sum(s for _, s in rows), 3),
-                 "waits": {row: s for row, s in rows if s >= WAIT_KEPT_S}}
+        stood_still = {"wait_s": round(sum(s for _, s in rows), 3),
+                       "waits": {row: s for row, s in rows if s >= WAIT_KEPT_S}}
     return {"path": str(path), "environment": header["environment"],
             "wall_s": header.get("wall_s"),
             **{k: header[k] for k in ("worker", "startup_s", "began_at", "cpu_s",
                                       "children_cpu_s", "cores") if header.get(k) is not None},
-            **waits}
+            **stood_still}
 
 
 def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None = None,
