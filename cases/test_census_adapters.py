@@ -489,6 +489,70 @@ def test_jax_nn_cudnn_refusals_are_jaxs_own_while_tracing(features, causal, word
     assert f"refused {word} while tracing" in records[0].message
 
 
+# What the H200's census recorded as refusals (reports/census-features-h200), each still one;
+# and crashes whose words once read as one (the type's name, "capture", "softmax", "local").
+_REFUSALS = [
+    (Features(window=(16, 0)), ValueError(
+        "cuDNN doesn't support right window: 128 when causal mask is not used."), "window"),
+    (Features(head_dim_v=64), ValueError(
+        "value shape should be [4, 2048, 2, 128]: but got (4, 2048, 2, 64)"), "head_dim_v"),
+    (Features(head_dim_v=64), ValueError(
+        "key (4, 2048, 2, 128) and value (4, 2048, 2, 64) differ (value head dim 64 against "
+        "128: attention=cudnn_flash_jax takes equal head dims"), "head_dim_v"),
+    (Features(sinks=True), ValueError("Attention sinks on GPU are only supported with "
+                                      "attention=cudnn_flash_te. Got attention_kernel=None."),
+     "sinks"),
+    (Features(sinks=True), ValueError("Unsupported backend: Known cuDNN < 9.26.0 issue with THD "
+                                      "learnable softmax backward. Please upgrade cuDNN."),
+     "sinks"),
+    (Features(chunk=512), ValueError("Chunk attention (attention_type=chunk) is not supported "
+                                     "with attention=cudnn_flash_te"), "chunk"),
+    (Features(softcap=2.0), ValueError("attn_logits_soft_cap is not supported with "
+                                       "attention=cudnn_flash_jax on GPU"), "softcap"),
+    (Features(softcap=2.0), NotImplementedError("`logits_soft_cap` unsupported."), "softcap"),
+    (Features(softcap=2.0, sinks=True), ValueError(
+        "cannot honour logits_soft_cap=2.0; use attention=dot_product (every feature), or "
+        "cudnn_flash_te for sinks"), "softcap"),
+    (Features(window=(16, 0)), UnboundLocalError(
+        "cannot access local variable 'w' where it is not associated with a value"), None),
+    (Features(head_dim_v=16), ValueError("block_q=128 does not divide the sequence"), None),
+    (Features(head_dim_v=16), ValueError("invalid value for block_kv: 0"), None),
+    (Features(softcap=2.0), RuntimeError(
+        "operation failed due to a previous error during capture"), None),
+    (Features(softcap=2.0), ValueError("softmax scale must be positive"), None),
+    (Features(window=(16, 0)), KeyError("window"), None),
+    (Features(window=(16, 0)), AttributeError("'Config' object has no attribute "
+                                              "'sliding_window'"), None),
+]
+
+
+@pytest.mark.parametrize("features,error,feature", _REFUSALS,
+                         ids=[f"{type(e).__name__}-{f or 'error'}-{i}"
+                              for i, (_, e, f) in enumerate(_REFUSALS)])
+def test_a_refusal_names_its_feature_in_its_message_and_a_crash_is_none(features, error,
+                                                                        feature):
+    """A refusal is read from the message's words, never the error type's name, and a
+    program's bug (a name, attribute or key not there) is never one."""
+    from harness.judge.judging import refused_feature
+    assert refused_feature(feature_case(features), error) == feature
+
+
+def test_a_kernel_that_crashes_while_traced_on_a_feature_is_an_error_not_a_refusal():
+    """A kernel that takes windows and value head dims, whose trace crashes on them with words
+    that once read as refusals (UnboundLocalError's "local ... value", a ValueError): errors."""
+    def crashes(query, key, value, segment_ids, *, causal, scale, window=None):
+        if window is not None:
+            del window
+            return window
+        raise ValueError("block_q=128 does not divide the sequence")
+    kernel = Kernel("cpu:crashes_on_features", crashes, devices=("cpu",),
+                    features=("window", "head_dim_v"))
+    for features in (CAUSAL_WINDOW, Features(head_dim_v=16)):
+        records = judged(kernel, feature_case(features))
+        assert [(r.verdict, r.message.split(":")[0]) for r in records] == \
+            [("error", "UnboundLocalError" if features.window else "ValueError")]
+
+
 # jax's packed cuDNN call (fused_attention_stablehlo.dot_product_attention) --------------------
 
 @pytest.mark.parametrize("causal,features", [(True, CAUSAL_WINDOW), (False, CAUSAL_WINDOW)],

@@ -213,15 +213,16 @@ def contract_record(kernel, case, out_dtype: str) -> Record:
 
 def refused_feature(case, error: BaseException | None) -> str | None:
     """The feature a kernel refused: an error raised while it was traced (before anything
-    computed) that names one of the features the case handed over (its words:
-    harness.model.features.REFUSAL_WORDS). None: no refusal (an error is an error)."""
-    from harness.model.features import REFUSAL_WORDS
-    if error is None or not case.features:
+    computed) whose message names one of the features the case handed over (their patterns:
+    harness.model.features.REFUSALS). None: no refusal (an error is an error), and never for an
+    error that is a program's bug (features.BUG_ERRORS), whatever its message says."""
+    from harness.model.features import BUG_ERRORS, REFUSALS
+    if error is None or not case.features or isinstance(error, BUG_ERRORS):
         return None
-    text = f"{type(error).__name__}: {error}".lower()
+    text = str(error)
     # The feature named first: a refusal names what it refuses before any advice it gives.
-    found = [(min(text.find(w) for w in REFUSAL_WORDS[name] if w in text), name)
-             for name in case.features.names if any(w in text for w in REFUSAL_WORDS[name])]
+    found = [(m.start(), name) for name in case.features.names
+             if (m := REFUSALS[name].search(text)) is not None]
     return min(found)[1] if found else None
 
 

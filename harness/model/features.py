@@ -34,14 +34,25 @@ NONE = "none"     # --features none: the cases without any feature
 SEGMENT_START, ROW_START = "segment", "row"
 CHUNK_CONVENTIONS = (SEGMENT_START, ROW_START)
 
-# What a feature is called in the messages of libraries that refuse it (a refusal names it).
-REFUSAL_WORDS = {
-    WINDOW: ("window", "sliding", "local"),
-    SOFTCAP: ("soft", "cap"),
-    CHUNK: ("chunk",),
-    SINKS: ("sink", "softmax_type", "off_by_one", "learnable"),
-    HEAD_DIM_V: ("head_dim_v", "head dim", "head_dim", "v_head", "value"),
+# How a refusal names a feature: patterns searched (case-insensitive) in the error's message
+# (never its type's name: "ValueError" would name the value head dim), each whole enough that a
+# crash's words do not match ("cap" alone is in "capture", "soft" in "softmax", "value" in
+# "invalid value"). The library messages they were drawn from: reports/census-features-h200.
+REFUSAL_PATTERNS = {
+    WINDOW: (r"window", r"sliding", r"\blocal[_ ](?:attention|mask)"),
+    SOFTCAP: (r"soft[_ -]?cap", r"\blogits?[_ ]cap"),
+    CHUNK: (r"chunk",),
+    SINKS: (r"\bsinks?\b", r"attention_sinks?", r"softmax_type", r"off_by_one",
+            r"learnable softmax"),
+    HEAD_DIM_V: (r"head_dim_v", r"head[_ ]dims?\b", r"v_head", r"\bvalue[_ ](?:shape|head|dim)"),
 }
+REFUSALS = {name: re.compile("|".join(p), re.IGNORECASE) for name, p in REFUSAL_PATTERNS.items()}
+
+# Errors that are a program's bug, whatever their message says (a name, an attribute, a key or
+# an index looked up and not there, arithmetic): never a refusal. UnboundLocalError's message
+# reads "cannot access local variable ... associated with a value".
+BUG_ERRORS = (NameError, AttributeError, LookupError, ArithmeticError, RecursionError,
+              SyntaxError, ImportError, MemoryError)
 
 # What a feature's drop looks like, for the diagnosis of a failing record.
 WITHOUT = {WINDOW: "the window", SOFTCAP: "the soft cap", CHUNK: "the chunks",
