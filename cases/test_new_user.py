@@ -85,16 +85,23 @@ def test_a_selected_pair_without_a_record_is_an_error_record(tmp_path):
     assert "no record: the pair was selected" in (report / "summary.md").read_text()
 
 
-def test_isolation_names_and_constraints_are_checked_in_one_line(tmp_path):
+def test_isolation_names_and_declarations_are_checked_in_one_line(tmp_path):
     """An isolation group named with '/' or glob characters (its workers' reports were left out
     of the join: the run green without the kernel's failures) is refused when registered; a
-    kernel's constraints that return None or raise are one line naming it, not a traceback."""
+    kernel's constraints that return None or raise, and its expect, expect_padding or
+    expect_error that raise (mid-run: a traceback and exit 1 before), are one line naming it."""
     for i, (extra, needle) in enumerate((
             ("isolation='lib[v2]'", "isolation 'lib[v2]': letters, digits"),
             ("constraints=lambda case, platform: None",
              "kernel mine: constraints(case, platform) returned None on"),
             ("constraints=lambda case, platform: 1 / 0",
-             "kernel mine: constraints(case, platform) raised on"))):
+             "kernel mine: constraints(case, platform) raised on"),
+            ("expect=lambda case, check, segment: {'out': 'pass'}[check]",
+             "kernel mine: expect(case, 'dq', r0s1) raised on"),
+            ("expect_padding=lambda case, row: 1 / 0",
+             "kernel mine: expect_padding(case, 1) raised on"),
+            ("expect_error=lambda case: case.nope",
+             "kernel mine: expect_error(case) raised on"))):
         module = tmp_path / f"mine{i}.py"
         module.write_text("import harness\nfrom harness.kernels.reference import dot_product\n"
                           f"harness.register_kernel('mine', dot_product, {extra})\n")

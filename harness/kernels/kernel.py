@@ -215,16 +215,23 @@ class Kernel:
         return self._reasons(self.forward_limits, "forward_limits(case)", case) \
             if self.forward_limits else []
 
+    def _call(self, fn, call: str, case: Case, *more):
+        """One of the kernel's own declarations called on a case (constraints, forward_limits,
+        expect, expect_padding, expect_error): one that raises is its author's mistake, one
+        line naming the kernel, the function and the case."""
+        from harness.errors import UsageError
+        try:
+            return fn(case, *more)
+        except Exception as exc:
+            raise UsageError(f"kernel {self.name}: {call} raised on {case.id}: "
+                             f"{type(exc).__name__}: {exc}") from None
+
     def _reasons(self, fn, call: str, case: Case, *more) -> list[str]:
         """What a kernel's own function of the case says against it (constraints,
         forward_limits): a list of reasons. One that raises or returns anything else is its
         author's mistake: one line naming the kernel, the function and the case."""
         from harness.errors import UsageError
-        try:
-            value = fn(case, *more)
-        except Exception as exc:
-            raise UsageError(f"kernel {self.name}: {call} raised on {case.id}: "
-                             f"{type(exc).__name__}: {exc}") from None
+        value = self._call(fn, call, case, *more)
         if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
             raise UsageError(f"kernel {self.name}: {call} returned {value!r} on {case.id}: it "
                              "must return a list of reasons (strings), [] where the case runs")
@@ -232,15 +239,16 @@ class Kernel:
 
     def expected(self, case: Case, check: str, segment: Segment) -> tuple[str, str]:
         """(expected, reason): what this kernel must show on that check of that segment."""
-        value = self.expect(case, check, segment) if self.expect else v.PASS
-        return self._expectation(value, check, f"expect(case, {check!r}, {segment.label})")
+        call = f"expect(case, {check!r}, {segment.label})"
+        value = self._call(self.expect, call, case, check, segment) if self.expect else v.PASS
+        return self._expectation(value, check, call)
 
     def error_expected(self, case: Case) -> str | None:
         """The upstream error this kernel declares on `case` (expect_error: a text, or a
         function of the case for an error some cases raise), or None."""
         if not callable(self.expect_error):
             return self.expect_error
-        text = self.expect_error(case)
+        text = self._call(self.expect_error, "expect_error(case)", case)
         if text is not None and not (isinstance(text, str) and text.strip()):
             # "" is in every message: it would make any crash of the kernel a known one.
             from harness.errors import UsageError
@@ -252,13 +260,16 @@ class Kernel:
     def expected_kernel_check(self, case: Case, check: str) -> tuple[str, str]:
         """(expected, reason) of a check with no segment (dsinks): `expect(case, check, None)`;
         a kernel that takes sinks and has an expectation answers for segment None."""
-        value = self.expect(case, check, None) if self.expect else v.PASS
-        return self._expectation(value, check, f"expect(case, {check!r}, None)")
+        call = f"expect(case, {check!r}, None)"
+        value = self._call(self.expect, call, case, check, None) if self.expect else v.PASS
+        return self._expectation(value, check, call)
 
     def expected_padding(self, case: Case, row: int) -> tuple[str, str]:
         """(expected, reason): what the padding check must show on that row."""
-        value = self.expect_padding(case, row) if self.expect_padding else v.PASS
-        return self._expectation(value, v.PADDING.name, f"expect_padding(case, {row})")
+        call = f"expect_padding(case, {row})"
+        value = self._call(self.expect_padding, call, case, row) if self.expect_padding \
+            else v.PASS
+        return self._expectation(value, v.PADDING.name, call)
 
     def _expectation(self, value, check: str, call: str) -> tuple[str, str]:
         """A wrong expectation is the kernel's author's mistake: one line naming it."""
