@@ -139,6 +139,8 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
     if leak:
         out.records += _leak_records(kernel, case, programs, inputs, results[:len(TENSORS)],
                                      _disagreement(kernel, case, ref, out.records))
+    else:
+        out.records.append(judging.probe_off_record(kernel, case))
     out.records = judging.cover_unjudged(out.records, probed=leak)
     if case.features.chunk is not None and kernel.chunk_convention != "segment":
         # Judged against the chunks its library documents: every record says which.

@@ -310,6 +310,14 @@ def tensor_records(kernel, case, chk: Check, errors, reference, mode: str
 
 # ----- rules across the records of one kernel x case ------------------------------------------
 
+def probe_off_record(kernel, case) -> Record:
+    """The leak check of a pair run with the probe off (--no-leak-probe): one record for the
+    case, not run, so every view shows a check that did not run (the probe's segments would
+    otherwise leave no trace, and a kernel's cell read ok)."""
+    return status_record(kernel, case, v.UNPROBED, "the leak probe was off (--no-leak-probe): "
+                         "not run", check=LEAK.name, outcome_=v.NOT_RUN)
+
+
 def cover_unjudged(records: list[Record], probed: bool = True) -> list[Record]:
     """Every check an expectation leaves `either` must be judged by the leak probe on the same
     segment. Where it is, the record says so (outcome unjudged); where it is not, nothing judged

@@ -168,7 +168,8 @@ def false_alarms(records: Iterable[Record]) -> dict[str, float]:
 def uncompared(records: Iterable[Record]) -> Counter:
     """(kernel, reason) -> leak records the probe measured nothing for."""
     return Counter((r.kernel, r.message) for r in records
-                   if r.check == v.LEAK.name and r.verdict == v.UNPROBED)
+                   if r.check == v.LEAK.name and r.verdict == v.UNPROBED
+                   and r.outcome != v.NOT_RUN)
 
 
 def fallbacks(records: Iterable[Record]) -> Counter:

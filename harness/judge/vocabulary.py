@@ -26,7 +26,8 @@ its outcome the two together:
               error (a known upstream crash)
     outcome   ok, caught, known, refused   good
               unjudged, not run, skip      neither good nor bad; every view counts them apart
-                                           (not run: left to the leak probe, which was off)
+                                           (not run: the leak probe was off; its own check
+                                           and the checks left to it)
               fail, missed, error          bad: the run is red
 """
 from __future__ import annotations
@@ -106,7 +107,7 @@ CELL_OK, CELL_NEAR, CELL_CAUGHT, CELL_KNOWN = "ok", "near", "caught", "known"
 CELL_FAIL, CELL_MISSED, CELL_ERROR, CELL_SKIP = "FAIL", "MISSED", "ERROR", "skip"
 CELL_REFUSED, CELL_NOT_RUN = "refused", "not run"
 # Which outcome, if any record of a cell has it, names the cell (first match wins): a cell
-# with a check that did not run (left to the leak probe, which was off) never reads ok.
+# with a check that did not run (the leak probe was off) never reads ok.
 CELL_BY_OUTCOME = ((ERROR, CELL_ERROR), (FAIL, CELL_FAIL), (MISSED, CELL_MISSED),
                    (CAUGHT, CELL_CAUGHT), (KNOWN, CELL_KNOWN), (REFUSED, CELL_REFUSED),
                    (NOT_RUN, CELL_NOT_RUN))

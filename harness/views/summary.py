@@ -84,7 +84,9 @@ def digest_lines(records: list[Record]) -> list[str]:
 
 def not_judged_lines(records: list[Record]) -> list[str]:
     """What was not judged, with the reason: every view shows these apart from ok."""
-    lines = [f"{kernel} {check}: {n} not run (left to the leak probe, which was off: "
+    lines = [f"{kernel} leak: the probe was off (--no-leak-probe): not run on {n} cases"
+             if check == v.LEAK.name else
+             f"{kernel} {check}: {n} not run (left to the leak probe, which was off: "
              "--no-leak-probe)" for (kernel, check), n in sorted(tallies.not_run(records)
                                                                   .items())]
     for (kernel, check, reason, by), n in sorted(tallies.unjudged(records).items()):
