@@ -22,14 +22,19 @@ worker whose last lines of stderr hold XLA's autotuner's words (the guard bytes 
 buffers it times candidate kernels in modified, `gpu_profiler.cc`: "Red zone modified"; its
 timer's warning, `cuda_timer.cc`: "Delay kernel timed out"), or whose crashing thread was
 compiling, beside the run or in the run's own thread (a kernel whose compile crashes XLA
-every time so crashes again, and that stands). Workers dump every Python thread's stack on a
-fatal signal (faulthandler, harness.engine.worker); `StderrTail` keeps, in place of the dump,
-one line naming the crashing thread's innermost frames, where the dump names one (a thread
-of XLA's or CUDA's own has no Python frames: faulthandler names none), and `death` gives it
-after the worker's own last line. The pair the run was on runs again in a fresh worker
-(`died_compiling`; the H200's cold nightlies lost a worker so at 396cbf3, on `tokamax:cudnn`
-after a red zone modified, a pair its warm run passed on the same machine, and at 4bd381a,
-on `sut:cudnn_flash_jax`, after five timer warnings and no red-zone line). A kernel that truly
+every time so crashes again, and that stands), or whose other threads were compiling when it
+crashed (the run's thread launching a program meanwhile). Workers dump every Python thread's
+stack on a fatal signal (faulthandler, harness.engine.worker); `StderrTail` keeps, in place of
+the dump, one line naming the crashing thread's innermost frames, where the dump names one (a
+thread of XLA's or CUDA's own has no Python frames: faulthandler names none), and how many
+other threads were compiling, and `death` gives it after the worker's own last line. The pair
+the run was on runs again in a fresh worker (`died_compiling`; the H200's cold nightlies lost
+a worker so at 396cbf3, on `tokamax:cudnn` after a red zone modified, a pair its warm run
+passed on the same machine, and at 4bd381a, on `sut:cudnn_flash_jax`, after five timer
+warnings and no red-zone line; at 9ade3fe, on `sut:cudnn_flash_jax:fallback`, SIGSEGV in the
+run's thread launching the leak probe's build while 16 threads compiled, the pair then an
+error, which the first cold run on the same machine passed). In a warm run nothing compiles
+beside the run, so a crash there is the kernel's at once. A kernel that truly
 crashes now and then may so pass on its second run: the header's run_again keeps the first
 death's reason. Each pair runs again once at most, for either cause: what breaks it in the
 fresh worker stands as its error.
@@ -54,10 +59,12 @@ AUTOTUNER_LINES = 20
 
 FATAL = "Fatal Python error:"     # faulthandler's dump begins so
 CURRENT = "Current thread "       # and so the crashing thread's frames, innermost first
+OTHER_THREAD = "Thread 0x"        # and so each other thread's
 CRASHED = "the crashing thread "  # the line StderrTail adds: CRASHED + COMPILING, OTHER or NONE
 COMPILING = "was compiling: "
 OTHER = "was not compiling: "
 NONE = "had no Python frames (a thread of XLA's or CUDA's own, or none named)"
+BESIDE = "; compiling beside it: "   # then how many other threads the dump shows compiling
 # A frame of any of these in the crashing thread's stack: it was compiling (jax's calls into
 # XLA's compiler, and the harness's one entry to them).
 COMPILE_FRAMES = {"backend_compile_and_load", "compile_or_get_cached", "compile_lowered"}
@@ -75,10 +82,13 @@ _CHECK_TRACE = re.compile(r"(\*\*\* Check failure stack trace: \*\*\*|\s+@\s+0x)
 
 def died_compiling(returncode: int, tail: str | None) -> bool:
     """Whether a worker killed by a signal logged XLA's autotuner's words among its last
-    AUTOTUNER_LINES lines of stderr, or its crashing thread was compiling (StderrTail)."""
+    AUTOTUNER_LINES lines of stderr, or its crashing thread was compiling, or other threads
+    of it were (StderrTail's line)."""
+    if returncode >= 0:
+        return False
     last = [ln for ln in (tail or "").splitlines() if ln.strip()][-AUTOTUNER_LINES:]
-    return returncode < 0 and any(m in ln for ln in last
-                                  for m in (*AUTOTUNER_MARKERS, CRASHED + COMPILING))
+    return any(m in ln for ln in last for m in (*AUTOTUNER_MARKERS, CRASHED + COMPILING)) \
+        or any(ln.startswith(CRASHED) and BESIDE in ln for ln in last)
 
 
 def death(returncode: int, tail: str) -> str:
@@ -116,10 +126,15 @@ class StderrTail:
         self._dumped = False        # a dump was seen
         self._current = False       # in its crashing thread's frames
         self._frames: list[tuple[str, str, str]] = []
+        self._others: list[bool] = []   # the dump's other threads: each one compiling or not
 
     def add(self, line: str) -> None:
         if line.startswith(FATAL):
-            self._dumped, self._current, self._frames = True, False, []
+            self._dumped, self._current, self._frames, self._others = True, False, [], []
+            return
+        if self._dumped and line.startswith(OTHER_THREAD):
+            self._current = False
+            self._others.append(False)
             return
         if self._dumped and line.startswith(CURRENT):
             self._current = True
@@ -129,6 +144,8 @@ class StderrTail:
             if self._current:
                 path = "/".join(frame["path"].split("/")[-3:])
                 self._frames.append((frame["name"], path, frame["line"]))
+            elif self._others and frame["name"] in COMPILE_FRAMES:
+                self._others[-1] = True
             return
         if self._dumped and _DUMP.match(line):
             # The crashing thread's frames end at the next thread's header; a line saying it
@@ -148,6 +165,8 @@ class StderrTail:
                               for name, path, line in self._frames[:SHOWN_FRAMES])
         else:
             how = NONE
+        if any(self._others):
+            how += f"{BESIDE}{sum(self._others)} thread(s)"
         head = text.rstrip("\n")
         return (f"{head}\n" if head else "") + f"{CRASHED}{how}\n"
 
