@@ -553,6 +553,17 @@ def test_a_kernel_that_crashes_while_traced_on_a_feature_is_an_error_not_a_refus
             [("error", "UnboundLocalError" if features.window else "ValueError")]
 
 
+def test_a_kernel_without_a_backward_skips_every_gradient_check_dsinks_included():
+    """A forward-only kernel on a case with sinks: dq, dk, dv and dsinks each a skip saying
+    why (dsinks left no record at all before: a check neither run nor shown as skipped)."""
+    kernel = dataclasses.replace(select_kernels("dot_product")[0], name="cpu:forward_only",
+                                 backward=False)
+    records = judged(kernel, feature_case(Features(sinks=True)))
+    skipped = {r.check: r.message for r in records if r.verdict == "skip"}
+    assert skipped == dict.fromkeys(("dq", "dk", "dv", "dsinks"), "kernel declares no backward")
+    assert {r.check for r in records if r.verdict != "skip"} >= {"out", "leak", "contract"}
+
+
 # jax's packed cuDNN call (fused_attention_stablehlo.dot_product_attention) --------------------
 
 @pytest.mark.parametrize("causal,features", [(True, CAUSAL_WINDOW), (False, CAUSAL_WINDOW)],

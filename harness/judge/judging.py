@@ -195,8 +195,9 @@ def kernel_level_records(kernel, case) -> list[Record]:
         out.append(status_record(kernel, case, v.PASS, f"expected upstream error "
                                  f"{declared!r} did not occur", expected=v.ERROR))
     if not kernel.backward:
+        grads = [*v.TENSORS[1:], *([v.DSINKS] if case.features.sinks else [])]
         out += [status_record(kernel, case, v.SKIP, "kernel declares no backward", check=c.name)
-                for c in v.TENSORS[1:]]
+                for c in grads]
     return out
 
 
