@@ -520,7 +520,20 @@ _REFUSALS = [
     (Features(softcap=2.0), RuntimeError(
         "operation failed due to a previous error during capture"), None),
     (Features(softcap=2.0), ValueError("softmax scale must be positive"), None),
+    (Features(head_dim_v=64), ValueError("Expected 'value' head dimension 128, got 64"),
+     "head_dim_v"),
+    (Features(head_dim_v=64), ValueError("FlashAttention forward only supports head dimension "
+                                         "at most 256"), "head_dim_v"),
+    (Features(head_dim_v=64), ValueError("V headdim must equal QK headdim"), "head_dim_v"),
+    (Features(sinks=True), ValueError("num_sinks must be 0 on this backend"), "sinks"),
+    (Features(sinks=True), NotImplementedError("LEARNABLE_SOFTMAX is not supported"), "sinks"),
+    (Features(sinks=True), ValueError("softmax_offset is not supported with THD"), "sinks"),
+    (Features(softcap=2.0), ValueError("capping of logits is not supported"), "softcap"),
     (Features(window=(16, 0)), KeyError("window"), None),
+    (Features(window=(16, 0)), TypeError("f() got an unexpected keyword argument "
+                                         "'window_size'"), None),
+    (Features(window=(16, 0)), ValueError("reduce_window: window_dimensions must have the "
+                                          "operand's rank"), None),
     (Features(window=(16, 0)), AttributeError("'Config' object has no attribute "
                                               "'sliding_window'"), None),
 ]
@@ -535,6 +548,16 @@ def test_a_refusal_names_its_feature_in_its_message_and_a_crash_is_none(features
     program's bug (a name, attribute or key not there) is never one."""
     from harness.judge.judging import refused_feature
     assert refused_feature(feature_case(features), error) == feature
+
+
+def test_jaxs_tracer_error_naming_the_windows_argument_is_no_refusal():
+    """jax's ConcretizationTypeError (a TypeError) names the argument its tracer came from:
+    an adapter's bug, never the library refusing the window."""
+    from harness.judge.judging import refused_feature
+    with pytest.raises(jax.errors.ConcretizationTypeError) as info:
+        jax.jit(lambda window_size: bool(window_size))(3)
+    assert "window_size" in str(info.value)
+    assert refused_feature(feature_case(CAUSAL_WINDOW), info.value) is None
 
 
 def test_a_kernel_that_crashes_while_traced_on_a_feature_is_an_error_not_a_refusal():

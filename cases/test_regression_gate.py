@@ -60,6 +60,22 @@ def test_a_planted_growth_and_a_planted_flip_are_caught(runs):
         "(pass), now unprobed (unjudged)"]
 
 
+def test_a_baseline_run_without_the_leak_probe_lost_nothing_a_probed_run_has(runs):
+    """A baseline made with --no-leak-probe holds one leak record per pair, not run: a run with
+    the probe has per-segment leak records instead, and lost no check that ran (a false
+    regression before); the other way round, the probe's checks are lost."""
+    first, _ = runs
+    pairs = {r.pair: r for r in first if r.check == "leak"}      # the pairs the probe ran on
+    off = [r for r in first if r.check != "leak"] + [
+        r.replace(check="leak", row=None, segment=None, verdict="unprobed", outcome="not run",
+                  message="the leak probe was off (--no-leak-probe): not run")
+        for r in pairs.values()]
+    assert not regression.compare(first, off).regressed
+    result = regression.compare(off, first)
+    assert result.regressed and all(line.endswith("not now (leak)")
+                                    for line in result.regressions)
+
+
 def test_a_check_that_varied_between_runs_is_held_to_its_band(runs):
     """The band of a check whose runs differed. The two machines' nights agree bitwise on
     every error, so a spread is planted: one run's error on two checks 1.5x the other's. Growth

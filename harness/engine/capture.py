@@ -32,9 +32,11 @@ the run was on runs again in a fresh worker (`died_compiling`; the H200's cold n
 a worker so at 396cbf3, on `tokamax:cudnn` after a red zone modified, a pair its warm run
 passed on the same machine, and at 4bd381a, on `sut:cudnn_flash_jax`, after five timer
 warnings and no red-zone line; at 9ade3fe, on `sut:cudnn_flash_jax:fallback`, SIGSEGV in the
-run's thread launching the leak probe's build while 16 threads compiled, the pair then an
-error, which the first cold run on the same machine passed). In a warm run nothing compiles
-beside the run, so a crash there is the kernel's at once. A kernel that truly
+run's thread launching the leak probe's build, its dump holding XLA's compile 16 times, the
+pair then an error, which the first cold run on the same machine passed). Another thread
+counts as compiling only inside XLA's compiler (`backend_compile_and_load`): a warm run loads
+its programs from jax's cache and compiles next to none, so a crash there is the kernel's at
+once. A kernel that truly
 crashes now and then may so pass on its second run: the header's run_again keeps the first
 death's reason. Each pair runs again once at most, for either cause: what breaks it in the
 fresh worker stands as its error.
@@ -68,6 +70,9 @@ BESIDE = "; compiling beside it: "   # then how many other threads the dump show
 # A frame of any of these in the crashing thread's stack: it was compiling (jax's calls into
 # XLA's compiler, and the harness's one entry to them).
 COMPILE_FRAMES = {"backend_compile_and_load", "compile_or_get_cached", "compile_lowered"}
+# A frame of this in another thread's stack: it was in XLA's compiler (a program read from
+# jax's cache is loaded without it, as in a warm run).
+BESIDE_FRAMES = {"backend_compile_and_load"}
 SHOWN_FRAMES = 4
 _FRAME = re.compile(r'\s*File "(?P<path>[^"]*)", line (?P<line>\d+|\?+) in (?P<name>\S+)')
 # The dump's other lines (CPython 3.11 to 3.13): each thread's header, a thread with no frame
@@ -106,7 +111,7 @@ def death(returncode: int, tail: str) -> str:
     last = [ln for ln in tail.splitlines() if ln.strip()]
     own = [ln for ln in last if not ln.startswith(CRASHED)]
     crashed = [ln for ln in last if ln.startswith(CRASHED)]
-    return how + (f": {own[-1][:300]}" if own else "") + (f"; {crashed[-1][:300]}"
+    return how + (f": {own[-1][:300]}" if own else "") + (f"; {crashed[-1][:400]}"
                                                          if crashed else "")
 
 
@@ -144,7 +149,7 @@ class StderrTail:
             if self._current:
                 path = "/".join(frame["path"].split("/")[-3:])
                 self._frames.append((frame["name"], path, frame["line"]))
-            elif self._others and frame["name"] in COMPILE_FRAMES:
+            elif self._others and frame["name"] in BESIDE_FRAMES:
                 self._others[-1] = True
             return
         if self._dumped and _DUMP.match(line):

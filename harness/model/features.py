@@ -35,24 +35,29 @@ SEGMENT_START, ROW_START = "segment", "row"
 CHUNK_CONVENTIONS = (SEGMENT_START, ROW_START)
 
 # How a refusal names a feature: patterns searched (case-insensitive) in the error's message
-# (never its type's name: "ValueError" would name the value head dim), each whole enough that a
-# crash's words do not match ("cap" alone is in "capture", "soft" in "softmax", "value" in
-# "invalid value"). The library messages they were drawn from: reports/census-features-h200.
+# (never its type's name: "ValueError" would name the value head dim), each naming the feature
+# itself, not a word a crash's message holds too ("cap" alone is in "capture", "soft" in
+# "softmax", "value" in "invalid value", "window" in XLA's "reduce_window: window_dimensions").
+# Drawn from the library messages in reports/census-features-h200 and their peers' spellings.
 REFUSAL_PATTERNS = {
-    WINDOW: (r"window", r"sliding", r"\blocal[_ ](?:attention|mask)"),
-    SOFTCAP: (r"soft[_ -]?cap", r"\blogits?[_ ]cap"),
-    CHUNK: (r"chunk",),
-    SINKS: (r"\bsinks?\b", r"attention_sinks?", r"softmax_type", r"off_by_one",
-            r"learnable softmax"),
-    HEAD_DIM_V: (r"head_dim_v", r"head[_ ]dims?\b", r"v_head", r"\bvalue[_ ](?:shape|head|dim)"),
+    WINDOW: (r"\bwindows?\b", r"\bwindow_(?:size|left|right|length)", r"sliding[_ ]window",
+             r"\blocal[_ ](?:attention|mask)"),
+    SOFTCAP: (r"soft[_ -]?cap", r"\blogits?[_ ]cap", r"\bcapping\b"),
+    CHUNK: (r"\bchunk(?:s|ed|_size|_attention)?\b",),
+    SINKS: (r"sinks?\b", r"softmax_type", r"softmax_offset", r"off_by_one",
+            r"learnable[_ ]softmax", r"softmax type"),
+    HEAD_DIM_V: (r"head_dim_v", r"\bhead[_ ]?dim(?:s|ension|ensions)?\b", r"\bv_?head",
+                 r"\bvalue[_ ](?:shape|head|dim)"),
 }
 REFUSALS = {name: re.compile("|".join(p), re.IGNORECASE) for name, p in REFUSAL_PATTERNS.items()}
 
 # Errors that are a program's bug, whatever their message says (a name, an attribute, a key or
-# an index looked up and not there, arithmetic): never a refusal. UnboundLocalError's message
-# reads "cannot access local variable ... associated with a value".
+# an index looked up and not there, arithmetic, a call with the wrong arguments, jax's tracer
+# errors, which are TypeErrors): never a refusal. UnboundLocalError's message reads "cannot
+# access local variable ... associated with a value"; jax's ConcretizationTypeError names the
+# argument its tracer came from ("... the value of the argument window_size").
 BUG_ERRORS = (NameError, AttributeError, LookupError, ArithmeticError, RecursionError,
-              SyntaxError, ImportError, MemoryError)
+              SyntaxError, ImportError, MemoryError, TypeError)
 
 # What a feature's drop looks like, for the diagnosis of a failing record.
 WITHOUT = {WINDOW: "the window", SOFTCAP: "the soft cap", CHUNK: "the chunks",
