@@ -75,9 +75,10 @@ COMPILE_FRAMES = {"backend_compile_and_load", "compile_or_get_cached", "compile_
 BESIDE_FRAMES = {"backend_compile_and_load"}
 SHOWN_FRAMES = 4
 _FRAME = re.compile(r'\s*File "(?P<path>[^"]*)", line (?P<line>\d+|\?+) in (?P<name>\S+)')
-# The dump's other lines (CPython 3.11 to 3.13): each thread's header, a thread with no frame
-# or collecting garbage, the runtime's state, the extension modules loaded.
-_DUMP = re.compile(r"(Thread 0x[0-9a-f]+ |Current thread 0x|Stack \(most recent call first\)|"
+# The dump's other lines (CPython 3.11 to 3.13; each thread's header is CURRENT or
+# OTHER_THREAD): a thread with no frame or collecting garbage, the runtime's state, the
+# extension modules loaded.
+_DUMP = re.compile(r"(Stack \(most recent call first\)|"
                    r"\s+<no Python frame>|\s+Garbage-collecting|Python runtime state:|"
                    r"Extension modules:|\s+\.\.\.\s*$|\s*$)")
 # What abseil prints after a fatal log line (XLA's "F... Check failed: ..."), before the abort:
@@ -92,8 +93,7 @@ def died_compiling(returncode: int, tail: str | None) -> bool:
     if returncode >= 0:
         return False
     last = [ln for ln in (tail or "").splitlines() if ln.strip()][-AUTOTUNER_LINES:]
-    return any(m in ln for ln in last for m in (*AUTOTUNER_MARKERS, CRASHED + COMPILING)) \
-        or any(ln.startswith(CRASHED) and BESIDE in ln for ln in last)
+    return any(m in ln for ln in last for m in (*AUTOTUNER_MARKERS, CRASHED + COMPILING, BESIDE))
 
 
 def death(returncode: int, tail: str) -> str:
@@ -153,8 +153,9 @@ class StderrTail:
                 self._others[-1] = True
             return
         if self._dumped and _DUMP.match(line):
-            # The crashing thread's frames end at the next thread's header; a line saying it
-            # is collecting garbage comes before its frames and is passed over.
+            # The crashing thread's frames end at the blank line after them (or the next
+            # thread's header, above); a line saying it is collecting garbage comes before
+            # its frames and is passed over.
             self._current = self._current and "Garbage-collecting" in line
             return
         if not _CHECK_TRACE.match(line):
