@@ -120,6 +120,9 @@ def test_handed_over_programs_compute_what_the_run_builds_cold_and_from_the_cach
                 done.result(timeout=120)
         finally:
             programs.close()
+        # Both processes reaped with their own CPU seconds (importing jax alone takes some).
+        assert all(p.cpu_s > 0.1 for p in programs._apart.processes), run
+        assert programs.lowering_cpu_s == programs._apart.cpu_s, run
         after = _counts()
         loaded = after["loaded"] - before["loaded"]
         lowered = after["lowered"] - before["lowered"]
@@ -622,3 +625,34 @@ def test_an_answer_whose_handling_raises_fails_its_program_never_leaves_it_pendi
     first.fail(RuntimeError("again"))   # settled already: left as it was
     with pytest.raises(RuntimeError, match="could not build a here"):
         first.compiled.result(timeout=1)
+
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass"
+
+
+def test_a_lowering_process_is_reaped_with_its_own_cpu_seconds_not_its_siblings():
+    """A worker's RUSAGE_CHILDREN sums every ended child (XLA's ptxas processes on GPUs, the
+    H200's cold nightly at 9ade3fe: 929 s, all shown as its lowering processes'): a lowering
+    process's own seconds come from reaping it."""
+    other = subprocess.Popen([sys.executable, "-c", BURN.format(s=0.6)])
+    other.wait()   # ended and reaped as subprocess does: in RUSAGE_CHILDREN only
+    process = LoweringProcess({}, None, None, None)
+    process._proc = subprocess.Popen([sys.executable, "-c", BURN.format(s=0.3)])
+    process.wait()
+    assert 0.25 < process.cpu_s < 0.55, process.cpu_s
+    assert process._proc.returncode == 0
+    process.wait()   # reaped already: nothing more, the seconds stay
+    assert 0.25 < process.cpu_s < 0.55
+
+
+def test_the_worker_line_tells_the_lowering_processes_from_the_other_children():
+    from harness.views.markdown import _cpu
+    worker = {"cpu_s": 100.0, "children_cpu_s": 30.0, "lowering_cpu_s": 10.0, "cores": 4,
+              "startup_s": 5.0, "wall_s": 45.0}
+    assert _cpu(worker) == (" (CPU 100 s, its lowering processes 10 s, its other child "
+                            "processes (XLA's ptxas on GPUs) 20 s: 2.6 of 4 cores busy on "
+                            "average)")
+    assert _cpu({**worker, "children_cpu_s": 10.0}) == (
+        " (CPU 100 s, its lowering processes 10 s: 2.2 of 4 cores busy on average)")
+    older = {k: v for k, v in worker.items() if k != "lowering_cpu_s"}
+    assert _cpu(older) == " (CPU 100 s, its child processes 30 s: 2.6 of 4 cores busy on average)"

@@ -54,6 +54,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 
 NO_PREALLOCATION = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
@@ -113,6 +114,7 @@ class LoweringProcess:
         self._pending: dict[int, object] = {}
         self._tokens = itertools.count()
         self._proc: subprocess.Popen | None = None
+        self.cpu_s = 0.0   # its CPU seconds, once it ended and `wait` reaped it
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._gone = False
         # Taken now: a later copy could catch a trace's temporary setting (traced_under).
@@ -210,14 +212,34 @@ class LoweringProcess:
         self._outbox.put(None)
 
     def wait(self) -> None:
-        """Waits STOP_WAIT_S for the stopped process to end, then kills it."""
+        """Waits STOP_WAIT_S for the stopped process to end, then kills it; reaps it with its
+        CPU seconds (`cpu_s`)."""
         proc = self._proc
-        if proc is not None:
-            try:
-                proc.wait(STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is None or proc.returncode is not None:
+            return
+        deadline = time.monotonic() + STOP_WAIT_S
+        while (reaped := _reap(proc, block=False)) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if reaped is None:
+            proc.kill()
+            reaped = _reap(proc, block=True)
+        self.cpu_s = reaped
+
+
+def _reap(proc: subprocess.Popen, block: bool) -> float | None:
+    """Reaps the ended `proc` (os.wait4: the kernel's account of that one child) and returns
+    its CPU seconds, user and system; None while it runs (`block` False). A worker's
+    RUSAGE_CHILDREN sums every ended child, XLA's ptxas processes among them: this one's are
+    its own. 0.0 where it was reaped already (its seconds unknown)."""
+    try:
+        pid, status, usage = os.wait4(proc.pid, 0 if block else os.WNOHANG)
+    except ChildProcessError:
+        proc.returncode = proc.returncode if proc.returncode is not None else 0
+        return 0.0
+    if pid == 0:
+        return None
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime
 
 
 class LoweringProcesses:
@@ -254,6 +276,11 @@ class LoweringProcesses:
             process.stop()
         for process in self.processes:
             process.wait()
+
+    @property
+    def cpu_s(self) -> float:
+        """The CPU seconds of those ended and reaped (close)."""
+        return sum(process.cpu_s for process in self.processes)
 
 
 def processes_for(cores: int) -> int:

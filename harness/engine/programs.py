@@ -14,10 +14,9 @@ Two modes:
   workspace and write past it. On CPUs every program is deterministic already, and the probe
   runs the default one.
 
-A background thread traces the programs a run announces (`prefetch`), in the order it will run
-them, and a pool of threads compiles them (XLA compiles without holding the GIL), so tracing,
-compiling and executing overlap. Lower, compile and execute seconds are kept per kernel, the
-oracle's under "oracle". One program, its runs and its seconds: harness.engine.program.
+A background thread traces the programs a run announces (`prefetch`), in run order, and a pool of
+threads compiles them (XLA compiles without holding the GIL), so tracing, compiling and executing
+overlap. Lower, compile and execute seconds are kept per kernel, the oracle's under "oracle".
 """
 from __future__ import annotations
 
@@ -72,10 +71,9 @@ ORACLE = "oracle"
 # table (programs and compile seconds; waited: the run's waits for one still compiling, and
 # its compiling of one still queued).
 OWN = "harness's own programs"
-# Their compile threads. They compile once the programs whose outputs they take are built;
-# queued behind the kernels' compiles, they were still waiting when the run called them, and
-# the run's thread compiled them itself (75 s of the H200's cold nightly worker's 324 s at
-# 4d948f1).
+# Their compile threads. They compile once the programs whose outputs they take are built; queued
+# behind the kernels' compiles, the run's thread compiled them itself (75 s of the H200's cold
+# nightly worker's 324 s at 4d948f1).
 OWN_THREADS = 4
 SWITCH_INTERVAL_S = 0.0001
 # How long `close` waits for the compiles under way (each writes jax's cache when done).
@@ -84,6 +82,7 @@ CLOSE_WAIT_S = 120.0
 
 class Programs:
     """The compiled programs of one run, and their times per kernel."""
+    lowering_cpu_s = 0.0   # its lowering processes' CPU seconds, once closed
 
     def __init__(self, deterministic_probe: bool = True, platform: str | None = None,
                  workers: int | None = None, lowering_process: dict | None = None,
@@ -474,6 +473,7 @@ class Programs:
         self._tracer.shutdown(wait=False, cancel_futures=True)
         if self._apart is not None:
             self._apart.close()
+            self.lowering_cpu_s = self._apart.cpu_s
         for pool in (self._pool, self._own_pool):
             pool.shutdown(wait=False, cancel_futures=True)
         futures.wait(self._pool.unfinished() + self._own_pool.unfinished(),

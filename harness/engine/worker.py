@@ -94,7 +94,7 @@ def run_pairs(spec: dict) -> int:
     def close_report():
         since = {"startup_s": round(began - spec["written"], 1)} if "written" in spec else {}
         writer.close(timing=programs.report(), worker=report_dir.parent.name, began_at=began,
-                     **since, **cpu_seconds(),
+                     **since, **cpu_seconds(programs.lowering_cpu_s),
                      compilation_cache={"dir": options.cache_dir, **cache_stats()})
     try:
         run_matrix(kernels, cases, current_platform(), on_result=on_result,
@@ -117,11 +117,13 @@ def run_pairs(spec: dict) -> int:
     return 0
 
 
-def cpu_seconds() -> dict:
-    """The CPU time this process used (user and system, every thread, its start included) and
-    that of its ended children (its lowering processes, waited for when its programs closed),
-    with the cores it could use: whether a run was bound by its CPUs shows there (cold
-    nightlies compile on every core beside the run's thread)."""
+def cpu_seconds(lowering_cpu_s: float = 0.0) -> dict:
+    """The CPU time this process used (user and system, every thread, its start included),
+    that of its ended children (`children_cpu_s`) and, of those, its lowering processes'
+    (`lowering_cpu_s`, reaped when its programs closed), with the cores it could use: whether a
+    run was bound by its CPUs shows there (cold nightlies compile on every core beside the
+    run's thread). The other children are XLA's: on GPUs it runs ptxas in a process of its own
+    for each program it compiles."""
     import resource
 
     from harness.engine.environment import usable_cores
@@ -129,7 +131,7 @@ def cpu_seconds() -> dict:
                                                           resource.RUSAGE_CHILDREN))
     return {"cpu_s": round(own.ru_utime + own.ru_stime, 1),
             "children_cpu_s": round(children.ru_utime + children.ru_stime, 1),
-            "cores": usable_cores()}
+            "lowering_cpu_s": round(lowering_cpu_s, 1), "cores": usable_cores()}
 
 
 # CUDA errors after which a process's context is unusable (cudaErrorIllegalInstruction and

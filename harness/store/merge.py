@@ -110,8 +110,8 @@ def source_entry(path, header: dict) -> dict:
                        "waits": {row: s for row, s in rows if s >= WAIT_KEPT_S}}
     return {"path": str(path), "environment": header["environment"],
             "wall_s": header.get("wall_s"),
-            **{k: header[k] for k in ("worker", "startup_s", "began_at", "cpu_s",
-                                      "children_cpu_s", "cores") if header.get(k) is not None},
+            **{k: header[k] for k in ("worker", "startup_s", "began_at", "cpu_s", "children_cpu_s",
+                                      "lowering_cpu_s", "cores") if header.get(k) is not None},
             **stood_still}
 
 
