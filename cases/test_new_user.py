@@ -89,7 +89,9 @@ def test_isolation_names_and_declarations_are_checked_in_one_line(tmp_path):
     """An isolation group named with '/' or glob characters (its workers' reports were left out
     of the join: the run green without the kernel's failures) is refused when registered; a
     kernel's constraints that return None or raise, and its expect, expect_padding or
-    expect_error that raise (mid-run: a traceback and exit 1 before), are one line naming it."""
+    expect_error that raise (mid-run: a traceback and exit 1 before), are one line naming it.
+    A run stopped so once begun says so in its header and views, in this process and in workers
+    (its header said "running": "killed before its end")."""
     for i, (extra, needle) in enumerate((
             ("isolation='lib[v2]'", "isolation 'lib[v2]': letters, digits"),
             ("constraints=lambda case, platform: None",
@@ -101,13 +103,24 @@ def test_isolation_names_and_declarations_are_checked_in_one_line(tmp_path):
             ("expect_padding=lambda case, row: 1 / 0",
              "kernel mine: expect_padding(case, 1) raised on"),
             ("expect_error=lambda case: case.nope",
+             "kernel mine: expect_error(case) raised on"),
+            ("expect_error=lambda case: case.nope, isolation='apart'",
              "kernel mine: expect_error(case) raised on"))):
         module = tmp_path / f"mine{i}.py"
         module.write_text("import harness\nfrom harness.kernels.reference import dot_product\n"
                           f"harness.register_kernel('mine', dot_product, {extra})\n")
+        report = tmp_path / f"r{i}"
         out = _run("-m", "harness", "run", "--kernel-module", str(module), "--kernels", "mine",
-                   "--cases", ONE_CASE, "--report-dir", str(tmp_path / f"r{i}"))
+                   "--cases", ONE_CASE, "--report-dir", str(report))
         _one_line(out, needle)
+        if i < 3:
+            continue   # refused before the run began: no report
+        header = json.loads((report / "report.jsonl").read_text().splitlines()[0])
+        assert header["state"] == "interrupted" and needle in header["stopped_by"], header
+        shown = _run("-m", "harness", "report", str(report))
+        assert shown.returncode == 1, shown.stdout[-2000:] + shown.stderr[-2000:]
+        assert "STOPPED by an error once the run had begun: " + needle in shown.stdout
+        assert "killed before" not in shown.stdout + (report / "summary.md").read_text()
 
 
 def test_a_report_dir_whose_workers_folder_is_not_the_harness_is_refused_not_deleted(tmp_path):

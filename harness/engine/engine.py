@@ -147,6 +147,12 @@ def run(options: RunOptions) -> int:
         lock.release()
 
 
+def stopped_by(report_dir: Path, exc: UsageError) -> None:
+    """The header of a run a user's mistake stopped once it had begun (a kernel's `expect`
+    that raises): interrupted, and by what (its views said "killed before its end")."""
+    rec.update_header(report_dir / rec.RECORDS_FILE, state=INTERRUPTED, stopped_by=str(exc))
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -175,6 +181,9 @@ def _run_here(options: RunOptions, selection: Selection, report_dir: Path
                        on_result=on_result, programs=programs, leak=options.leak_probe)
     except KeyboardInterrupt:
         interrupted = True
+    except UsageError as exc:   # a kernel's own declaration raised mid-run (Kernel._call)
+        stopped_by(report_dir, exc)
+        raise
     finally:
         programs.close()
     from harness.engine.compilation_cache import cache_stats
@@ -231,6 +240,8 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
             signal.signal(sig, signal.SIG_IGN)
         workers.stop_live()
         pool.shutdown(wait=True, cancel_futures=True)
+        if isinstance(exc, UsageError):
+            stopped_by(report_dir, exc)
         if not isinstance(exc, KeyboardInterrupt):
             raise
         interrupted = True

@@ -175,8 +175,11 @@ INTERRUPTED_TEXT = "interrupted: only what finished is here, and it is not a pas
 def unfinished(header: dict | None) -> str | None:
     """What a view says first where the run that wrote the report did not finish
     (tallies.unfinished: killed, or stopped by the user); None for a run that finished."""
-    return {v.RUNNING: INCOMPLETE, v.INTERRUPTED: INTERRUPTED_TEXT}.get(
-        tallies.unfinished(header))
+    how = tallies.unfinished(header)
+    if how == v.INTERRUPTED and header.get("stopped_by"):
+        return (f"STOPPED by an error once the run had begun: {header['stopped_by']}; only "
+                "what finished is here, and it is not a pass")
+    return {v.RUNNING: INCOMPLETE, v.INTERRUPTED: INTERRUPTED_TEXT}.get(how)
 
 
 def print_console(records: list[Record], header: dict | None = None, console=None) -> None:
