@@ -136,3 +136,32 @@ def test_rejudge_keeps_a_check_left_to_a_probe_that_was_off_not_run_and_rejudges
                             message="dsinks non-finite")
     assert [(r.expected, r.outcome, r.message) for r in rejudge([nan], now, probed=False)] == [
         ("fail", "caught", "dsinks non-finite")]
+
+
+def test_rejudge_misses_a_crash_declared_after_a_run_that_did_not_crash(tmp_path, monkeypatch):
+    """A kernel that declares an upstream crash now, on a pair that ran cleanly: rejudged, the
+    pair gains the record the run would have written ("did not occur", missed); merged with
+    --rejudge it exits 1 (it read green: the declaration was never checked)."""
+    from harness.engine import registry
+    from harness.judge.rejudge import rejudge
+    from harness.kernels.kernel import Kernel
+    records = _probe_off(tmp_path / "src", "dot_product", "packed/random-b4-t256-h4kv2*")
+    kernel = registry.all_kernels()["dot_product"]
+    crashes = Kernel("dot_product", kernel.fn, expect_error=lambda case: "CUDNN_STATUS_X")
+    again = rejudge(records, {"dot_product": crashes}, probed=False)
+    added = [r for r in again if r.check == "*"]
+    pairs = {r.pair for r in records}
+    assert {r.pair for r in added} == pairs and len(added) == len(pairs) > 1
+    assert {(r.verdict, r.expected, r.outcome) for r in added} == {("pass", "error", "missed")}
+    assert "'CUDNN_STATUS_X' did not occur" in added[0].message
+    assert len(again) == len(records) + len(pairs)
+    # Rejudged again, it is not added twice; declared no more, it reads ok.
+    assert len(rejudge(again, {"dot_product": crashes}, probed=False)) == len(again)
+    plain = rejudge(again, {"dot_product": kernel}, probed=False)
+    assert {r.outcome for r in plain if r.check == "*"} == {"ok"}
+    # A pair that only skipped gains nothing.
+    skipped = [r.replace(verdict="skip", outcome="skip", check="*") for r in records[:1]]
+    assert rejudge(skipped, {"dot_product": crashes}, probed=False) == skipped
+    from harness.engine import engine
+    monkeypatch.setattr(registry, "all_kernels", lambda: {"dot_product": crashes})
+    assert engine.merge(tmp_path / "merged", [tmp_path / "src"], rejudge=True)[0] == 1

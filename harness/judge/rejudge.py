@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from harness.judge import vocabulary as v
-from harness.judge.judging import cover_unjudged, error_outcome, outcome
+from harness.judge.judging import cover_unjudged, error_outcome, kernel_level_records, outcome
 from harness.judge.record import Record
 from harness.judge.vocabulary import KERNEL_LEVEL
 
@@ -56,5 +56,17 @@ def rejudge(records: Iterable[Record], kernels: Mapping, probed: bool = True) ->
                 expected, result = error_outcome(r.message, kernel.error_expected(case))
                 r = r.replace(expected=expected, outcome=result)
             fresh.append(r)
-        out += cover_unjudged(fresh, probed=pair_probed)
+        out += cover_unjudged(fresh + _crash_not_seen(kernel, case, fresh), probed=pair_probed)
     return out
+
+
+def _crash_not_seen(kernel, case, rows: list[Record]) -> list[Record]:
+    """A crash the kernel declares now on a pair that ran without one: missed, as the run
+    would have judged it (judging.kernel_level_records); nothing where the pair raised, only
+    skipped, or has that record already."""
+    declared = kernel.error_expected(case)
+    ran = any(r.verdict in (v.PASS, v.FAIL, v.UNPROBED) for r in rows)
+    if declared is None or not ran or any(r.verdict == v.ERROR or (
+            r.check == KERNEL_LEVEL and r.expected == v.ERROR) for r in rows):
+        return []
+    return [r for r in kernel_level_records(kernel, case) if r.expected == v.ERROR]
