@@ -3,6 +3,7 @@ unknown step is refused before anything runs; a step run on a CPU (HARNESS_ARGS 
 the smoke suite) writes its report, its line in steps.txt and one archive into OUT, and the
 run's failure shows in its exit status line."""
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -68,11 +69,17 @@ def test_a_step_on_a_cpu_writes_its_report_its_status_and_one_archive(tmp_path):
     steps = (tmp_path / "scratch" / "steps.txt").read_text()
     assert "tree: commit test, dirty 0" in steps
     assert "nightly:n1 rc=1 " in steps, steps   # the leak fails the run: its status says so
+    # The cores busy in each 10 s of the step, from CPU seconds sampled once a second.
+    busy = re.search(r", cores busy by 10 s, (this container's|the host's) \([^)]+\):((?: \d+\.\d)+)"
+                     r" \(of (\d+)\)", steps)
+    assert busy, steps
+    assert all(0 <= float(x) <= 4 * os.cpu_count() for x in busy.group(2).split()), steps
     archives = list((tmp_path / "out").glob("gpu-*.tar.xz"))
     assert len(archives) == 1
     with tarfile.open(archives[0]) as tar:
         names = tar.getnames()
-    assert {"steps.txt", "n1/report.jsonl.gz", "n1/summary.md", "n1.log.txt"} <= set(names)
+    assert {"steps.txt", "n1/report.jsonl.gz", "n1/summary.md", "n1.log.txt",
+            "n1.cpu.txt"} <= set(names)
 
 
 FAKE_PYSPY = """#!/usr/bin/env bash

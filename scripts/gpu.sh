@@ -46,8 +46,9 @@
 # archive is packed after it (a warm run stopped at CALL_S=400 in a call of 420 s at 79376bd
 # lost all its files to the tool's own limit while they were packed); a run that cannot start
 # with MIN_LEFT seconds left (default 240) is not started and says so in steps.txt. Every
-# step's exit status (profiled: its command's own, `unknown` where it wrote none), wall time and
-# (for runs) the device's peak memory go to steps.txt, which the script writes; nothing in it
+# step's exit status (profiled: its command's own, `unknown` where it wrote none), wall time,
+# (for runs) the device's peak memory, and the cores busy in each 10 s (NAME.cpu.txt: CPU
+# seconds sampled once a second) go to steps.txt, which the script writes; nothing in it
 # is typed by hand.
 set -uo pipefail
 plan=0
@@ -134,6 +135,21 @@ step() {   # step NAME: its command under the time left, its log, its line in st
       -lms 500 \
       > "$r/$log.mem.txt" 2> /dev/null & mon=$!
   fi
+  # The CPU seconds used so far, once a second: this container's (cgroup v2's cpu.stat) or,
+  # without one, the host's (/proc/stat's busy jiffies), so that steps.txt can say when in the
+  # run the cores were busy and when they stood idle.
+  local cpumon=""
+  ( tick=$(getconf CLK_TCK 2> /dev/null || echo 100)
+    if [ -r /sys/fs/cgroup/cpu.stat ]; then echo "# this container's (cgroup cpu.stat)"
+    else echo "# the host's (/proc/stat)"; fi
+    while :; do
+      if [ -r /sys/fs/cgroup/cpu.stat ]; then
+        awk -v t="$(date +%s.%N)" '$1 == "usage_usec" { print t, $2 / 1e6; exit }' /sys/fs/cgroup/cpu.stat
+      else
+        awk -v t="$(date +%s.%N)" -v k="$tick" '/^cpu / { print t, ($2+$3+$4+$7+$8+$9) / k; exit }' /proc/stat
+      fi
+      sleep 1
+    done ) > "$r/$log.cpu.txt" 2> /dev/null & cpumon=$!
   local limit=$(( $(left) - ${PACK_S:-40} ))
   [ "$limit" -ge 1 ] || limit=1    # `timeout 0` would be no limit at all
   # Stopped at its limit, a profiled step gets SIGINT, on which py-spy writes what it sampled
@@ -142,6 +158,7 @@ step() {   # step NAME: its command under the time left, its log, its line in st
   local sig=TERM; [ -n "$prof" ] && sig=INT
   timeout -s "$sig" -k "${KILL_S:-20}" "$limit" "${cmd[@]}" > "$r/$log.log.txt" 2>&1; rc=$?
   [ -n "$mon" ] && kill "$mon" 2> /dev/null
+  kill "$cpumon" 2> /dev/null; wait "$cpumon" 2> /dev/null
   # Profiled: the command's own status wherever it wrote one (py-spy may also end non-zero
   # after its command did), except for a step stopped at its limit: timeout's 124 or 137
   # stands (the command's own status there is that of being stopped).
@@ -161,8 +178,17 @@ step() {   # step NAME: its command under the time left, its log, its line in st
   [ -s "$r/$log.mem.txt" ] && peak+=$(awk -F, 'NF >= 3 && $3 + 0 == $3 { s += $3; n++ }
     END { if (n) printf ", device busy %.0f%% (mean of %d utilization.gpu samples)", s / n, n }' \
     "$r/$log.mem.txt")
+  # Cores busy in each 10 s of the step: CPU seconds used in it over its seconds.
+  [ -s "$r/$log.cpu.txt" ] && peak+=$(awk -v n="$(nproc)" '
+    NR == 1 { src = substr($0, 3); last = -1; next }
+    NR == 2 { t0 = $1 }
+    NR > 2  { b = int(($1 - t0) / 10); cpu[b] += $2 - pc; wall[b] += $1 - pt; if (b > last) last = b }
+            { pc = $2; pt = $1 }
+    END { if (last < 0) exit; out = ", cores busy by 10 s, " src ":"
+          for (i = 0; i <= last; i++) out = out (wall[i] > 0 ? sprintf(" %.1f", cpu[i] / wall[i]) : " -")
+          printf "%s (of %d)", out, n }' "$r/$log.cpu.txt")
   echo "$s rc=$rc wall=$(( $(date +%s) - t0 ))s${peak}" | tee -a "$r/steps.txt"
-  echo "$log.log.txt $log.alloc.txt $log.mem.txt" >> "$r/packed.txt"
+  echo "$log.log.txt $log.alloc.txt $log.mem.txt $log.cpu.txt" >> "$r/packed.txt"
   if [ -n "$prof" ] && [ -f "$r/$prof" ]; then xz -T0 -f "$r/$prof"; echo "$prof.xz" >> "$r/packed.txt"; fi
 }
 for s in "$@"; do
