@@ -42,7 +42,7 @@ def rejudge(records: Iterable[Record], kernels: Mapping, probed: bool = True) ->
                     changes["message"] = reason
                 r = r.replace(**changes)
             elif r.verdict in (v.PASS, v.FAIL) and r.check == v.DSINKS.name:
-                expected, reason = kernel.expected_kernel_check(case, r.check)
+                expected, reason = kernel.expected(case, r.check, None)
                 # Non-finite (no error measured): its message says so, whatever is expected.
                 r = r.replace(expected=expected, outcome=outcome(r.verdict, expected),
                               **({} if r.max_abs_err is None else {"message": reason}))

@@ -237,9 +237,11 @@ class Kernel:
                              "must return a list of reasons (strings), [] where the case runs")
         return list(value)
 
-    def expected(self, case: Case, check: str, segment: Segment) -> tuple[str, str]:
-        """(expected, reason): what this kernel must show on that check of that segment."""
-        call = f"expect(case, {check!r}, {segment.label})"
+    def expected(self, case: Case, check: str, segment: Segment | None) -> tuple[str, str]:
+        """(expected, reason): what this kernel must show on that check of that segment; of a
+        check with no segment (dsinks), `expect(case, check, None)`: a kernel that takes sinks
+        and has an expectation answers for segment None."""
+        call = f"expect(case, {check!r}, {None if segment is None else segment.label})"
         value = self._call(self.expect, call, case, check, segment) if self.expect else v.PASS
         return self._expectation(value, check, call)
 
@@ -256,13 +258,6 @@ class Kernel:
                              f"{case.id}: it must return the text the error's message holds, "
                              "or None where no error is expected")
         return text
-
-    def expected_kernel_check(self, case: Case, check: str) -> tuple[str, str]:
-        """(expected, reason) of a check with no segment (dsinks): `expect(case, check, None)`;
-        a kernel that takes sinks and has an expectation answers for segment None."""
-        call = f"expect(case, {check!r}, None)"
-        value = self._call(self.expect, call, case, check, None) if self.expect else v.PASS
-        return self._expectation(value, check, call)
 
     def expected_padding(self, case: Case, row: int) -> tuple[str, str]:
         """(expected, reason): what the padding check must show on that row."""
