@@ -144,11 +144,14 @@ step() {   # step NAME: its command under the time left, its log, its line in st
     else echo "# the host's (/proc/stat)"; fi
     while :; do
       if [ -r /sys/fs/cgroup/cpu.stat ]; then
-        awk -v t="$(date +%s.%N)" '$1 == "usage_usec" { print t, $2 / 1e6; exit }' /sys/fs/cgroup/cpu.stat
-      else
-        awk -v t="$(date +%s.%N)" -v k="$tick" '/^cpu / { print t, ($2+$3+$4+$7+$8+$9) / k; exit }' /proc/stat
+        awk -v t="$(date +%s.%N)" '$1 == "usage_usec" { printf "%s %.3f\n", t, $2 / 1e6; exit }' \
+          /sys/fs/cgroup/cpu.stat
+      else   # user, nice, system, irq, softirq (not idle, iowait or steal)
+        awk -v t="$(date +%s.%N)" -v k="$tick" '/^cpu / { printf "%s %.3f\n", t, ($2+$3+$4+$7+$8) / k; exit }' \
+          /proc/stat
       fi
       sleep 1
+      kill -0 $$ 2> /dev/null || exit 0   # gpu.sh itself killed: no sampler left behind
     done ) > "$r/$log.cpu.txt" 2> /dev/null & cpumon=$!
   local limit=$(( $(left) - ${PACK_S:-40} ))
   [ "$limit" -ge 1 ] || limit=1    # `timeout 0` would be no limit at all
