@@ -155,10 +155,23 @@ def test_rejudge_misses_a_crash_declared_after_a_run_that_did_not_crash(tmp_path
     assert {(r.verdict, r.expected, r.outcome) for r in added} == {("pass", "error", "missed")}
     assert "'CUDNN_STATUS_X' did not occur" in added[0].message
     assert len(again) == len(records) + len(pairs)
-    # Rejudged again, it is not added twice; declared no more, it reads ok.
+    # Rejudged again, it is not added twice; declared no more, it is gone (the run would not
+    # write it); declared again, one per pair again; declared otherwise, the new text.
     assert len(rejudge(again, {"dot_product": crashes}, probed=False)) == len(again)
     plain = rejudge(again, {"dot_product": kernel}, probed=False)
-    assert {r.outcome for r in plain if r.check == "*"} == {"ok"}
+    assert not [r for r in plain if r.check == "*"] and len(plain) == len(records)
+    back = rejudge(plain, {"dot_product": crashes}, probed=False)
+    assert sorted(r.key for r in back) == sorted(r.key for r in again)
+    other = Kernel("dot_product", kernel.fn, expect_error=lambda case: "CUDNN_STATUS_Y")
+    changed = [r for r in rejudge(again, {"dot_product": other}, probed=False) if r.check == "*"]
+    assert len(changed) == len(pairs)
+    assert all("'CUDNN_STATUS_Y' did not occur" in r.message for r in changed)
+    # Another check's error (the jvp check's), even with the declared text, is not the
+    # default build raising: the run writes "did not occur" beside it, and so does rejudge.
+    jvp = records[0].replace(check="jvp", verdict="error", outcome="error", segment=None,
+                             message="XlaRuntimeError: CUDNN_STATUS_X in the jvp")
+    mixed = rejudge(records + [jvp], {"dot_product": crashes}, probed=False)
+    assert [r.outcome for r in mixed if r.check == "*" and r.pair == jvp.pair] == ["missed"]
     # A pair that only skipped gains nothing.
     skipped = [r.replace(verdict="skip", outcome="skip", check="*") for r in records[:1]]
     assert rejudge(skipped, {"dot_product": crashes}, probed=False) == skipped

@@ -70,7 +70,7 @@ def test_a_step_on_a_cpu_writes_its_report_its_status_and_one_archive(tmp_path):
     assert "tree: commit test, dirty 0" in steps
     assert "nightly:n1 rc=1 " in steps, steps   # the leak fails the run: its status says so
     # The cores busy in each 10 s of the step, from CPU seconds sampled once a second.
-    busy = re.search(r", cores busy by 10 s, (this container's|the host's) \([^)]+\):((?: \d+\.\d)+)"
+    busy = re.search(r", cores busy by 10 s, (the cgroup's|the host's) \([^)]+\):((?: \d+\.\d)+)"
                      r" \(of (\d+)\)", steps)
     assert busy, steps
     assert all(0 <= float(x) <= 4 * os.cpu_count() for x in busy.group(2).split()), steps

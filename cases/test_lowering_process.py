@@ -630,7 +630,7 @@ def test_an_answer_whose_handling_raises_fails_its_program_never_leaves_it_pendi
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass"
 
 
-def test_a_lowering_process_is_reaped_with_its_own_cpu_seconds_not_its_siblings():
+def test_a_lowering_process_is_reaped_with_its_own_cpu_seconds_not_its_siblings(monkeypatch):
     """A worker's RUSAGE_CHILDREN sums every ended child (XLA's ptxas processes on GPUs, the
     H200's cold nightly at 9ade3fe: 929 s, all shown as its lowering processes'): a lowering
     process's own seconds come from reaping it."""
@@ -643,6 +643,18 @@ def test_a_lowering_process_is_reaped_with_its_own_cpu_seconds_not_its_siblings(
     assert process._proc.returncode == 0
     process.wait()   # reaped already: nothing more, the seconds stay
     assert 0.25 < process.cpu_s < 0.55
+    # One that does not end in STOP_WAIT_S is killed, and reaped.
+    monkeypatch.setattr(lowering_process, "STOP_WAIT_S", 0.2)
+    stuck = LoweringProcess({}, None, None, None)
+    stuck._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stuck.wait()
+    assert stuck._proc.returncode == -signal.SIGKILL and 0 <= stuck.cpu_s < 0.5
+    # One reaped by something else already: 0 seconds, its status taken as 0, no error.
+    gone = LoweringProcess({}, None, None, None)
+    gone._proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    os.waitpid(gone._proc.pid, 0)
+    gone.wait()
+    assert gone.cpu_s == 0.0 and gone._proc.returncode == 0
 
 
 def test_the_worker_line_tells_the_lowering_processes_from_the_other_children():
@@ -650,9 +662,15 @@ def test_the_worker_line_tells_the_lowering_processes_from_the_other_children():
     worker = {"cpu_s": 100.0, "children_cpu_s": 30.0, "lowering_cpu_s": 10.0, "cores": 4,
               "startup_s": 5.0, "wall_s": 45.0}
     assert _cpu(worker) == (" (CPU 100 s, its lowering processes 10 s, its other child "
-                            "processes (XLA's ptxas on GPUs) 20 s: 2.6 of 4 cores busy on "
-                            "average)")
+                            "processes (XLA's ptxas, tools) 20 s; together 2.6 of 4 cores busy "
+                            "on average)")
     assert _cpu({**worker, "children_cpu_s": 10.0}) == (
-        " (CPU 100 s, its lowering processes 10 s: 2.2 of 4 cores busy on average)")
-    older = {k: v for k, v in worker.items() if k != "lowering_cpu_s"}
-    assert _cpu(older) == " (CPU 100 s, its child processes 30 s: 2.6 of 4 cores busy on average)"
+        " (CPU 100 s, its lowering processes 10 s; together 2.2 of 4 cores busy on average)")
+    # A worker without lowering processes (--no-lowering-process, no cache), or an older
+    # header: its children as one.
+    none = {k: v for k, v in worker.items() if k != "lowering_cpu_s"}
+    assert _cpu(none) == (" (CPU 100 s, its child processes 30 s; together 2.6 of 4 cores busy "
+                          "on average)")
+    programs = Programs()
+    programs.close()
+    assert programs.lowering_cpu_s is None

@@ -110,6 +110,8 @@ def test_isolation_names_and_declarations_are_checked_in_one_line(tmp_path):
         module.write_text("import harness\nfrom harness.kernels.reference import dot_product\n"
                           f"harness.register_kernel('mine', dot_product, {extra})\n")
         report = tmp_path / f"r{i}"
+        report.mkdir()
+        (report / "summary.md").write_text("an earlier run's green summary")
         out = _run("-m", "harness", "run", "--kernel-module", str(module), "--kernels", "mine",
                    "--cases", ONE_CASE, "--report-dir", str(report))
         _one_line(out, needle)
@@ -117,10 +119,18 @@ def test_isolation_names_and_declarations_are_checked_in_one_line(tmp_path):
             continue   # refused before the run began: no report
         header = json.loads((report / "report.jsonl").read_text().splitlines()[0])
         assert header["state"] == "interrupted" and needle in header["stopped_by"], header
+        stopped = "STOPPED by an error once the run had begun: " + needle
+        # The views written as the run stopped (not an earlier run's), and again by `report`.
+        assert stopped in (report / "summary.md").read_text()
+        assert stopped in (report / "report.html").read_text()
         shown = _run("-m", "harness", "report", str(report))
         assert shown.returncode == 1, shown.stdout[-2000:] + shown.stderr[-2000:]
-        assert "STOPPED by an error once the run had begun: " + needle in shown.stdout
+        assert stopped in shown.stdout
         assert "killed before" not in shown.stdout + (report / "summary.md").read_text()
+        if i == 3:   # joined with another report, the merged header keeps why
+            merged = _run("-m", "harness", "merge", str(tmp_path / "m"), str(report))
+            assert merged.returncode == 1 and stopped in merged.stdout + (
+                tmp_path / "m" / "summary.md").read_text(), merged.stdout[-2000:]
 
 
 def test_a_report_dir_whose_workers_folder_is_not_the_harness_is_refused_not_deleted(tmp_path):

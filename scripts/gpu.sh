@@ -135,12 +135,12 @@ step() {   # step NAME: its command under the time left, its log, its line in st
       -lms 500 \
       > "$r/$log.mem.txt" 2> /dev/null & mon=$!
   fi
-  # The CPU seconds used so far, once a second: this container's (cgroup v2's cpu.stat) or,
+  # The CPU seconds used so far, once a second: the step's cgroup's (v2's cpu.stat) or,
   # without one, the host's (/proc/stat's busy jiffies), so that steps.txt can say when in the
   # run the cores were busy and when they stood idle.
   local cpumon=""
   ( tick=$(getconf CLK_TCK 2> /dev/null || echo 100)
-    if [ -r /sys/fs/cgroup/cpu.stat ]; then echo "# this container's (cgroup cpu.stat)"
+    if [ -r /sys/fs/cgroup/cpu.stat ]; then echo "# the cgroup's (/sys/fs/cgroup/cpu.stat)"
     else echo "# the host's (/proc/stat)"; fi
     while :; do
       if [ -r /sys/fs/cgroup/cpu.stat ]; then

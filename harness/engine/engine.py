@@ -148,9 +148,13 @@ def run(options: RunOptions) -> int:
 
 
 def stopped_by(report_dir: Path, exc: UsageError) -> None:
-    """The header of a run a user's mistake stopped once it had begun (a kernel's `expect`
-    that raises): interrupted, and by what (its views said "killed before its end")."""
+    """The report of a run a user's mistake stopped once it had begun (a kernel's `expect`
+    that raises): its header interrupted, and by what (its views said "killed before its
+    end"), and its views written from it (an earlier run's in the folder would stand). In
+    workers, what they finished stays in their folders: the report has the header only."""
+    from harness.views.report_dir import write_views
     rec.update_header(report_dir / rec.RECORDS_FILE, state=INTERRUPTED, stopped_by=str(exc))
+    write_views(report_dir)
 
 
 def _interrupt(signum, frame):

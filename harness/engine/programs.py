@@ -82,7 +82,7 @@ CLOSE_WAIT_S = 120.0
 
 class Programs:
     """The compiled programs of one run, and their times per kernel."""
-    lowering_cpu_s = 0.0   # its lowering processes' CPU seconds, once closed
+    lowering_cpu_s = None   # its lowering processes' CPU seconds, once closed (if it had any)
 
     def __init__(self, deterministic_probe: bool = True, platform: str | None = None,
                  workers: int | None = None, lowering_process: dict | None = None,

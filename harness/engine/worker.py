@@ -117,10 +117,10 @@ def run_pairs(spec: dict) -> int:
     return 0
 
 
-def cpu_seconds(lowering_cpu_s: float = 0.0) -> dict:
+def cpu_seconds(lowering_cpu_s: float | None = None) -> dict:
     """The CPU time this process used (user and system, every thread, its start included),
     that of its ended children (`children_cpu_s`) and, of those, its lowering processes'
-    (`lowering_cpu_s`, reaped when its programs closed), with the cores it could use: whether a
+    (`lowering_cpu_s`, reaped when its programs closed; none without them), with the cores it could use: whether a
     run was bound by its CPUs shows there (cold nightlies compile on every core beside the
     run's thread). The other children are XLA's: on GPUs it runs ptxas in a process of its own
     for each program it compiles."""
@@ -131,7 +131,8 @@ def cpu_seconds(lowering_cpu_s: float = 0.0) -> dict:
                                                           resource.RUSAGE_CHILDREN))
     return {"cpu_s": round(own.ru_utime + own.ru_stime, 1),
             "children_cpu_s": round(children.ru_utime + children.ru_stime, 1),
-            "lowering_cpu_s": round(lowering_cpu_s, 1), "cores": usable_cores()}
+            **({} if lowering_cpu_s is None else {"lowering_cpu_s": round(lowering_cpu_s, 1)}),
+            "cores": usable_cores()}
 
 
 # CUDA errors after which a process's context is unusable (cudaErrorIllegalInstruction and

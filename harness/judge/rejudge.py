@@ -49,9 +49,8 @@ def rejudge(records: Iterable[Record], kernels: Mapping, probed: bool = True) ->
             elif r.verdict in (v.PASS, v.FAIL) and r.check == v.PADDING.name:
                 expected, _ = kernel.expected_padding(case, r.row)
                 r = r.replace(expected=expected, outcome=outcome(r.verdict, expected))
-            elif r.verdict == v.PASS and r.check == KERNEL_LEVEL and r.expected == v.ERROR \
-                    and kernel.error_expected(case) is None:
-                r = r.replace(expected=v.PASS, outcome=v.OK)  # no longer a declared crash
+            elif r.verdict == v.PASS and r.check == KERNEL_LEVEL and r.expected == v.ERROR:
+                continue   # a declared crash that did not occur: written again below, if still
             elif r.verdict == v.ERROR:
                 expected, result = error_outcome(r.message, kernel.error_expected(case))
                 r = r.replace(expected=expected, outcome=result)
@@ -61,12 +60,12 @@ def rejudge(records: Iterable[Record], kernels: Mapping, probed: bool = True) ->
 
 
 def _crash_not_seen(kernel, case, rows: list[Record]) -> list[Record]:
-    """A crash the kernel declares now on a pair that ran without one: missed, as the run
-    would have judged it (judging.kernel_level_records); nothing where the pair raised, only
-    skipped, or has that record already."""
-    declared = kernel.error_expected(case)
+    """The record of a crash the kernel declares now on a pair whose default build ran without
+    one ("did not occur": missed), as the run writes it (judging.kernel_level_records) and
+    with the declaration of now; nothing where that build raised (its error record, with no
+    check) or the pair only skipped. (The pair's earlier such record was left out: rejudged
+    twice, or under another declaration, the pair has one, or none once none is declared.)"""
     ran = any(r.verdict in (v.PASS, v.FAIL, v.UNPROBED) for r in rows)
-    if declared is None or not ran or any(r.verdict == v.ERROR or (
-            r.check == KERNEL_LEVEL and r.expected == v.ERROR) for r in rows):
+    if not ran or any(r.verdict == v.ERROR and r.check == KERNEL_LEVEL for r in rows):
         return []
     return [r for r in kernel_level_records(kernel, case) if r.expected == v.ERROR]

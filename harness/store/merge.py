@@ -10,7 +10,7 @@ from harness.store import report_file as rec
 from harness.store.writer import FINISHED, INTERRUPTED, RUNNING
 
 # What a merged header keeps of its sources' (shared, or the list of their values).
-RUN_FACTS = ("seeds", "shard", "probe_mode", "leak_probe", "interrupted")
+RUN_FACTS = ("seeds", "shard", "probe_mode", "leak_probe", "interrupted", "stopped_by")
 
 
 def merge_timing(timings: list[dict]) -> dict:

@@ -209,22 +209,26 @@ def _waits(worker: dict, named: int = 3) -> str:
 
 
 def _cpu(worker: dict) -> str:
-    """A worker's CPU seconds over its life: its own, its lowering processes' and its other
-    child processes' (XLA's ptxas on GPUs), and how many of its cores they kept busy on average
-    over its start and pairs (older headers have none: ""; those before lowering_cpu_s counted
-    every child as a lowering process)."""
+    """A worker's CPU seconds over its life: its own, its lowering processes' (where it had
+    any) and its other child processes' (XLA's ptxas on GPUs, and tools it ran), and how many
+    of its cores they kept busy together on average over its start and pairs (older headers
+    have none: ""; those before lowering_cpu_s counted every child as a lowering process)."""
     if worker.get("cpu_s") is None:
         return ""
     children = worker.get("children_cpu_s") or 0
     used = worker["cpu_s"] + children
     life, cores = (worker.get("startup_s") or 0) + (worker.get("wall_s") or 0), worker.get("cores")
-    busy = f": {used / life:.1f} of {cores} cores busy on average" if life > 0 and cores else ""
-    if "lowering_cpu_s" not in worker:
-        return f" (CPU {worker['cpu_s']:.0f} s, its child processes {children:.0f} s{busy})"
-    lowering, other = worker["lowering_cpu_s"], children - worker["lowering_cpu_s"]
-    others = f", its other child processes (XLA's ptxas on GPUs) {other:.0f} s" \
-        if other >= 0.5 else ""
-    return f" (CPU {worker['cpu_s']:.0f} s, its lowering processes {lowering:.0f} s{others}{busy})"
+    busy = f"; together {used / life:.1f} of {cores} cores busy on average" \
+        if life > 0 and cores else ""
+    lowering = worker.get("lowering_cpu_s")
+    if lowering is None:
+        parts = [f"its child processes {children:.0f} s"]
+    else:
+        parts = [f"its lowering processes {lowering:.0f} s"]
+        if children - lowering >= 0.5:
+            parts.append(f"its other child processes (XLA's ptxas, tools) "
+                         f"{children - lowering:.0f} s")
+    return f" (CPU {worker['cpu_s']:.0f} s, {', '.join(parts)}{busy})"
 
 
 def _built_here_why(why: dict) -> list[str]:
