@@ -268,3 +268,34 @@ def test_the_reports_check_names_a_folder_git_does_not_have_or_nobody_lists(tmp_
     git("rm", "-q", "-r", "--cached", "reports/c")
     out = check()
     assert out.returncode == 0 and "2 folders, each listed and in git" in out.stdout
+
+
+def test_pytest_stopped_by_sigterm_says_interrupted_and_leaves_no_earlier_views(tmp_path):
+    """pytest's run on SIGTERM (`timeout`, a CI cancel) stops as the CLI's does: interrupted,
+    its views written from what finished. A run killed before its end leaves no views: an
+    earlier run's green summary.md stood beside a header that said running."""
+    import signal
+    import time
+    from harness.store import report_file as rec
+    report_dir = tmp_path / "r"
+    report_dir.mkdir()
+    for name in ("summary.md", "report.html"):
+        (report_dir / name).write_text("outcomes: ok 59 (an earlier run's)")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             "cases/test_matrix.py", "--suite", "smoke", "--kernels",
+                             "dot_product", f"--report-dir={report_dir}"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    report = report_dir / "report.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not report.exists():
+        time.sleep(0.2)
+    # Begun: the header says running, and the earlier run's views are gone.
+    assert rec.read_header(report_dir)["state"] == "running"
+    assert not (report_dir / "summary.md").exists() and not (report_dir / "report.html").exists()
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2, out[-2000:] + err[-2000:]   # pytest's "interrupted"
+    header = rec.read_header(report_dir)
+    assert header["state"] == "interrupted", header
+    assert "interrupted" in (report_dir / "summary.md").read_text()

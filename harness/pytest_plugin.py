@@ -23,6 +23,7 @@ import contextlib
 import functools
 import os
 import shutil
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -325,16 +326,16 @@ def _begin(config, pairs) -> None:
     from harness.engine import engine
     from harness.engine.environment import describe_host
     from harness.errors import UsageError
-    from harness.store import report_file as rec
-    from harness.store.writer import RUNNING, FolderLock
+    from harness.store.writer import FolderLock, begin
     config._harness_pairs = list(pairs)   # each must leave a record (engine.unreported)
     try:
         config._harness_lock = FolderLock(_report_dir(config)).acquire()
     except UsageError as exc:
         pytest.exit(f"error: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
-    rec.write_header(_report_dir(config) / rec.RECORDS_FILE, describe_host(), state=RUNNING,
-                     **engine.run_info(_options(config), config._harness_selection))
-    (_report_dir(config) / rec.TRACES_FILE).write_text("")
+    begin(_report_dir(config), describe_host(),
+          **engine.run_info(_options(config), config._harness_selection))
+    with contextlib.suppress(ValueError):   # SIGTERM as the CLI takes it: interrupted
+        signal.signal(signal.SIGTERM, engine.interrupt)
 
 
 def _start_lanes(config, pairs) -> None:

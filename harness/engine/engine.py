@@ -23,7 +23,7 @@ from harness.engine.options import RunOptions
 from harness.errors import UsageError
 from harness.judge import tallies
 from harness.store import report_file as rec
-from harness.store.writer import FINISHED, INTERRUPTED, FolderLock, ReportWriter
+from harness.store.writer import FINISHED, INTERRUPTED, VIEWS, FolderLock, ReportWriter, begin
 
 # The exit status of a run stopped by Ctrl-C or SIGTERM (what finished is kept).
 STOPPED = 130
@@ -120,12 +120,12 @@ def run(options: RunOptions) -> int:
     report_dir = Path(options.report_dir)
     lock = FolderLock(report_dir).acquire()
     try:
-        present = [n for n in (rec.RECORDS_FILE, rec.TRACES_FILE, "summary.md", "report.html")
+        present = [n for n in (rec.RECORDS_FILE, rec.TRACES_FILE, *VIEWS)
                    if (report_dir / n).exists()]
         if present:
             print(f"replacing the report in {report_dir}/ ({', '.join(present)}; --report-dir "
                   "DIR writes elsewhere)", file=sys.stderr)
-        previous = signal.signal(signal.SIGTERM, _interrupt)  # `timeout`, CI cancellations
+        previous = signal.signal(signal.SIGTERM, interrupt)  # `timeout`, CI cancellations
         try:
             # On GPUs the pairs run in worker processes: this process never starts a device
             # (that would take a share of its memory from the workers), and a kernel that
@@ -157,7 +157,8 @@ def stopped_by(report_dir: Path, exc: UsageError) -> None:
     write_views(report_dir)
 
 
-def _interrupt(signum, frame):
+def interrupt(signum, frame):
+    """SIGTERM (`timeout`, a CI cancel) as Ctrl-C: the run stops as interrupted."""
     raise KeyboardInterrupt
 
 
@@ -207,9 +208,7 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
     workdir = report_dir / "workers"
     workers.clear_workdir(workdir)   # an earlier run's workers are not this run's
     start, started_at = time.monotonic(), time.time()
-    rec.write_header(report_dir / rec.RECORDS_FILE, describe_host(), state="running",
-                     **run_info(options, selection))
-    (report_dir / rec.TRACES_FILE).write_text("")
+    begin(report_dir, describe_host(), **run_info(options, selection))
     groups = workers.groups(selection.kernels)
     stopping = threading.Event()
     crashes, interrupted = [], False

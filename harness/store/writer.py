@@ -50,15 +50,29 @@ class FolderLock:
             self._fd = None
 
 
+# The views a run writes at its end (harness.views.report_dir).
+VIEWS = ("summary.md", "report.html")
+
+
+def begin(report_dir: Path, environment: dict, **run_info) -> None:
+    """A run's report begun: its header (state running), no traces yet, and no views: an
+    earlier run's in the folder would stand beside this one's records if it were killed
+    (pytest ended by SIGTERM left a running header under an earlier run's green summary)."""
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    for name in VIEWS:
+        (report_dir / name).unlink(missing_ok=True)
+    rec.write_header(report_dir / rec.RECORDS_FILE, environment, state=RUNNING, **run_info)
+    (report_dir / rec.TRACES_FILE).write_text("")
+
+
 class ReportWriter:
     """The folder's report.jsonl and traces.jsonl, written as the run goes."""
 
     def __init__(self, report_dir: Path, environment: dict, **run_info):
         self.dir = Path(report_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.start = time.monotonic()
-        rec.write_header(self.dir / rec.RECORDS_FILE, environment, state=RUNNING, **run_info)
-        (self.dir / rec.TRACES_FILE).write_text("")
+        begin(self.dir, environment, **run_info)
 
     def add(self, result) -> None:
         rec.append(self.dir / rec.RECORDS_FILE, result.records)
