@@ -647,3 +647,28 @@ def test_smaller_mistakes_are_named(tmp_path):
                "--kernels", "dot_product", "--cases", ONE_CASE, "--no-leak-probe",
                f"--report-dir={tmp_path / 'p'}")
     assert pyt.returncode == 0 and "Unknown pytest.mark" not in pyt.stdout + pyt.stderr
+
+
+def test_pytest_names_a_declaration_that_raises_as_its_pairs_error(tmp_path):
+    """In pytest a kernel's expect or expect_error that raises is its pair's error, naming the
+    mistake, red (the pair read "no record ... its worker ended without a word", and an
+    expect_error that raised crashed pytest's end with a traceback); the CLI stops the run on
+    it (test_isolation_names_and_declarations_are_checked_in_one_line)."""
+    for i, (extra, needle) in enumerate((
+            ("expect=lambda case, check, segment: {'out': 'pass'}[check]",
+             "kernel mine: expect(case, 'dq', r0s1) raised on"),
+            ("expect_error=lambda case: case.nope", "kernel mine: expect_error(case) raised on"))):
+        module = tmp_path / f"mine{i}.py"
+        module.write_text("import harness\nfrom harness.kernels.reference import dot_product\n"
+                          f"harness.register_kernel('mine', dot_product, {extra})\n")
+        report = tmp_path / f"r{i}"
+        out = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", MATRIX, "--suite", "smoke",
+                   "--kernel-module", str(module), "--kernels", "mine", "--cases", ONE_CASE,
+                   f"--report-dir={report}")
+        text = out.stdout + out.stderr
+        assert out.returncode == 1 and "Traceback" not in text, text[-3000:]
+        header = json.loads((report / "report.jsonl").read_text().splitlines()[0])
+        records = [json.loads(x) for x in (report / "report.jsonl").read_text().splitlines()[1:]]
+        assert header["state"] == "finished"
+        assert [(r["verdict"], r["outcome"]) for r in records] == [("error", "error")], records
+        assert needle in records[0]["message"] and needle in text

@@ -196,10 +196,9 @@ def pytest_testnodedown(node, error):
 def pytest_generate_tests(metafunc):
     if "kernel_case" in metafunc.fixturenames:
         pairs = metafunc.config._harness_matrix
-        # One xdist group per shape: with `--dist loadgroup` the tests that share a shape's
-        # programs (its oracle, above all) run in one worker, which compiles them once. Not the
-        # default: xdist 3.8 does not hand a crashed worker's group to its replacement, so the
-        # run hangs where a kernel kills its process (cases/test_reports.py's crash test).
+        # One xdist group per shape: with `--dist loadgroup` a shape's tests (its oracle's
+        # programs) run in one worker. Not the default: xdist 3.8 does not hand a crashed
+        # worker's group on, so the run hangs where a kernel kills its process.
         metafunc.parametrize("kernel_case", [
             pytest.param((k, c), marks=pytest.mark.xdist_group(_shape_group(c)))
             for k, c in pairs],
@@ -231,14 +230,18 @@ def programs(request):
 def run_case(request):
     """Runs one kernel x case of the matrix: its records from the engine's lanes, or (with
     --in-test, or where no lane ran it) inside this test, its default and probe builds compiling
-    side by side; other tests' programs are left alone there: a kernel that kills its process
-    while being traced must take only its own test with it."""
-    config = request.config
-    lanes = _lane_results(config)
+    side by side (other tests' programs left alone: a kernel that kills its process while
+    traced takes only its test with it). A declaration of the kernel that raises (Kernel._call)
+    is the pair's error."""
+    from harness.engine import engine
+    lanes = _lane_results(request.config)
 
     def run(kernel, case):
         result = lanes.wait(kernel, case) if lanes is not None else None
-        return result if result is not None else _run_in_test(request, kernel, case)
+        try:
+            return result if result is not None else _run_in_test(request, kernel, case)
+        except engine.UsageError as exc:
+            return engine.declaration_raised(kernel, case, exc)
     return run
 
 
@@ -413,8 +416,7 @@ def record_sink(request):
     if writer is not None:
         from harness.engine.compilation_cache import cache_stats
         programs = getattr(request.config, "_harness_programs", None)
-        # A part whose tests all took their records from the lanes ran no probe: it names no
-        # probe mode (the lanes name theirs).
+        # A part whose tests all took their records from the lanes names no probe mode.
         writer.close(probe_mode=programs.probe_mode if programs else None,
                      timing=programs.report() if programs else {},
                      compilation_cache={"dir": _options(request.config).cache_dir,
@@ -477,8 +479,7 @@ def _finish(config, session, interrupted, sources, lane_runs, lane_workers) -> N
     joined_header = rec.read_header(report_dir)
     # When the run started, as the CLI's header says (the parts' were made as they began).
     environment = dict(joined_header["environment"], time_utc=config._harness_started_utc)
-    # Beside the tests' parts, the lane workers: when they began and ended against pytest's
-    # start and its join of the parts (the CLI's header has the same facts of its workers).
+    # Beside the tests' parts, the lane workers: when they began and ended (as the CLI's).
     processes = {"merged_from": joined_header.get("merged_from", []) + lane_workers,
                  "merge_s": round(time.monotonic() - joined, 1), "joined_at": joined_at,
                  "started_at": config._harness_started_at} if lane_workers else {}

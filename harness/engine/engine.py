@@ -22,6 +22,7 @@ from harness.engine import main_parts, workers
 from harness.engine.options import RunOptions
 from harness.errors import UsageError
 from harness.judge import tallies
+from harness.judge import vocabulary as v
 from harness.store import report_file as rec
 from harness.store.writer import FINISHED, INTERRUPTED, VIEWS, FolderLock, ReportWriter, begin
 
@@ -342,6 +343,15 @@ UNREPORTED = ("no record: the pair was selected and nothing of it reached the re
               "worker ended without a word about it, or its records were lost); not a pass")
 
 
+def declaration_raised(kernel, case, exc: UsageError):
+    """The pair's result where a declaration of its kernel raised in pytest's test (the CLI
+    stops the run: stopped_by): its one error record, naming the mistake (not a record lost
+    on the way, and not judged by the declaration that raised)."""
+    from harness.engine.runner import KernelCaseResult
+    from harness.judge import judging
+    return KernelCaseResult(records=[judging.status_record(kernel, case, v.ERROR, str(exc))])
+
+
 def unreported(report_dir: Path, selected: list, records: list) -> bool:
     """Appends an error record (UNREPORTED) for each selected (kernel, case) pair without a
     record in the report: every pair that runs leaves one, a skip included, so a pair without
@@ -349,8 +359,13 @@ def unreported(report_dir: Path, selected: list, records: list) -> bool:
     out of the join), and a run that lost one is never green. True where it appended some."""
     from harness.judge import judging
     have = {r.pair for r in records}
-    lost = [judging.error_record(k, c, UNREPORTED) for k, c in selected
-            if (k.name, c.id) not in have]
+    lost = []
+    for k, c in selected:
+        if (k.name, c.id) not in have:
+            try:
+                lost.append(judging.error_record(k, c, UNREPORTED))
+            except UsageError:   # its expect_error raised: an error all the same
+                lost.append(judging.status_record(k, c, v.ERROR, UNREPORTED))
     if lost:
         rec.append(report_dir / rec.RECORDS_FILE, lost)
     return bool(lost)
