@@ -672,3 +672,21 @@ def test_pytest_names_a_declaration_that_raises_as_its_pairs_error(tmp_path):
         assert header["state"] == "finished"
         assert [(r["verdict"], r["outcome"]) for r in records] == [("error", "error")], records
         assert needle in records[0]["message"] and needle in text
+
+
+def test_a_pytest_run_narrowed_by_k_says_so_in_its_report(tmp_path):
+    """pytest's -k narrows the matrix's pairs: the report's run line says how many of its
+    kernel x case pairs were selected (it read as the whole selection: green, cases 21)."""
+    report = tmp_path / "r"
+    out = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", MATRIX, "--suite", "smoke",
+               "--kernels", "dot_product", "--cases", "packed/random-b4-t256-*",
+               "-k", ONE_CASE.split("/")[1], f"--report-dir={report}")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    header = json.loads((report / "report.jsonl").read_text().splitlines()[0])
+    assert header["pairs_selected"] == 1 < header["cases"], header
+    line = (report / "summary.md").read_text()
+    assert f"1 of its {header['cases']} kernel x case pairs selected (pytest's -k" in line
+    whole = tmp_path / "w"
+    out = _run("-m", "harness", "run", "--kernels", "dot_product", "--cases", ONE_CASE,
+               "--report-dir", str(whole))
+    assert "pairs selected" not in (whole / "summary.md").read_text()

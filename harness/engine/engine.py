@@ -280,6 +280,8 @@ def finish(report_dir: Path, options: RunOptions, *, state: str = FINISHED,
     record (unreported)."""
     from harness.views.report_dir import write_views
     from harness.views.summary import print_console
+    if selected is not None:   # fewer than the header's kernels x cases: pytest's -k and kin
+        facts["pairs_selected"] = len(selected)
     rec.update_header(Path(report_dir) / rec.RECORDS_FILE, state=state,
                       **({"interrupted": True} if state == INTERRUPTED else {}), **facts)
     header, records = write_views(Path(report_dir))

@@ -73,6 +73,11 @@ def run_line(header: dict, marked: bool = True) -> str:
         parts.append(f"leak probe: {header['probe_mode']} build")
     if header.get("shard"):
         parts.append(f"shard {header['shard']}")
+    kernels, cases = header.get("kernels"), header.get("cases")
+    total = len(kernels) * cases if isinstance(kernels, list) and isinstance(cases, int) else 0
+    if isinstance(header.get("pairs_selected"), int) and header["pairs_selected"] < total:
+        parts.append(f"{header['pairs_selected']} of its {total} kernel x case pairs selected "
+                     "(pytest's -k, --deselect or test ids)")
     main_parts = header.get("main_parts") or {}
     counts = [str(n) for name, n in main_parts.items() if name != "main.deferred"]
     if len(counts) > 1:
