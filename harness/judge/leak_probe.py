@@ -62,7 +62,7 @@ from harness.judge.noise import POWERLESS, Noise, gated_thresholds, rerun_noise
 from harness.judge.probe_groups import TENSOR_CLASS, covered, kept_per_group, shared_groups
 from harness.judge.probe_runs import all_changes, launch_first, nonfinite_tokens
 from harness.judge.vocabulary import TENSORS
-from harness.model.case import Case, Inputs, device_seed, make_inputs
+from harness.model.case import Case, Inputs, device_seed, make_inputs, normals
 from harness.model.layouts import Segment
 
 RERUNS = 2
@@ -86,11 +86,12 @@ def redrawn(seed, index, amplitude, q, k, v, cotangent, redraw, valid):
     normal from the key of (seed, PERTURB_SALT, index), the values and the cotangent
     `amplitude` times larger, the cotangent zero at padding; every other token's bitwise as
     given. (Drawn on the host, the perturbations of the H200 nightly cost its worker 48 s of
-    its 125 on the run's thread: numpy's normal draws; here they cost the device microseconds.)"""
+    its 125 on the run's thread: numpy's normal draws; here they cost the device microseconds.)
+    One draw for the four (harness.model.case.normals)."""
     key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), PERTURB_SALT), index)
     out = []
-    for i, (x, key_i) in enumerate(zip((q, k, v, cotangent), jax.random.split(key, 4))):
-        fresh = jax.random.normal(key_i, x.shape, jnp.float32)
+    for i, (x, fresh) in enumerate(zip((q, k, v, cotangent),
+                                       normals(key, [x.shape for x in (q, k, v, cotangent)]))):
         if i >= 2:   # the values and the cotangent
             fresh = fresh * amplitude
         if i == 3:   # the cotangent stays zero at padding

@@ -269,6 +269,9 @@ def tangent_statics(case: Case) -> dict:
 
 @ahead(static_argnames=("heads", "kv_heads", "head_dim", "value_dim", "dtype", "sinks"))
 def tangents_program(seed, pad, *, heads, kv_heads, head_dim, value_dim, dtype, sinks):
+    # A draw for each of four keys. One draw cut in four (normals) compiles faster, but draws
+    # other tangents: every jvp check's error moves, and a baseline's regression gate reads
+    # the moves as growth (four of the CPU smoke's jvp checks past 2x of a two-run baseline).
     keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), TANGENT_SALT), 4)
     b, t = pad.shape
     scale = jnp.where(pad, PADDING_POISON_SCALE, 1.0)[:, :, None, None]
@@ -281,3 +284,15 @@ def tangents_program(seed, pad, *, heads, kv_heads, head_dim, value_dim, dtype, 
     if sinks:
         out.append(jax.random.normal(keys[3], (heads,), jnp.float32))
     return tuple(out)
+
+
+def normals(key, shapes: list) -> list:
+    """Standard normal float32 arrays of `shapes`, cut in order from one draw of their total
+    size: one threefry program, not one per array (on CPUs XLA took 1.5 s to compile the leak
+    probe's four draws of a smoke case's perturbation, 0.3 s as one)."""
+    flat = jax.random.normal(key, (sum(math.prod(s) for s in shapes),), jnp.float32)
+    out, start = [], 0
+    for s in shapes:
+        out.append(flat[start:start + math.prod(s)].reshape(s))
+        start += math.prod(s)
+    return out
