@@ -24,6 +24,9 @@ SCHEMA = 2
 READABLE = (1, 2)
 RECORDS_FILE = "report.jsonl"
 TRACES_FILE = "traces.jsonl"
+# The views written from them (harness.views.report_dir).
+SUMMARY_FILE = "summary.md"
+HTML_FILE = "report.html"
 
 
 def write_header(path: Path, environment: dict, **run_info) -> None:

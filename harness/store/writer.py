@@ -51,7 +51,7 @@ class FolderLock:
 
 
 # The views a run writes at its end (harness.views.report_dir).
-VIEWS = ("summary.md", "report.html")
+VIEWS = (rec.SUMMARY_FILE, rec.HTML_FILE)
 
 
 def begin(report_dir: Path, environment: dict, **run_info) -> None:

@@ -15,6 +15,6 @@ def write_views(report_dir: Path) -> tuple[dict, list]:
 
     header, records = rec.read(report_dir)
     traces = rec.read_traces(Path(report_dir) / rec.TRACES_FILE)
-    write_markdown(Path(report_dir) / "summary.md", header, records)
-    write_html(Path(report_dir) / "report.html", header, records, traces)
+    write_markdown(Path(report_dir) / rec.SUMMARY_FILE, header, records)
+    write_html(Path(report_dir) / rec.HTML_FILE, header, records, traces)
     return header, records
