@@ -1018,6 +1018,20 @@ def test_a_pair_whose_capture_broke_runs_again_in_a_fresh_worker(tmp_path):
     assert "runs again in a fresh worker" in out.stdout + out.stderr
 
 
+def test_the_reason_a_pair_runs_again_shows_its_broken_capture():
+    """A leak record names its finding first and the broken run of its probe after it: the
+    reason the run gives (its header's run_again, the worker's last line) is the part around
+    the capture's marker, not the message's first 300 characters, which read as a leak."""
+    from harness.engine.capture import MARKERS, capture_excerpt
+    leak = ("changed while the segment was untouched: dk, dv (max change 0.5 at token 3) "
+            * 8 + "; its deterministic build: INTERNAL: " + MARKERS[0] + " in the stream")
+    assert len(leak) > 600
+    why = capture_excerpt(leak)
+    assert MARKERS[0] in why and why.startswith("...") and len(why) <= 303
+    short = f"XlaRuntimeError: {MARKERS[1]}"
+    assert capture_excerpt(short) == short
+
+
 def test_a_capture_that_breaks_again_in_the_fresh_worker_is_an_error(tmp_path):
     """Broken twice, in two processes: the pair's error stands (what happens twice is not
     left out), recorded once."""

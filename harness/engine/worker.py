@@ -29,7 +29,7 @@ def run_pairs(spec: dict) -> int:
     from harness.judge.vocabulary import ERROR, SKIP
     from harness.engine.memory import device_memory_bytes
     from harness.engine.memory import memory_bound
-    from harness.engine.capture import RETRY_FILE, CaptureBroken, broke_capture
+    from harness.engine.capture import RETRY_FILE, CaptureBroken, broke_capture, capture_excerpt
     from harness.engine.main_parts import DEFERRED_FILE, main_share_bytes
     from harness.engine.workers import FINISHED_FILE, STARTED_FILE
     from harness.model.case import Case
@@ -72,8 +72,8 @@ def run_pairs(spec: dict) -> int:
             # Another thread of this worker broke the pair's capture (harness.engine.capture):
             # no record here; a fresh worker runs it again.
             with (report_dir / RETRY_FILE).open("a") as log:
-                announce(log, kernel, case, why=broken[0].message[:300])
-            raise CaptureBroken(broken[0].message)
+                announce(log, kernel, case, why=capture_excerpt(broken[0].message))
+            raise CaptureBroken(capture_excerpt(broken[0].message))
         lost += broken   # broken again in a fresh worker: the records stand, the worker ends
         if deferred is not None and any(memory_bound(r.message, main_bytes)
                                         for r in result.records):
@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
         print(f"device context lost after a pair's error: {str(exc)[:300]}", file=sys.stderr)
         return DEVICE_LOST
     except CaptureBroken as exc:
-        print(f"a CUDA graph capture broke: {str(exc)[:300]}", file=sys.stderr)
+        print(f"a CUDA graph capture broke: {exc}", file=sys.stderr)
         return CAPTURE_BROKEN
 
 
