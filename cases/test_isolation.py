@@ -1030,6 +1030,11 @@ def test_the_reason_a_pair_runs_again_shows_its_broken_capture():
     assert MARKERS[0] in why and why.startswith("...") and len(why) <= 303
     short = f"XlaRuntimeError: {MARKERS[1]}"
     assert capture_excerpt(short) == short
+    fits = "x" * 150 + MARKERS[0] + "y" * 10   # shorter than the width: whole
+    assert capture_excerpt(fits) == fits
+    late = "x" * 650 + MARKERS[0]              # near the end: the last 300 characters
+    assert capture_excerpt(late) == "..." + late[-300:]
+    assert capture_excerpt("z" * 400) == "z" * 300   # no marker: the first 300
 
 
 def test_a_capture_that_breaks_again_in_the_fresh_worker_is_an_error(tmp_path):

@@ -186,8 +186,10 @@ def capture_excerpt(message: str, width: int = 300) -> str:
     """The part of a record's message that says its capture broke: `width` characters from a
     little before its first marker (a leak record's message names its finding first, and the
     broken run of its probe after it: its first 300 characters read as a leak)."""
+    if len(message) <= width:
+        return message
     at = min((i for m in MARKERS if (i := message.find(m)) >= 0), default=0)
-    start = max(0, at - width // 3)
+    start = max(0, min(at - width // 3, len(message) - width))
     return ("..." if start else "") + message[start:start + width]
 
 

@@ -152,7 +152,7 @@ def device_lost(message: str) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    from harness.engine.capture import CAPTURE_BROKEN, CaptureBroken
+    from harness.engine.capture import CAPTURE_BROKEN, CaptureBroken, capture_excerpt
     from harness.errors import UsageError
     if len(argv) != 1:
         print("usage: python -m harness.engine.worker SPEC.json (started by the engine)",
@@ -166,7 +166,8 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     except DeviceLost as exc:
-        print(f"device context lost after a pair's error: {str(exc)[:300]}", file=sys.stderr)
+        print(f"device context lost after a pair's error: {capture_excerpt(str(exc))}",
+              file=sys.stderr)
         return DEVICE_LOST
     except CaptureBroken as exc:
         print(f"a CUDA graph capture broke: {exc}", file=sys.stderr)
