@@ -71,9 +71,10 @@ def run_pairs(spec: dict) -> int:
         if broken and (kernel.name, case.id) not in run_again:
             # Another thread of this worker broke the pair's capture (harness.engine.capture):
             # no record here; a fresh worker runs it again.
+            why = capture_excerpt(broken[0].message)
             with (report_dir / RETRY_FILE).open("a") as log:
-                announce(log, kernel, case, why=capture_excerpt(broken[0].message))
-            raise CaptureBroken(capture_excerpt(broken[0].message))
+                announce(log, kernel, case, why=why)
+            raise CaptureBroken(why)
         lost += broken   # broken again in a fresh worker: the records stand, the worker ends
         if deferred is not None and any(memory_bound(r.message, main_bytes)
                                         for r in result.records):

@@ -89,9 +89,9 @@ def redrawn(seed, index, amplitude, q, k, v, cotangent, redraw, valid):
     its 125 on the run's thread: numpy's normal draws; here they cost the device microseconds.)
     One draw for the four (harness.model.case.normals)."""
     key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), PERTURB_SALT), index)
+    xs = (q, k, v, cotangent)
     out = []
-    for i, (x, fresh) in enumerate(zip((q, k, v, cotangent),
-                                       normals(key, [x.shape for x in (q, k, v, cotangent)]))):
+    for i, (x, fresh) in enumerate(zip(xs, normals(key, [x.shape for x in xs]))):
         if i >= 2:   # the values and the cotangent
             fresh = fresh * amplitude
         if i == 3:   # the cotangent stays zero at padding

@@ -290,9 +290,7 @@ def normals(key, shapes: list) -> list:
     """Standard normal float32 arrays of `shapes`, cut in order from one draw of their total
     size: one threefry program, not one per array (on CPUs XLA took 1.5 s to compile the leak
     probe's four draws of a smoke case's perturbation, 0.3 s as one)."""
-    flat = jax.random.normal(key, (sum(math.prod(s) for s in shapes),), jnp.float32)
-    out, start = [], 0
-    for s in shapes:
-        out.append(flat[start:start + math.prod(s)].reshape(s))
-        start += math.prod(s)
-    return out
+    sizes = [math.prod(s) for s in shapes]
+    flat = jax.random.normal(key, (sum(sizes),), jnp.float32)
+    ends = np.cumsum(sizes)
+    return [flat[end - n:end].reshape(s) for s, n, end in zip(shapes, sizes, ends)]
