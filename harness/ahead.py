@@ -88,7 +88,7 @@ class Ahead:
                       compiler_options: dict | None = None, **static) -> bool:
         """Compiles the signature of `shapes` (jax.ShapeDtypeStruct trees) and `static` through
         `submit` (which runs a callable on a compile thread), once, with XLA's
-        `compiler_options` (the harness's own: harness.engine.programs.OWN_OPTIONS); its
+        `compiler_options` (the harness's own: harness.engine.compiler_options); its
         seconds go to `timing` (harness.engine.program.Timing). False where it was compiled
         ahead already."""
         key = signature(shapes, static)

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
 
     from harness.engine.environment import current_platform
     from harness.engine.program_functions import DEFAULT, argument_shapes, kernel_fn
-    from harness.engine.programs import DETERMINISTIC_COMPILER_OPTIONS, NO_AUTOTUNING
+    from harness.engine.compiler_options import DETERMINISTIC_COMPILER_OPTIONS, NO_AUTOTUNING
     from harness.engine.registry import mark_absl_flags_parsed, select_kernels
     from harness.judge.oracle import case_key_span, reference_fn
     from harness.model.case import make_inputs
@@ -138,7 +138,7 @@ def own_programs(sample) -> None:
     import jax.numpy as jnp
 
     from harness.engine.program_functions import argument_shapes
-    from harness.engine.programs import NO_AUTOTUNING
+    from harness.engine.compiler_options import NO_AUTOTUNING
     from harness.judge.leak_probe import redrawn
     from harness.judge.metrics import stacked_token_errors
     from harness.judge.oracle import reference_fn

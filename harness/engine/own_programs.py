@@ -21,7 +21,7 @@ def compile_ahead(case: Case, forward: bool, probe: bool, args: tuple, truth, pe
     of the oracle's programs and the kernel's (None for one that failed to lower: its calls,
     if any, compile when made); `submit` runs a callable on a compile thread; `timing` takes
     the seconds (harness.engine.program.Timing); `options`: XLA's compiler options for them
-    (harness.engine.programs.OWN_OPTIONS)."""
+    (harness.engine.compiler_options)."""
     def ahead(fn, *shapes, **static):
         fn.compile_ahead(submit, timing, *shapes, compiler_options=options, **static)
 

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import jax
 
 from harness.compiling import compile_lowered
-from harness.engine import lowering_process, own_programs, unwritten
+from harness.engine import compiler_options, lowering_process, own_programs, unwritten
 from harness.engine.compile_pool import CompilePool
 from harness.engine.compilation_cache import (
     count_handed_over,
@@ -55,17 +55,6 @@ from harness.judge.oracle import case_key_span, reference_fn, reference_jvp_fn, 
 from harness.kernels.kernel import Kernel
 from harness.model.case import Case
 
-DETERMINISTIC_COMPILER_OPTIONS = {"xla_gpu_deterministic_ops": True}
-# The harness's programs on GPUs (the oracle's, its own, the probe's deterministic builds) skip
-# XLA's autotuning: it times candidate GEMM algorithms and Triton configurations on the device
-# for every program (tens of seconds each for the float32 oracle on the H200). Kernels' default
-# builds compile as users compile them.
-NO_AUTOTUNING = {"xla_gpu_autotune_level": 0}
-# The oracle's and the harness's own programs on GPUs also make their GEMMs cuBLAS calls, not
-# Triton fusions (code XLA generates and ptxas compiles per program): on the H200 the oracle's
-# sampled programs compiled in 9.9 s, not 15.3 s, with bitwise the same outputs
-# (reports/nightly-h200-45854c3/). The probe's deterministic builds keep XLA's GEMMs.
-OWN_OPTIONS = {**NO_AUTOTUNING, "xla_gpu_enable_triton_gemm": False}
 ORACLE = "oracle"
 # The harness's own small programs (harness.ahead), compiled ahead: their row of the timing
 # table (programs and compile seconds; waited: the run's waits for one still compiling, and
@@ -114,8 +103,8 @@ class Programs:
         # as well as the run's: made here, never by two threads' first lookups at once.
         self.timing[OWN] = Timing()
         gpu = self.platform == "gpu"
-        self._own = OWN_OPTIONS if gpu else None     # elsewhere XLA's defaults
-        self._deterministic = {**DETERMINISTIC_COMPILER_OPTIONS, **(NO_AUTOTUNING if gpu else {})}
+        self._own = compiler_options.own_options(gpu)
+        self._deterministic = compiler_options.deterministic_options(gpu)
         # References asked for outside the runner's calls (a drop's prediction) come from here.
         share_programs(self)
         # `lowering_process`: the run's options (as JSON data), to trace and lower what
