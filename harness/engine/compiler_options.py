@@ -14,15 +14,15 @@ NO_AUTOTUNING = {"xla_gpu_autotune_level": 0}
 # sampled programs compiled in 9.9 s, not 15.3 s, with bitwise the same outputs
 # (reports/nightly-h200-45854c3/). The probe's deterministic builds keep XLA's GEMMs.
 OWN_OPTIONS = {**NO_AUTOTUNING, "xla_gpu_enable_triton_gemm": False}
-# On CPUs they compile at LLVM's O1, not XLA's O2: over the smoke suite's 68 own programs 8 s,
-# not 16 (jax 0.12; 6 s, not 14, for the tangents and perturbations on 0.10.2), the cold smoke
-# run 130 s, not 148, every record's numbers the same (reports/cpu-smoke-own-o1/).
-CPU_OWN_OPTIONS = {"xla_backend_optimization_level": 1}
+# On CPUs they compile with XLA's defaults. At LLVM's O1 they computed the same bytes and the
+# smoke suite's own programs compiled in half the time, but the cold smoke run's wall time did
+# not move (reports/cpu-smoke-side-by-side/own-o1-07ac076/): not taken.
 
 
-def own_options(gpu: bool) -> dict:
-    """The oracle's and the harness's own programs' options on a GPU, or on a CPU."""
-    return OWN_OPTIONS if gpu else CPU_OWN_OPTIONS
+def own_options(gpu: bool) -> dict | None:
+    """The oracle's and the harness's own programs' options on a GPU; None (XLA's defaults) on a
+    CPU."""
+    return OWN_OPTIONS if gpu else None
 
 
 def deterministic_options(gpu: bool) -> dict:
