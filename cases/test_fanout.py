@@ -1,8 +1,8 @@
 """The nightly fanned out over runners (.github/workflows/nightly-gpu.yml), simulated on the CPU:
 N shard processes (`--shard I/N`, as each runner runs), one merge, and the merged records are
 those of one unsharded run, record for record (verdict, outcome, errors); the merged report
-selects what the unsharded run selected, so a shard that never reports is a regression against
-a baseline of the whole suite."""
+selects what the unsharded run selected, so a shard that never reports leaves the merge
+incomplete (not green) and is a regression against a baseline of the whole suite."""
 import os
 import subprocess
 import sys
@@ -51,11 +51,13 @@ def test_shards_merged_are_one_run_and_a_lost_shard_regresses(tmp_path):
     assert merged_header["selection"] == whole_header["selection"]
     same = _harness("compare", str(tmp_path / "merged"), str(tmp_path / "whole"))
     assert same.returncode == 0 and "no regression" in same.stdout, same.stdout[-2000:]
-    # A runner that never reported: its pairs are missing, and that is a regression.
+    # A runner that never reported: the merge says so and is not green, and its pairs are
+    # missing, which is a regression.
     lost = _harness("merge", str(tmp_path / "lost"), *parts[:2])
-    assert lost.returncode == 0, lost.stdout[-2000:]
+    assert lost.returncode == 1 and "shard(s) 3/3 missing" in lost.stdout, lost.stdout[-2000:]
     gone = _harness("compare", str(tmp_path / "lost"), str(tmp_path / "whole"))
     assert gone.returncode == 1 and "REGRESSION" in gone.stdout, gone.stdout[-2000:]
+    assert "INCOMPLETE" in gone.stdout
 
 
 def test_rejudge_recomputes_expectations_but_keeps_a_kernel_it_cannot_load_here(

@@ -74,9 +74,14 @@ def cmd_merge(args) -> int:
     status, overlaps, header, records = engine.merge(
         Path(args.out), [Path(s) for s in args.sources], rejudge=args.rejudge)
     print_console(records, header)
-    for source, n in overlaps:
-        print(f"note: {source} repeats {n} kernel x case pairs of an earlier source; its "
-              "records replace theirs", file=sys.stderr)
+    for source, n, kept in overlaps:
+        if n:
+            print(f"note: {source} repeats {n} kernel x case pairs of an earlier source; its "
+                  "records replace theirs", file=sys.stderr)
+        if kept:
+            print(f"note: {source} only skipped {kept} kernel x case pairs an earlier source "
+                  "has records of; those records stay (a skip never hides what was measured)",
+                  file=sys.stderr)
     print(f"merged {len(args.sources)} reports into {args.out}/ (report.jsonl, summary.md, "
           "report.html)")
     return status

@@ -56,6 +56,10 @@ INPUTS_AHEAD = 4
 INPUTS = "inputs (drawing ahead)"   # its row of the timing table: how long the run waited
 
 
+class OracleFailed(RuntimeError):
+    """The oracle raised on a case: the kernel did not run (judging.oracle_error_record)."""
+
+
 @dataclass
 class KernelCaseResult:
     records: list[Record] = field(default_factory=list)
@@ -67,7 +71,7 @@ def _traces(kernel, case, chk, errors, tolerances, records) -> list[Trace]:
     tolerance (judging.near), to 3 significant digits, for the plots."""
     if not chk.traced:
         return []
-    rows = sorted({r.row for r in records if judging.near(r.ratio)})
+    rows = sorted({r.row for r in records if r.measured and judging.near(r.ratio)})
     tok_max = errors[0]
     out = []
     for row in rows:
@@ -89,7 +93,7 @@ def _measure(kernel: Kernel, case: Case, programs: Programs):
     try:
         ref = _oracle(programs, reference_for, case, kernel.chunk_convention)
     except Exception as exc:  # not the kernel's doing: say whose it is
-        raise RuntimeError(f"oracle failed, the kernel did not run: {type(exc).__name__}: "
+        raise OracleFailed(f"oracle failed, the kernel did not run: {type(exc).__name__}: "
                            f"{exc}") from exc
     program = programs.get(kernel, case, DEFAULT)
     results = program(*inputs.device_args, poison_unwritten=programs.poisons_unwritten)
@@ -108,6 +112,9 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
     programs = programs or _default_programs()
     try:
         inputs, ref, results, errs = _measure(kernel, case, programs)
+    except OracleFailed as exc:  # the harness's error: never the kernel's declared crash
+        return KernelCaseResult([judging.oracle_error_record(kernel, case, str(exc),
+                                                             _traceback())])
     except KERNEL_RAISED as exc:  # a kernel that raises is an error, never a skip
         message = judging.error_message(exc)
         # Raised while tracing, naming a feature the case handed over: refused before any
@@ -167,8 +174,9 @@ def _jvp_records(kernel, case, programs, inputs) -> tuple[list[Record], tuple | 
     try:
         ref = _oracle(programs, jvp_reference_for, case, kernel.chunk_convention)
     except Exception as exc:  # not the kernel's doing: say whose it is
-        return [judging.error_record(kernel, case, f"oracle's jvp failed, the kernel's did not "
-                                     f"run: {type(exc).__name__}: {exc}", check=JVP.name)], None
+        return [judging.oracle_error_record(
+            kernel, case, f"oracle's jvp failed, the kernel's did not run: "
+            f"{type(exc).__name__}: {exc}", _traceback(), check=JVP.name)], None
     try:
         program = programs.get(kernel, case, FORWARD)
         args = inputs.device_args[:-1] + make_tangents(case)

@@ -8,6 +8,9 @@ Tolerance (tolerance checks out, dq, dk, dv), for each check and segment:
     tolerance = peer_factor * peer_err + floor_eps * eps(dtype) * max|truth|
     ratio     = kernel_err / tolerance          (pass iff finite and ratio <= 1)
 
+  (a reference that is non-finite on the segment, its peer's error or max|truth|, leaves no
+  tolerance: the check is an error, never a pass; no_tolerance)
+
 - kernel_err, peer_err: max abs difference from the float32 truth over the segment's tokens.
   The peer is the reference formula computed in the input dtype (oracle.dense_attention with
   truth=False), so peer_err is the rounding noise an honest kernel of that dtype can have.
@@ -31,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.judge import vocabulary as v
-from harness.judge.metrics import segment_error
+from harness.judge.metrics import OUTPUT_LIKE, padding_violations, segment_error
 from harness.judge.record import Record, first_line
 from harness.judge.vocabulary import KERNEL_LEVEL, LEAK, Check
 
@@ -186,6 +189,14 @@ def error_record(kernel, case, message: str, traceback: str | None = None,
                          outcome_=result, traceback=traceback)
 
 
+def oracle_error_record(kernel, case, message: str, traceback: str | None = None,
+                        check: str = KERNEL_LEVEL) -> Record:
+    """The oracle raised, so the kernel's check did not run: an error, never matched against
+    the crash the kernel declares (that crash is the kernel's; this one is the harness's)."""
+    return status_record(kernel, case, v.ERROR, message[:2000], check=check,
+                         traceback=traceback)
+
+
 def kernel_level_records(kernel, case) -> list[Record]:
     """What a kernel that ran declares about the whole case: a declared upstream crash that did
     not happen is missed; a declared missing backward leaves its gradient checks skipped."""
@@ -253,10 +264,16 @@ def dsinks_record(kernel, case, err: float, nonfinite: bool, reference, mode: st
     """The sinks' gradient: one record per kernel x case (a sink's gradient sums over every
     token of the batch, so it has no segment), against the peer's error over the heads."""
     chk = v.DSINKS
+    expected, reason = kernel.expected(case, chk.name, None)
+    unjudgeable = no_tolerance(chk, case.dtype, reference.peer_dsinks_err,
+                               reference.dsinks_scale)
+    if unjudgeable:
+        return status_record(kernel, case, v.ERROR, unjudgeable, check=chk.name,
+                             expected=expected, outcome_=v.ERROR,
+                             max_abs_err=None if nonfinite else err, mode=mode)
     tol = tolerance(chk, case.dtype, reference.peer_dsinks_err, reference.dsinks_scale)
     r = ratio(err, tol, int(nonfinite))
     verdict = tolerance_verdict(r)
-    expected, reason = kernel.expected(case, chk.name, None)
     message = "dsinks non-finite" if nonfinite else reason
     return status_record(kernel, case, verdict, message, check=chk.name, expected=expected,
                          max_abs_err=None if nonfinite else err,
@@ -281,20 +298,41 @@ def nonfinite_positions(bad_tokens: np.ndarray, start: int) -> str:
     return f"tokens {shown}{more}"
 
 
+def no_tolerance(chk: Check, dtype: str, peer_err: float, truth_scale: float) -> str | None:
+    """Why a check has no tolerance, or None: the reference it is computed from is non-finite
+    (the peer in the input's dtype overflowed, or the truth itself), and an infinite tolerance
+    would pass any error. The check is an error (the harness's reference, not the kernel), never
+    a pass."""
+    bad = [f"{what} {x}" for what, x in ((f"the {dtype} peer's error", peer_err),
+                                          ("max|truth|", truth_scale)) if not np.isfinite(x)]
+    if not bad:
+        return None
+    return (f"{chk.name}: the reference is non-finite ({', '.join(bad)}): no tolerance, the "
+            "check cannot be judged")
+
+
 def tensor_records(kernel, case, chk: Check, errors, reference, mode: str
                    ) -> tuple[list[Record], dict]:
     """The tolerance check `chk` on every segment, from the tensor's per-token errors
     (harness.judge.metrics.token_errors) and the case's reference; also each segment's
-    tolerance (for the plots)."""
+    tolerance (for the plots; None where the reference left none)."""
     per_token = (case.heads if chk.heads == "query" else case.kv_heads) * case.head_dim
     records, tolerances = [], {}
     for seg in case.segments:
         m = segment_error(errors, reference.peer_token_err[chk.name], seg, per_token)
+        expected, reason = kernel.expected(case, chk.name, seg)
+        unjudgeable = no_tolerance(chk, case.dtype, m.peer_err, reference.scale[chk.name])
+        if unjudgeable:
+            tolerances[seg] = None
+            records.append(Record(
+                kernel=kernel.name, check=chk.name, **case_fields(case), **segment_fields(seg),
+                max_abs_err=m.max_abs_err if m.nonfinite == 0 else None, verdict=v.ERROR,
+                expected=expected, outcome=v.ERROR, message=unjudgeable, mode=mode))
+            continue
         tol = tolerances[seg] = tolerance(chk, case.dtype, m.peer_err,
                                           reference.scale[chk.name])
         r = ratio(m.max_abs_err, tol, m.nonfinite)
         verdict = tolerance_verdict(r)
-        expected, reason = kernel.expected(case, chk.name, seg)
         message = reason
         if m.nonfinite:
             bad = errors[2][seg.row, seg.start:seg.stop]
@@ -329,7 +367,7 @@ def cover_unjudged(records: list[Record], probed: bool = True) -> list[Record]:
             if r.check == LEAK.name and r.measured and r.expected in (v.PASS, v.FAIL)}
     out = []
     for r in records:
-        if r.check != LEAK.name and r.expected == v.EITHER:
+        if r.check != LEAK.name and r.expected == v.EITHER and r.measured:
             probe = leak.get((r.row, r.segment))
             if probe is None and not probed:
                 r = r.replace(outcome=v.NOT_RUN,
@@ -407,36 +445,6 @@ def leak_records(kernel, case, found, mode: str, note: str = "") -> list[Record]
 
 
 # ----- padding hygiene ------------------------------------------------------------------------
-
-# The tensors the kernel's padding-output convention covers: the output and its tangent.
-OUTPUT_LIKE = (v.OUT.name, v.JVP.name)
-
-
-def padding_violations(errors_by_tensor: dict, row: int, pad: np.ndarray, convention: str
-                       ) -> dict:
-    """tensor -> {"kind", "count", "first", "max"} at a row's padding positions `pad` (bool
-    [T]) from per-token errors against a truth that is zero there (harness.judge.oracle):
-    gradients must be exactly zero, the output and its tangent (jvp) finite (and zero under
-    the zero convention; not looked at where the kernel declares them undefined)."""
-    found = {}
-    positions = np.flatnonzero(pad)
-    for name, (tok_max, _, tok_bad) in errors_by_tensor.items():
-        output_like = name in OUTPUT_LIKE
-        if output_like and convention == v.PAD_UNDEFINED:
-            continue
-        bad = tok_bad[row, positions] > 0
-        if bad.any():
-            found[name] = dict(kind="non-finite", count=int(bad.sum()),
-                               first=int(positions[bad][0]), max=None)
-            continue
-        must_be_zero = not output_like or convention == v.PAD_ZERO
-        size = tok_max[row, positions]
-        if must_be_zero and (size > 0).any():
-            nz = size > 0
-            found[name] = dict(kind="non-zero", count=int(nz.sum()), first=int(positions[nz][0]),
-                               max=float(f"{size.max():.3g}"))
-    return found
-
 
 def padding_records(kernel, case, errors_by_tensor: dict) -> list[Record]:
     """One record per row with padding: what the kernel wrote there reaches training (dq/dk/dv

@@ -1,4 +1,5 @@
-"""Per-token and per-segment error metrics: how far a kernel's tensor lands from the truth."""
+"""Per-token and per-segment error metrics: how far a kernel's tensor lands from the truth; and
+what it wrote at padding positions (padding_violations: the padding check's measurement)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from harness.ahead import ahead
+from harness.judge import vocabulary as v
 from harness.model.layouts import Segment
 
 
@@ -70,3 +72,33 @@ def segment_error(errors, peer_token_err: np.ndarray, seg: Segment,
         worst_token=seg.start + worst,
         nonfinite=int(tok_bad[sl].sum()),
         peer_err=float(peer_token_err[sl].max()))
+
+
+# The tensors the kernel's padding-output convention covers: the output and its tangent.
+OUTPUT_LIKE = (v.OUT.name, v.JVP.name)
+
+
+def padding_violations(errors_by_tensor: dict, row: int, pad: np.ndarray, convention: str
+                       ) -> dict:
+    """tensor -> {"kind", "count", "first", "max"} at a row's padding positions `pad` (bool
+    [T]) from per-token errors against a truth that is zero there (harness.judge.oracle):
+    gradients must be exactly zero, the output and its tangent (jvp) finite (and zero under
+    the zero convention; not looked at where the kernel declares them undefined)."""
+    found = {}
+    positions = np.flatnonzero(pad)
+    for name, (tok_max, _, tok_bad) in errors_by_tensor.items():
+        output_like = name in OUTPUT_LIKE
+        if output_like and convention == v.PAD_UNDEFINED:
+            continue
+        bad = tok_bad[row, positions] > 0
+        if bad.any():
+            found[name] = dict(kind="non-finite", count=int(bad.sum()),
+                               first=int(positions[bad][0]), max=None)
+            continue
+        must_be_zero = not output_like or convention == v.PAD_ZERO
+        size = tok_max[row, positions]
+        if must_be_zero and (size > 0).any():
+            nz = size > 0
+            found[name] = dict(kind="non-zero", count=int(nz.sum()), first=int(positions[nz][0]),
+                               max=float(f"{size.max():.3g}"))
+    return found

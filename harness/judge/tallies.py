@@ -54,10 +54,13 @@ def judged_nothing(records: Iterable[Record]) -> bool:
 
 def unfinished(header: dict | None) -> str | None:
     """How the run that wrote a report's header did not finish: RUNNING (killed before its
-    end: its header still says so) or INTERRUPTED (stopped by the user); None where it
-    finished (or the header is older than the state field)."""
+    end: its header still says so), INTERRUPTED (stopped by the user) or SHARDS_MISSING (a
+    merge of shards without some: harness.store.merge.missing_shards); None where it finished
+    (or the header is older than the state field)."""
     if not header:
         return None
+    if header.get("shards_missing"):
+        return v.SHARDS_MISSING
     if header.get("state") == v.RUNNING:
         return v.RUNNING
     if header.get("state") == v.INTERRUPTED or header.get("interrupted"):

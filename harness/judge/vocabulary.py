@@ -100,6 +100,8 @@ SEVERITY = (ERROR, FAIL, MISSED, CAUGHT, KNOWN, REFUSED, UNJUDGED, NOT_RUN, OK, 
 # A report whose run did not finish (killed: still running; stopped by the user) is never a
 # pass, whatever its records say (harness.judge.tallies.unfinished).
 RUNNING, FINISHED, INTERRUPTED = "running", "finished", "interrupted"
+# A merge of shards I/N that lacks some (its header's shards_missing): not a pass either.
+SHARDS_MISSING = "shards missing"
 
 # ----- grid cells (kernel x layout) ------------------------------------------------------------
 

@@ -1,11 +1,13 @@
 """Joining report folders into one: the workers of a run, the parts of a pytest run, the shards
-of a suite. A kernel x case in a later source replaces the same one from an earlier source."""
+of a suite. A kernel x case in a later source replaces the same one from an earlier source,
+unless the later source only skipped it: a skip never hides what was measured."""
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.judge.vocabulary import SKIP
 from harness.store import report_file as rec
 from harness.store.writer import FINISHED, INTERRUPTED, RUNNING
 
@@ -90,6 +92,29 @@ def merged_selection(headers: list[dict]) -> dict | None:
     return None
 
 
+def missing_shards(headers: list[dict]) -> list[str]:
+    """The shards I/N absent from sources that are two or more shards of one N (whose joined
+    selection is then the whole, merged_selection): the pairs they would have brought are not
+    in the joined report, which is therefore not a pass (harness.judge.tallies.unfinished)."""
+    present = []
+    for h in headers:
+        shard = h.get("shard")
+        present += shard if isinstance(shard, list) else [shard]
+    if not present or not all(isinstance(x, str) and "/" in x for x in present):
+        return []
+    counts = {x.split("/")[1] for x in present}
+    have = {x.split("/")[0] for x in present}
+    if len(counts) != 1 or len(have) < 2:
+        return []
+    n = counts.pop()
+    return [f"{i}/{n}" for i in range(1, int(n) + 1) if str(i) not in have]
+
+
+def _only_skipped(rows: list[str]) -> bool:
+    """Whether a pair's record lines are skips only (nothing measured, nothing raised)."""
+    return all(json.loads(row).get("outcome") == SKIP for row in rows)
+
+
 # A worker's waits kept in `merged_from` (source_entry): those of at least this many seconds.
 WAIT_KEPT_S = 0.05
 
@@ -120,7 +145,8 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
     """One report (records and traces) from several report folders; `transform(records,
     header)` rewrites each source's records, with its header, first (merge --rejudge);
     `header` adds to the joined header.
-    Returns (source, pairs it replaced) for each source that overlapped an earlier one."""
+    Returns (source, pairs it replaced, pairs it only skipped where an earlier source had
+    records of them, kept) for each source that overlapped an earlier one."""
     by_case: dict[tuple, list] = {}
     traces: dict[tuple, list] = {}
     headers, overlaps = [], []
@@ -135,14 +161,16 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
         fresh: dict[tuple, list] = {}
         for pair, row in rows:
             fresh.setdefault(pair, []).append(row)
-        replaced = sorted(set(fresh) & set(by_case))
-        if replaced:
-            overlaps.append((src, len(replaced)))
-        by_case.update(fresh)
-        fresh_traces: dict[tuple, list] = {key: [] for key in fresh}
+        overlap = set(fresh) & set(by_case)
+        kept = {p for p in overlap if _only_skipped(fresh[p]) and not _only_skipped(by_case[p])}
+        if overlap:
+            overlaps.append((src, len(overlap) - len(kept), len(kept)))
+        by_case.update({p: rows for p, rows in fresh.items() if p not in kept})
+        fresh_traces: dict[tuple, list] = {key: [] for key in fresh if key not in kept}
         folder = Path(src) if Path(src).is_dir() else Path(src).parent
         for pair, line in rec.read_trace_lines(folder / rec.TRACES_FILE):
-            fresh_traces.setdefault(pair, []).append(line)
+            if pair not in kept:
+                fresh_traces.setdefault(pair, []).append(line)
         traces.update(fresh_traces)
     rows = [r for pair_rows in by_case.values() for r in pair_rows]
     out_dir = Path(out_dir)
@@ -158,6 +186,8 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                         "timing": merge_timing([h.get("timing") for h in headers]),
                         "compilation_cache": merge_cache(headers),
                         "selection": merged_selection(headers),
+                        **({"shards_missing": missing} if (missing := missing_shards(headers))
+                           else {}),
                         **header})
     with (out_dir / rec.RECORDS_FILE).open("a") as f:
         f.writelines(rows)

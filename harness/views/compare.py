@@ -1,11 +1,12 @@
 """`python -m harness compare NEW BASELINE` (and a run's `--baseline`): reads both reports,
-asks harness.judge.regression what regressed, and prints it. Exit 1 on a regression, and when
-the two reports have no kernel x case pair in common (nothing was compared: never a silent
-pass)."""
+asks harness.judge.regression what regressed, and prints it. Exit 1 on a regression, when the
+two reports have no kernel x case pair in common (nothing was compared: never a silent pass),
+and when the new report is incomplete (its run did not finish, or shards are missing)."""
 from __future__ import annotations
 
 from harness.judge import regression
 from harness.store import report_file as rec
+from harness.views.summary import unfinished
 
 SHOWN = 40
 
@@ -23,12 +24,22 @@ def mismatch(new_header: dict, base_header: dict) -> list[str]:
     return out
 
 
+def narrowed(header: dict) -> bool:
+    """Whether pytest's -k, --deselect or test ids ran fewer pairs than the header's kernels x
+    cases (its `pairs_selected`): which ones, the header does not say."""
+    kernels, cases, n = header.get("kernels"), header.get("cases"), header.get("pairs_selected")
+    total = len(kernels) * cases if isinstance(kernels, list) and isinstance(cases, int) else 0
+    return isinstance(n, int) and n < total
+
+
 def same_selection(new_header: dict, base_header: dict) -> bool:
-    """Both runs selected the same cases (suite, case globs, seeds, shard, kernels): then every
-    pair of the baseline should be there, whether the new run ended or was interrupted. Reports
-    without a selection (older harness versions, merged parts) are not assumed to match."""
+    """Both runs selected the same cases (suite, case globs, seeds, shard, kernels), neither
+    narrowed by pytest: then every pair of the baseline should be there, whether the new run
+    ended or was interrupted. Reports without a selection (older harness versions, merged
+    parts) are not assumed to match."""
     new, base = new_header.get("selection"), base_header.get("selection")
-    return new is not None and new == base
+    return (new is not None and new == base
+            and not narrowed(new_header) and not narrowed(base_header))
 
 
 def _identity(path) -> tuple:
@@ -95,6 +106,10 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
         print(f"  warning: not like for like ({'; '.join(differs)}): expect many new and "
               "missing pairs")
     result = regression.compare(new, base, growth, same_selection(new_header, base_header))
+    if narrowed(new_header):
+        print(f"  note: the new run was narrowed by pytest (-k, --deselect or test ids: "
+              f"{new_header['pairs_selected']} pairs): the pairs it did not select are listed "
+              "as missing, not counted as regressions")
     _listed("verdict flips", [f"{r.kernel} {r.check} {r.where} of {r.case_id}: {b.verdict} -> "
                               f"{r.verdict}" for b, r in result.flips])
     print(f"  errors grown beyond their band (> {growth}x): {len(result.grown)}")
@@ -109,6 +124,10 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
         _listed("run again in a fresh worker, judged on that run (the first failure)",
                 [f"{a['kernel']} on {a['case_id']}: {' '.join(str(a.get('why', '')).split())[:200]}"
                  for a in again])
+    incomplete = unfinished(new_header)
+    if incomplete:
+        print(f"INCOMPLETE: the new report {incomplete}; it is not a pass, whatever it "
+              "compares")
     if result.compared_nothing:
         print("NOTHING COMPARED: no check was measured in both this run and the baseline "
               "(another suite, kernels or cases, or every shared pair skipped); this is not a "
@@ -121,8 +140,8 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
         if len(result.regressions) > 60:
             print(f"  ... and {len(result.regressions) - 60} more")
         return 1
-    print("no regression")
-    return 0
+    print("no regression among the pairs compared" if incomplete else "no regression")
+    return 1 if incomplete else 0
 
 
 def write_baseline(out_path, sources) -> int:

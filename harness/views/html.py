@@ -163,8 +163,11 @@ def _trace_plot(trace) -> str:
     for seg in trace.segments:
         start, stop = seg["start"], seg["start"] + seg["length"]
         tol = trace.tolerance[str(seg["number"])]
-        ax.hlines(tol, start, stop - 0.01, colors="#c60", linestyles="dashed", lw=1)
-        over = [p for p in range(start, stop) if not judging.within(float(err[p]), tol)]
+        # None: the reference left no tolerance there (judging.no_tolerance): nothing to draw.
+        over = [] if tol is None else [
+            p for p in range(start, stop) if not judging.within(float(err[p]), tol)]
+        if tol is not None:
+            ax.hlines(tol, start, stop - 0.01, colors="#c60", linestyles="dashed", lw=1)
         ax.scatter(over, np.maximum(np.where(np.isfinite(err[over]), err[over], 1e3), 1e-8),
                    s=4, color="red", zorder=3)
         ax.axvline(start, color="#999", lw=0.6)

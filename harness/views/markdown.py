@@ -9,6 +9,7 @@ from pathlib import Path
 from harness.judge import judging, tallies
 from harness.judge import vocabulary as v
 from harness.judge.record import Record
+from harness.views.compare import narrowed
 from harness.views.summary import (
     coverage_lines,
     digest_lines,
@@ -75,7 +76,7 @@ def run_line(header: dict, marked: bool = True) -> str:
         parts.append(f"shard {header['shard']}")
     kernels, cases = header.get("kernels"), header.get("cases")
     total = len(kernels) * cases if isinstance(kernels, list) and isinstance(cases, int) else 0
-    if isinstance(header.get("pairs_selected"), int) and header["pairs_selected"] < total:
+    if narrowed(header):
         parts.append(f"{header['pairs_selected']} of its {total} kernel x case pairs selected "
                      "(pytest's -k, --deselect or test ids)")
     main_parts = header.get("main_parts") or {}
@@ -304,8 +305,8 @@ def _grid(records: list[Record]) -> list[str]:
 
 
 NONE_BAD = "None: every kernel expected to pass passed, every expected failure was caught."
-NONE_BAD_UNFINISHED = ("None among the pairs that finished; the run did not finish, so this "
-                       "report is not a pass.")
+NONE_BAD_UNFINISHED = ("None among the pairs here; the report is incomplete (the run did not "
+                       "finish, or shards are missing), so it is not a pass.")
 
 
 def _problems(records: list[Record], header: dict | None = None) -> list[str]:

@@ -1,7 +1,7 @@
 """A reproducer for what a kernel writes at padding positions (`harness repro` shrinks tolerance
 and leak failures; the padding check's failures get this script instead): the kernel's forward
 and backward on the case the census saw fail, and every row's padding positions looked at as the
-padding check does (harness.judge.judging.padding_violations): gradients exactly zero, the output
+padding check does (harness.judge.metrics.padding_violations): gradients exactly zero, the output
 finite. Exits 1 while a violation shows."""
 from __future__ import annotations
 

@@ -1,0 +1,102 @@
+"""What joining and comparing reports may never make green: a merge of shards without some, a
+skip that would hide a measured failure, a report whose run did not finish; and what it may not
+make red: pairs pytest did not select."""
+import io
+from contextlib import redirect_stdout
+
+from harness.engine import engine
+from harness.judge.record import Record
+from harness.judge.tallies import run_status
+from harness.store import report_file as rec
+from harness.views.compare import compare_files
+
+CASE_IDS = ("packed/random-b2-t128-h2kv2-d16-bf16-s0", "unaligned/odd-b2-t128-h2kv2-d16-bf16-s0")
+SELECTION = {"suite": "t", "cases": "*", "seeds": None, "kernels": "k,j"}
+
+
+def _record(kernel, case_id, outcome, check="out", ratio=0.1):
+    verdict = {"ok": "pass", "fail": "fail", "skip": "skip"}[outcome]
+    return Record.from_json({"kernel": kernel, "case_id": case_id, "layout": case_id.split("-")[0],
+                             "check": check if outcome != "skip" else "*", "row": 0,
+                             "segment": 1 if outcome != "skip" else None, "max_abs_err": 0.5,
+                             "tolerance": 1.0, "ratio": ratio if outcome != "skip" else None,
+                             "verdict": verdict, "expected": "pass", "outcome": outcome,
+                             "message": "optional dependency 'te' is not installed"
+                             if outcome == "skip" else ""})
+
+
+def _write(folder, records, **header):
+    info = {"suite": "t", "kernels": ["k", "j"], "cases": len(CASE_IDS), "state": "finished",
+            "selection": {**SELECTION, "shard": header.get("shard")}, **header}
+    rec.write_report(folder / rec.RECORDS_FILE, {"platform": "cpu"}, records, **info)
+    return folder
+
+
+def _compare(new, base) -> tuple[int, str]:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        status = compare_files(new, base)
+    return status, out.getvalue()
+
+
+def test_a_merge_of_shards_without_one_is_incomplete_not_green(tmp_path):
+    parts = [_write(tmp_path / f"p{i}", [_record("k", CASE_IDS[0], "ok")], shard=f"{i}/3")
+             for i in (1, 2)]
+    status, _, header, records = engine.merge(tmp_path / "m", parts)
+    assert header["shards_missing"] == ["3/3"] and header["selection"]["shard"] is None
+    assert status == 1 and run_status(records, header) == 1
+    md = (tmp_path / "m" / "summary.md").read_text()
+    assert "INCOMPLETE: shard(s) 3/3 missing" in md and "None: every kernel" not in md
+    # The missing shard brought in: complete, and green.
+    last = _write(tmp_path / "p3", [_record("j", CASE_IDS[1], "ok")], shard="3/3")
+    status, _, header, _ = engine.merge(tmp_path / "m2", [*parts, last])
+    assert status == 0 and "shards_missing" not in header
+    # One shard on its own stays that shard's report: nothing is claimed beyond it.
+    status, _, header, _ = engine.merge(tmp_path / "m3", parts[:1])
+    assert status == 0 and header["selection"]["shard"] == "1/3"
+
+
+def test_a_later_skip_never_hides_a_measured_failure(tmp_path):
+    measured = _write(tmp_path / "a", [_record("k", CASE_IDS[0], "fail", ratio=40.0),
+                                       _record("k", CASE_IDS[1], "ok")])
+    skipped = _write(tmp_path / "b", [_record("k", CASE_IDS[0], "skip"),
+                                      _record("k", CASE_IDS[1], "fail", ratio=3.0)])
+    status, overlaps, _, records = engine.merge(tmp_path / "m", [measured, skipped])
+    assert status == 1
+    assert {(r.case_id, r.outcome) for r in records} == {(CASE_IDS[0], "fail"),
+                                                         (CASE_IDS[1], "fail")}
+    assert overlaps == [(skipped, 1, 1)]   # one pair replaced (measured), one kept
+    # A measured result still replaces an earlier one (a pair run again), and a skip replaces
+    # a skip.
+    status, overlaps, _, records = engine.merge(tmp_path / "m2", [skipped, measured])
+    assert {(r.case_id, r.outcome) for r in records} == {(CASE_IDS[0], "fail"),
+                                                         (CASE_IDS[1], "ok")}
+    assert overlaps == [(measured, 2, 0)]
+
+
+def test_compare_of_a_report_whose_run_did_not_finish_is_never_green(tmp_path):
+    both = [_record(k, c, "ok") for k in ("k", "j") for c in CASE_IDS]
+    base = _write(tmp_path / "base", both)
+    # Killed after its first pair, and narrower than the baseline (one kernel): what it has
+    # compares clean, and it is still not a pass.
+    cut = _write(tmp_path / "cut", both[:1], kernels=["k"], state="running",
+                 selection={**SELECTION, "kernels": "k", "shard": None})
+    status, text = _compare(cut, base)
+    assert status == 1 and "INCOMPLETE" in text and "never finished" in text, text
+    assert "no regression among the pairs compared" in text
+    finished = _write(tmp_path / "done", both[:2], kernels=["k"],
+                      selection={**SELECTION, "kernels": "k", "shard": None})
+    status, text = _compare(finished, base)
+    assert status == 0 and "INCOMPLETE" not in text, text
+
+
+def test_pairs_pytest_did_not_select_are_missing_not_regressions(tmp_path):
+    both = [_record(k, c, "ok") for k in ("k", "j") for c in CASE_IDS]
+    base = _write(tmp_path / "base", both)
+    narrowed = _write(tmp_path / "k", both[:2], pairs_selected=2)
+    status, text = _compare(narrowed, base)
+    assert status == 0 and "narrowed by pytest" in text and "missing: 2" in text, text
+    # Not narrowed, the same selection: the pairs it lacks are regressions.
+    lacking = _write(tmp_path / "lacking", both[:2])
+    status, text = _compare(lacking, base)
+    assert status == 1 and "missing now (the same cases were selected)" in text, text
