@@ -305,7 +305,8 @@ def test_a_kernel_with_the_wrong_signature_is_refused_when_registered(tmp_path):
 
 def test_merge_says_where_it_wrote_and_which_pairs_repeat(tmp_path):
     a = _report(tmp_path, "a", "--cases", ONE_CASE)
-    out = _run("-m", "harness", "merge", str(tmp_path / "m"), str(a), str(a))
+    shutil.copytree(a, tmp_path / "again")
+    out = _run("-m", "harness", "merge", str(tmp_path / "m"), str(a), str(tmp_path / "again"))
     assert out.returncode == 0
     assert f"merged 2 reports into {tmp_path / 'm'}" in out.stdout
     assert "repeats 1 kernel x case pairs of an earlier source" in out.stderr

@@ -59,7 +59,9 @@ def cmd_report(args) -> int:
     if not any((folder / n).is_file() for n in (rec.RECORDS_FILE, rec.RECORDS_FILE + ".gz")):
         raise _usage(f"report {args.report_dir}: no report.jsonl in it: not a report folder (a "
                      "run writes one where --report-dir says)")
-    header, records = write_views(Path(args.report_dir))
+    from harness.store.writer import FolderLock
+    with FolderLock(folder, option="report"):   # not a folder a run is writing now
+        header, records = write_views(folder)
     print_console(records, header)
     return tallies.run_status(records, header)
 
@@ -68,11 +70,24 @@ def cmd_merge(args) -> int:
     from harness.engine import engine
     from harness.store import report_file as rec
     from harness.views.summary import print_console
+    from harness.store.writer import FolderLock
+    out = Path(args.out)
+    seen = {}
     for source in args.sources:
-        rec.resolve(source)
+        path = rec.resolve(source).resolve()
+        if path in seen:
+            raise _usage(f"merge: {source} given twice (as {seen[path]} too)")
+        if path.parent == out.resolve():
+            raise _usage(f"merge {args.out}: {source} is in the folder the merged report goes "
+                         "to, and would be overwritten; give another OUT")
+        if rec.read_header(source).get("baseline_of"):
+            raise _usage(f"merge: {source} is a baseline (made by `harness baseline`: records "
+                         "cut to what the gate reads); merge the runs' own reports")
+        seen[path] = source
     rec.check_writable(args.out, option="merge OUT")
-    status, overlaps, header, records = engine.merge(
-        Path(args.out), [Path(s) for s in args.sources], rejudge=args.rejudge)
+    with FolderLock(out, option="merge OUT"):   # not a folder a run is writing now
+        status, overlaps, header, records = engine.merge(
+            out, [Path(s) for s in args.sources], rejudge=args.rejudge)
     print_console(records, header)
     for source, n, kept in overlaps:
         if n:
@@ -102,14 +117,20 @@ def cmd_baseline(args) -> int:
         raise _usage(f"baseline {args.out}: a folder; give the baseline's file name "
                      "(.jsonl or .jsonl.gz)")
     rec.check_writable(out.parent, option="baseline OUT")
+    from harness.store.writer import check_not_being_written
+    check_not_being_written(out.parent, "baseline OUT")
     check_baseline_sources(args.sources)
+    for source in args.sources:
+        if rec.resolve(source).resolve() == out.resolve():
+            raise _usage(f"baseline {args.out}: the report of {source}, one of its runs, would "
+                         "be overwritten; give another file name")
     return write_baseline(args.out, args.sources)
 
 
 def _cache(args) -> None:
     from harness.engine.compilation_cache import enable_compilation_cache
     enable_compilation_cache(None if args.no_compilation_cache else
-                             opts.check_path("--compilation-cache")(args.compilation_cache))
+                             opts.check_cache_path(args.compilation_cache))
 
 
 def _load_modules(paths) -> None:

@@ -29,6 +29,14 @@ def enable_compilation_cache(path: str | None) -> str | None:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"{name} {given}: cannot create it ({exc.strerror})") from None
+    # A folder it may not write: found now, not as a warning per program compiled.
+    probe = os.path.join(path, f".write-test-{os.getpid()}")
+    try:
+        with open(probe, "w"):
+            pass
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"{name} {given}: cannot write in it ({exc.strerror})") from None
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ PYTEST_REPORT_DIR = "reports/pytest"
 
 # ----- checks: each returns the value as the run uses it, or raises UsageError --------------
 
-def _names(flag: str, text: str | None, what: str) -> tuple[str, ...] | None:
+def check_names(flag: str, text: str | None, what: str) -> tuple[str, ...] | None:
     """Comma-separated names: None where not given; empty or repeated names are mistakes."""
     if text is None:
         return None
@@ -45,16 +46,16 @@ def _names(flag: str, text: str | None, what: str) -> tuple[str, ...] | None:
 
 
 def check_kernels(text):
-    return _names("--kernels", text, "kernel")
+    return check_names("--kernels", text, "kernel")
 
 
 def check_cases(text):
-    return _names("--cases", text, "case glob")
+    return check_names("--cases", text, "case glob")
 
 
 def check_features(text):
     from harness.model.features import FEATURE_NAMES, NONE
-    names = _names("--features", text, "feature")
+    names = check_names("--features", text, "feature")
     if names is None:
         return None
     unknown = [n for n in names if n not in (*FEATURE_NAMES, NONE)]
@@ -71,10 +72,15 @@ def _whole_number(flag: str, value) -> int:
         raise UsageError(f"{flag} {value!r}: not a whole number") from None
 
 
+# More seeds than this is a mistake (each case is built once per seed before any glob is
+# matched): 1,000 seeds of the nightly are 1.7 million kernel x case pairs.
+MAX_SEEDS = 1000
+
+
 def check_seeds(value) -> int:
     seeds = _whole_number("--seeds", value)
-    if seeds < 1:
-        raise UsageError(f"--seeds {value}: must be at least 1")
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise UsageError(f"--seeds {value}: must be 1 to {MAX_SEEDS}")
     return seeds
 
 
@@ -91,10 +97,11 @@ def check_main_workers(value) -> int:
 def check_shard(text) -> str | None:
     if text is None:
         return None
-    try:
-        index, count = (int(x) for x in str(text).split("/"))
-    except ValueError:
+    # Plain digits: int() would take "0_1" or " 1" and the header would say another text.
+    match = re.fullmatch(r"([1-9][0-9]*)/([1-9][0-9]*)", str(text))
+    if match is None:
         raise UsageError(f"--shard {text!r}: expected I/N, e.g. 1/4") from None
+    index, count = (int(x) for x in match.groups())
     if not 1 <= index <= count:
         raise UsageError(f"--shard {text!r}: I must be between 1 and N")
     return f"{index}/{count}"
@@ -119,6 +126,15 @@ def check_path(flag: str) -> Callable:
             raise UsageError(f"{flag} {text!r}: an empty path")
         return str(text)
     return check
+
+
+def check_cache_path(text):
+    """--compilation-cache, whose default HARNESS_COMPILATION_CACHE may set: an empty one is
+    named as what the user set."""
+    if text is not None and not str(text).strip() and text == DEFAULT_CACHE_DIR:
+        raise UsageError(f"HARNESS_COMPILATION_CACHE {text!r}: an empty path (unset it for the "
+                         "default folder, or name one)")
+    return check_path("--compilation-cache")(text)
 
 
 def check_modules(values) -> tuple[str, ...]:
@@ -184,7 +200,7 @@ OPTIONS = (
            "moved a token that must not move) is then decided above its noise, and one whose "
            "reruns agree is compared bitwise", switch=True),
     Option("compilation_cache", "--compilation-cache", "jax's persistent compilation cache "
-           "(HARNESS_COMPILATION_CACHE sets it too)", check_path("--compilation-cache"),
+           "(HARNESS_COMPILATION_CACHE sets it too)", check_cache_path,
            metavar="DIR"),
     Option("use_compilation_cache", "--no-compilation-cache", "compile everything afresh and "
            "keep nothing on disk", switch=True),

@@ -107,6 +107,9 @@ def load_kernel_module(path: str | Path) -> None:
     except UsageError:
         del sys.modules[module_name]
         raise
+    except SystemExit as exc:
+        del sys.modules[module_name]
+        raise UsageError(exited(shown, exc)) from None
     except Exception as exc:
         del sys.modules[module_name]
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(file)]
@@ -117,6 +120,13 @@ def load_kernel_module(path: str | Path) -> None:
                          "harness.register_kernel(name, fn, ...) in it)")
 
 
+def exited(shown: str, exc: SystemExit) -> str:
+    """The one line for a kernel module that ended the process while it was imported."""
+    return (f"--kernel-module {shown}: it called sys.exit({exc.code!r}) while being imported (a "
+            "script's main, or argparse reading the harness's command line?); a kernel module "
+            "registers kernels and returns")
+
+
 def _import_module(name: str) -> None:
     mark_absl_flags_parsed()
     before = len(_USER)
@@ -125,6 +135,8 @@ def _import_module(name: str) -> None:
     except ModuleNotFoundError as exc:
         raise UsageError(f"--kernel-module {name}: no such file, and no importable module "
                          f"({exc})") from None
+    except SystemExit as exc:
+        raise UsageError(exited(name, exc)) from None
     except Exception as exc:
         raise UsageError(f"--kernel-module {name}: {type(exc).__name__}: {exc}") from None
     if len(_USER) == before and not getattr(module, "_harness_registered", False):

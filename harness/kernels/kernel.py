@@ -18,6 +18,17 @@ from harness.model.case import Case
 from harness.model.layouts import Segment
 
 ALL_DTYPES = ("float32", "bfloat16", "float16")
+# The dtypes an output may have where it is not the query's (Kernel.output_dtype).
+OUTPUT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+# Declarations that are tuples of names, and those that are True or False (Kernel._check_types).
+NAMES_FIELDS = ("dtypes", "devices", "hlo_markers", "forward_markers", "requires", "tags",
+                "features")
+FLAG_FIELDS = ("gqa", "packed", "causal_only", "padding_anywhere", "backward", "forward_mode",
+               "materializes_scores", "takes_max_segments")
+
+
+def _positive_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
 
 # expect(case, check name, segment) -> "pass" | "fail" | "either" | ("either", reason) |
 # ("known", reason): what a correct harness must conclude ("either": not judged by that check;
@@ -127,6 +138,7 @@ class Kernel:
 
     def __post_init__(self):
         from harness.model.features import CHUNK, CHUNK_CONVENTIONS, FEATURE_NAMES
+        self._check_types()
         unknown = [f for f in self.features if f not in FEATURE_NAMES]
         if unknown:
             raise ValueError(f"features {unknown}: unknown; known: {', '.join(FEATURE_NAMES)}")
@@ -159,6 +171,36 @@ class Kernel:
         if self.padding_output not in v.PADDING_OUTPUTS:
             raise ValueError(f"padding_output must be one of {', '.join(v.PADDING_OUTPUTS)}, "
                              f"not {self.padding_output!r}")
+
+    def _check_types(self) -> None:
+        """Declarations of the wrong type, named: a lone string where names are due would be
+        read letter by letter (hlo_markers="te_fused" would look for "t", "e", ... and let a
+        fallback pass as the fused path)."""
+        for name in NAMES_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise ValueError(f"{name} {value!r}: a tuple of names, not one string (read "
+                                 f"letter by letter); write ({value!r},)")
+            if not isinstance(value, (tuple, list)) or not all(
+                    isinstance(x, str) and x for x in value):
+                raise ValueError(f"{name} {value!r}: a tuple of non-empty strings")
+        if self.head_dims is not None and (
+                isinstance(self.head_dims, (str, int)) or not self.head_dims
+                or not all(_positive_int(d) for d in self.head_dims)):
+            raise ValueError(f"head_dims {self.head_dims!r}: a tuple of positive whole numbers, "
+                             "or None (any head dim)")
+        for name in ("min_devices", *(["seq_len_multiple"] if self.seq_len_multiple is not None
+                                      else [])):
+            if not _positive_int(getattr(self, name)):
+                raise ValueError(f"{name} {getattr(self, name)!r}: a positive whole number")
+        for name in FLAG_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} {getattr(self, name)!r}: True or False")
+        if self.reproducible is not None and not isinstance(self.reproducible, bool):
+            raise ValueError(f"reproducible {self.reproducible!r}: True, False or None")
+        if self.output_dtype is not None and self.output_dtype not in OUTPUT_DTYPES:
+            raise ValueError(f"output_dtype {self.output_dtype!r}: one of "
+                             f"{', '.join(OUTPUT_DTYPES)}, or None (the query's)")
 
     @property
     def chunk_convention(self) -> str:

@@ -24,8 +24,9 @@ LOCK_FILE = ".lock"
 class FolderLock:
     """An exclusive lock on a report folder for this process's run."""
 
-    def __init__(self, report_dir: str | Path):
+    def __init__(self, report_dir: str | Path, option: str = "--report-dir"):
         self.dir = Path(report_dir)
+        self.option = option      # how the user named the folder, for the error
         self._fd: int | None = None
 
     def acquire(self) -> FolderLock:
@@ -36,18 +37,31 @@ class FolderLock:
         except BlockingIOError:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise UsageError(f"--report-dir {self.dir}: another run (pid {holder}) is writing "
+            raise UsageError(f"{self.option} {self.dir}: another run (pid {holder}) is writing "
                              "this report folder; wait for it, or give another folder") from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
         return self
 
+    def __enter__(self) -> FolderLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
     def release(self) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def check_not_being_written(folder: str | Path, option: str) -> None:
+    """A UsageError where a run holds the lock of `folder` (a report folder: one with a lock
+    file; no lock file is made where there is none)."""
+    if (Path(folder) / LOCK_FILE).exists():
+        FolderLock(folder, option).acquire().release()
 
 
 # The views a run writes at its end (harness.views.report_dir).

@@ -66,17 +66,16 @@ class Result:
 
 def select(names: str | None, zoo: list[Entry]) -> list[Entry]:
     """The entries named (comma-separated), or all; an unknown name is a UsageError."""
-    if not names:
+    if names is None:
         return zoo
-    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    from harness.engine.options import check_names
+    wanted = check_names("--bugs", names, "zoo entry")
     known = {e.name: e for e in zoo}
     unknown = [n for n in wanted if n not in known]
     if unknown:
         raise UsageError(f"unknown zoo entr{'ies' if len(unknown) > 1 else 'y'} "
                          f"{', '.join(unknown)}; known: {', '.join(known)}")
-    if not wanted:
-        raise UsageError(f"--bugs {names!r} names no zoo entry; known: {', '.join(known)}")
-    return [known[n] for n in dict.fromkeys(wanted)]
+    return [known[n] for n in wanted]
 
 
 def _errors(records: list[Record]) -> list[Record]:

@@ -79,6 +79,9 @@ def check_baseline_sources(sources) -> None:
             raise UsageError(f"baseline: {src} given twice")
         if header.get("baseline_of"):
             raise UsageError(f"baseline: {src} is a baseline already; give the runs' reports")
+        if (how := unfinished(header)) is not None:
+            raise UsageError(f"baseline: {src} is incomplete ({how.split(';')[0]}); a baseline "
+                             "is made of runs that finished")
         headers[key] = (src, header)
     (first, h0), *rest = headers.values()
     for src, header in rest:
@@ -105,6 +108,9 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
     if differs:
         print(f"  warning: not like for like ({'; '.join(differs)}): expect many new and "
               "missing pairs")
+    if (how := unfinished(base_header)) is not None:
+        print(f"  warning: the baseline is incomplete ({how.split(';')[0]}): the pairs it "
+              "lacks are new here, not compared")
     result = regression.compare(new, base, growth, same_selection(new_header, base_header))
     if narrowed(new_header):
         print(f"  note: the new run was narrowed by pytest (-k, --deselect or test ids: "

@@ -165,12 +165,13 @@ def entry_with(goal: str, entries=ENTRIES) -> BenchEntry | None:
 
 def select_entries(names) -> list[BenchEntry]:
     """The bench entries, or those named (bench entries or any registered kernel)."""
-    if not names:
+    if names is None:
         return list(ENTRIES)
+    from harness.engine.options import check_names
     from harness.engine.registry import all_kernels
     known = {e.name: e for e in ENTRIES}
-    wanted = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)
-              if n.strip()]
+    wanted = check_names("--kernels", names if isinstance(names, str) else ",".join(names),
+                         "bench entry")
     kernels = all_kernels()
     unknown = [n for n in wanted if n not in known and n not in kernels]
     if unknown:

@@ -1,0 +1,146 @@
+"""Mistakes a user made in a cold review of the CLI, each refused in one line before it could
+overwrite a report, wreck a run still writing its folder, or let a fallback pass as a fused
+kernel. Each test failed before its fix."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.errors import UsageError
+from harness.kernels.kernel import Kernel
+from harness.kernels.reference import dot_product
+
+ROOT = Path(__file__).resolve().parent.parent
+ONE_CASE = "packed/random-b4-t256-h4kv2-d64-bf16-s0"
+
+
+def _run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+
+
+def _refused(out, *needles):
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert all(n in text for n in needles), text[-2000:]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    """A small finished run (probe off: these tests are about the files, not the checks)."""
+    folder = tmp_path_factory.mktemp("runs") / "a"
+    out = _run("run", "--kernels", "dot_product", "--cases", ONE_CASE, "--no-leak-probe",
+               "--report-dir", str(folder))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return folder
+
+
+def test_baseline_and_merge_never_overwrite_their_own_sources(report, tmp_path):
+    src = tmp_path / "a"
+    shutil.copytree(report, src)
+    before = (src / "report.jsonl").read_bytes()
+    _refused(_run("baseline", str(src / "report.jsonl"), str(src), str(report)),
+             "would be overwritten")
+    _refused(_run("merge", str(src), str(src), str(report)), "would be overwritten")
+    assert (src / "report.jsonl").read_bytes() == before
+    _refused(_run("merge", str(tmp_path / "m"), str(src), str(src / "report.jsonl")),
+             "given twice")
+    base = tmp_path / "base.jsonl"
+    assert _run("baseline", str(base), str(src), str(report)).returncode == 0
+    _refused(_run("merge", str(tmp_path / "m"), str(src), str(base)), "is a baseline")
+
+
+def test_report_merge_and_baseline_wait_for_a_run_writing_the_folder(report, tmp_path):
+    from harness.store.writer import FolderLock
+    busy = tmp_path / "busy"
+    shutil.copytree(report, busy)
+    (busy / ".lock").unlink(missing_ok=True)
+    before = (busy / "report.jsonl").read_bytes()
+    with FolderLock(busy):    # a run writing it now
+        _refused(_run("report", str(busy)), "report", "another run")
+        _refused(_run("merge", str(busy), str(report)), "merge OUT", "another run")
+        _refused(_run("baseline", str(busy / "base.jsonl"), str(report)), "baseline OUT",
+                 "another run")
+    assert (busy / "report.jsonl").read_bytes() == before
+    assert not (busy / "base.jsonl").exists()
+    assert _run("report", str(busy)).returncode == 0
+
+
+def test_a_baseline_of_a_run_that_did_not_finish_is_refused_and_compare_warns(report,
+                                                                             tmp_path):
+    from harness.store import report_file as rec
+    header, records = rec.read(report)
+    killed = tmp_path / "killed" / "report.jsonl"
+    rec.write_report(killed, header["environment"], records,
+                     **{**{k: x for k, x in header.items()
+                           if k not in ("type", "schema", "environment")}, "state": "running"})
+    _refused(_run("baseline", str(tmp_path / "b.jsonl"), str(killed), str(report)),
+             "is incomplete", "made of runs that finished")
+    out = _run("compare", str(report), str(killed))
+    assert "warning: the baseline is incomplete" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("declared, needle", [
+    (dict(hlo_markers="te_fused_attn_forward_ffi"), "hlo_markers 'te_fused_attn_forward_ffi': "
+                                                    "a tuple of names, not one string"),
+    (dict(requires="jax"), "requires 'jax': a tuple of names"),
+    (dict(head_dims=(-1,)), "head_dims (-1,): a tuple of positive whole numbers"),
+    (dict(head_dims=(32.5,)), "head_dims (32.5,)"),
+    (dict(seq_len_multiple=0), "seq_len_multiple 0: a positive whole number"),
+    (dict(min_devices=0), "min_devices 0"),
+    (dict(gqa="yes"), "gqa 'yes': True or False"),
+    (dict(reproducible="no"), "reproducible 'no'"),
+    (dict(output_dtype="float99"), "output_dtype 'float99'"),
+])
+def test_a_declaration_of_the_wrong_type_is_named_not_read_letter_by_letter(declared, needle):
+    with pytest.raises(ValueError) as raised:
+        Kernel("k", dot_product, **declared)
+    assert needle in str(raised.value)
+
+
+def test_a_kernel_module_that_exits_while_imported_is_named(tmp_path):
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nsys.exit(0)\n")
+    out = _run("run", "--kernel-module", str(exits), "--kernels", "dot_product", "--cases",
+               ONE_CASE, "--report-dir", str(tmp_path / "r"))
+    _refused(out, "exits.py: it called sys.exit(0) while being imported")
+    pyt = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          str(ROOT / "cases" / "test_matrix.py"), "--kernel-module", str(exits),
+                          "--cases", ONE_CASE, "--report-dir", str(tmp_path / "p")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert pyt.returncode == 4 and "INTERNALERROR" not in pyt.stdout + pyt.stderr
+    assert "exits.py: it called sys.exit(0)" in pyt.stdout + pyt.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["bench", "--kernels", ""], "--kernels '': names no bench entry"),
+    (["bench", "--kernels", ","], "--kernels ',': names no bench entry"),
+    (["bench", "--kernels", "xla,xla"], "xla named twice"),
+    (["selftest", "--bugs", ""], "--bugs '': names no zoo entry"),
+    (["run", "--shard", "0_1/0_2"], "--shard '0_1/0_2': expected I/N"),
+    (["run", "--shard", "01/3"], "--shard '01/3': expected I/N"),
+    (["run", "--seeds", "10000000000", "--cases", "nope*"], "--seeds 10000000000: must be 1 to"),
+])
+def test_smaller_mistakes_are_refused_not_read_as_all(args, needle):
+    _refused(_run(*args), needle)
+
+
+def test_an_empty_cache_variable_is_named_as_set(tmp_path):
+    out = _run("run", "--kernels", "dot_product", "--cases", ONE_CASE, "--report-dir",
+               str(tmp_path / "r"), env={"HARNESS_COMPILATION_CACHE": ""})
+    _refused(out, "HARNESS_COMPILATION_CACHE '': an empty path")
+
+
+def test_a_cache_folder_it_cannot_write_in_is_refused_before_any_work(tmp_path, monkeypatch):
+    from harness.engine.compilation_cache import enable_compilation_cache
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    # Root writes anywhere: the write test is made to fail where it would be written.
+    (cache / f".write-test-{os.getpid()}").mkdir()
+    with pytest.raises(UsageError, match="--compilation-cache .*cache: cannot write in it"):
+        enable_compilation_cache(str(cache))
