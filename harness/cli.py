@@ -59,9 +59,9 @@ def cmd_report(args) -> int:
     if not any((folder / n).is_file() for n in (rec.RECORDS_FILE, rec.RECORDS_FILE + ".gz")):
         raise _usage(f"report {args.report_dir}: no report.jsonl in it: not a report folder (a "
                      "run writes one where --report-dir says)")
-    from harness.store.writer import FolderLock
-    with FolderLock(folder, option="report"):   # not a folder a run is writing now
-        header, records = write_views(folder)
+    from harness.store.writer import check_not_being_written
+    check_not_being_written(folder, "report")   # not a folder a run is writing now
+    header, records = write_views(folder)
     print_console(records, header)
     return tallies.run_status(records, header)
 
