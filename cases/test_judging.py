@@ -97,3 +97,18 @@ def test_the_jvp_oracle_that_raises_is_an_error_of_the_jvp_check_not_a_known_cra
     jvp = [r for r in records if r.check == "jvp"]
     assert [(r.verdict, r.outcome) for r in jvp] == [("error", "error")]
     assert jvp[0].message.startswith("oracle's jvp failed")
+
+
+def test_merge_rejudge_keeps_the_harnesss_own_error_an_error(monkeypatch):
+    """merge --rejudge recomputes expectations: an oracle that raised stays the harness's
+    error, never matched against the crash the kernel declares now."""
+    from harness.judge.rejudge import rejudge
+
+    def reference_for(case, programs=None, convention="segment"):
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory allocating the truth")
+    monkeypatch.setattr(runner, "reference_for", reference_for)
+    kernel = Kernel("dp_oom", dot_product, expect_error="RESOURCE_EXHAUSTED")
+    records = run_kernel_case(kernel, CASE, CPU, leak=False).records
+    assert records[0].harness_error
+    again = rejudge(records, {"dp_oom": kernel}, probed=False)
+    assert [(r.verdict, r.outcome) for r in again] == [("error", "error")]

@@ -100,3 +100,20 @@ def test_pairs_pytest_did_not_select_are_missing_not_regressions(tmp_path):
     lacking = _write(tmp_path / "lacking", both[:2])
     status, text = _compare(lacking, base)
     assert status == 1 and "missing now (the same cases were selected)" in text, text
+
+
+def test_a_shard_missing_beside_an_unsharded_rerun_is_still_missing(tmp_path):
+    parts = [_write(tmp_path / f"p{i}", [_record("k", CASE_IDS[0], "ok")], shard=f"{i}/3")
+             for i in (1, 2)]
+    rerun = _write(tmp_path / "rerun", [_record("j", CASE_IDS[1], "ok")])
+    status, _, header, _ = engine.merge(tmp_path / "m", [*parts, rerun])
+    assert status == 1 and header["shards_missing"] == ["3/3"]
+
+
+def test_a_narrowed_run_stays_narrowed_through_a_merge(tmp_path):
+    both = [_record(k, c, "ok") for k in ("k", "j") for c in CASE_IDS]
+    base = _write(tmp_path / "base", both)
+    narrowed = _write(tmp_path / "k", both[:2], pairs_selected=2)
+    engine.merge(tmp_path / "m", [narrowed])
+    status, text = _compare(tmp_path / "m", base)
+    assert status == 0 and "narrowed by pytest" in text, text

@@ -103,6 +103,14 @@ def test_a_declaration_of_the_wrong_type_is_named_not_read_letter_by_letter(decl
     assert needle in str(raised.value)
 
 
+def test_register_kernel_names_the_kernel_and_a_lone_dtype_string():
+    import harness
+    with pytest.raises(ValueError, match="kernel 'k1': dtypes 'float32': a tuple of names"):
+        harness.register_kernel("k1", dot_product, dtypes="float32")
+    with pytest.raises(ValueError, match="kernel 'k2': hlo_markers 'x': a tuple of names"):
+        harness.register_kernel("k2", dot_product, hlo_markers="x")
+
+
 def test_a_kernel_module_that_exits_while_imported_is_named(tmp_path):
     exits = tmp_path / "exits.py"
     exits.write_text("import sys\nsys.exit(0)\n")
@@ -124,6 +132,7 @@ def test_a_kernel_module_that_exits_while_imported_is_named(tmp_path):
     (["selftest", "--bugs", ""], "--bugs '': names no zoo entry"),
     (["run", "--shard", "0_1/0_2"], "--shard '0_1/0_2': expected I/N"),
     (["run", "--shard", "01/3"], "--shard '01/3': expected I/N"),
+    (["run", "--shard", "0/3"], "--shard '0/3': I must be between 1 and N"),
     (["run", "--seeds", "10000000000", "--cases", "nope*"], "--seeds 10000000000: must be 1 to"),
 ])
 def test_smaller_mistakes_are_refused_not_read_as_all(args, needle):

@@ -36,7 +36,8 @@ def enable_compilation_cache(path: str | None) -> str | None:
             pass
         os.unlink(probe)
     except OSError as exc:
-        raise UsageError(f"{name} {given}: cannot write in it ({exc.strerror})") from None
+        raise UsageError(f"{name} {given}: cannot write in it ({exc.strerror}); give a folder "
+                         "the run can write, or --no-compilation-cache") from None
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

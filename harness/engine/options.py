@@ -98,7 +98,7 @@ def check_shard(text) -> str | None:
     if text is None:
         return None
     # Plain digits: int() would take "0_1" or " 1" and the header would say another text.
-    match = re.fullmatch(r"([1-9][0-9]*)/([1-9][0-9]*)", str(text))
+    match = re.fullmatch(r"(0|[1-9][0-9]*)/(0|[1-9][0-9]*)", str(text))
     if match is None:
         raise UsageError(f"--shard {text!r}: expected I/N, e.g. 1/4") from None
     index, count = (int(x) for x in match.groups())

@@ -33,6 +33,9 @@ def register_kernel(name: str, fn: Callable, *, replace: bool = False, **capabil
     if not replace and (name in _USER or name in _builtins()):
         raise ValueError(f"kernel {name!r} is already registered")
     dtypes = capabilities.get("dtypes")
+    if isinstance(dtypes, str):
+        raise ValueError(f"kernel {name!r}: dtypes {dtypes!r}: a tuple of names, not one string "
+                         f"(read letter by letter); write ({dtypes!r},)")
     if dtypes is not None:
         unknown = set(dtypes) - set(ALL_DTYPES)
         if unknown:
@@ -40,7 +43,7 @@ def register_kernel(name: str, fn: Callable, *, replace: bool = False, **capabil
         capabilities["dtypes"] = tuple(dtypes)
     try:
         kernel = Kernel(name=name, fn=fn, **capabilities)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"kernel {name!r}: {exc}") from None
     problem = signature_problem(fn, kernel.takes_max_segments)
     if problem:

@@ -89,8 +89,8 @@ def _traces(kernel, case, chk, errors, tolerances, records) -> list[Trace]:
 def _measure(kernel: Kernel, case: Case, programs: Programs):
     """(inputs, reference, results, per-token errors) of the kernel's default build; raises
     whatever the kernel raised, or a missing fused-kernel marker."""
-    inputs = make_inputs(case)
     try:
+        inputs = make_inputs(case)
         ref = _oracle(programs, reference_for, case, kernel.chunk_convention)
     except Exception as exc:  # not the kernel's doing: say whose it is
         raise OracleFailed(f"oracle failed, the kernel did not run: {type(exc).__name__}: "

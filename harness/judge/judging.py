@@ -194,7 +194,7 @@ def oracle_error_record(kernel, case, message: str, traceback: str | None = None
     """The oracle raised, so the kernel's check did not run: an error, never matched against
     the crash the kernel declares (that crash is the kernel's; this one is the harness's)."""
     return status_record(kernel, case, v.ERROR, message[:2000], check=check,
-                         traceback=traceback)
+                         traceback=traceback, harness_error=True)
 
 
 def kernel_level_records(kernel, case) -> list[Record]:
@@ -270,7 +270,8 @@ def dsinks_record(kernel, case, err: float, nonfinite: bool, reference, mode: st
     if unjudgeable:
         return status_record(kernel, case, v.ERROR, unjudgeable, check=chk.name,
                              expected=expected, outcome_=v.ERROR,
-                             max_abs_err=None if nonfinite else err, mode=mode)
+                             max_abs_err=None if nonfinite else err, mode=mode,
+                             harness_error=True)
     tol = tolerance(chk, case.dtype, reference.peer_dsinks_err, reference.dsinks_scale)
     r = ratio(err, tol, int(nonfinite))
     verdict = tolerance_verdict(r)
@@ -327,7 +328,8 @@ def tensor_records(kernel, case, chk: Check, errors, reference, mode: str
             records.append(Record(
                 kernel=kernel.name, check=chk.name, **case_fields(case), **segment_fields(seg),
                 max_abs_err=m.max_abs_err if m.nonfinite == 0 else None, verdict=v.ERROR,
-                expected=expected, outcome=v.ERROR, message=unjudgeable, mode=mode))
+                expected=expected, outcome=v.ERROR, message=unjudgeable, mode=mode,
+                harness_error=True))
             continue
         tol = tolerances[seg] = tolerance(chk, case.dtype, m.peer_err,
                                           reference.scale[chk.name])

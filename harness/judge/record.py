@@ -68,6 +68,9 @@ class Record:
     # Padding hygiene: tensor -> {"kind", "count", "first", "max"} for each violation.
     violations: dict | None = None
     traceback: str | None = None
+    # An error of the harness's own side (its oracle raised, its reference is non-finite):
+    # never the kernel's, so never matched against the crash a kernel declares.
+    harness_error: bool | None = None
     # A failing check of a case with features whose results match the case without one of them:
     # that feature was dropped ("matches the mask without the window").
     diagnosis: str | None = None
@@ -141,7 +144,7 @@ _FIELD_SET = frozenset(_FIELDS)
 _OPTIONAL = frozenset({"probed", "unprobed", "gated", "detectable", "false_alarm", "quiet",
                        "unsteady",
                        "fallback", "features", "convention", "diagnosis",
-                       "judged_by", "violations", "traceback", "mode"})
+                       "judged_by", "violations", "traceback", "mode", "harness_error"})
 
 
 @dataclass

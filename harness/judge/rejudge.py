@@ -51,7 +51,7 @@ def rejudge(records: Iterable[Record], kernels: Mapping, probed: bool = True) ->
                 r = r.replace(expected=expected, outcome=outcome(r.verdict, expected))
             elif r.verdict == v.PASS and r.check == KERNEL_LEVEL and r.expected == v.ERROR:
                 continue   # a declared crash that did not occur: written again below, if still
-            elif r.verdict == v.ERROR:
+            elif r.verdict == v.ERROR and not r.harness_error:   # the harness's: as it is
                 expected, result = error_outcome(r.message, kernel.error_expected(case))
                 r = r.replace(expected=expected, outcome=result)
             fresh.append(r)

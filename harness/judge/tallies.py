@@ -59,12 +59,12 @@ def unfinished(header: dict | None) -> str | None:
     (or the header is older than the state field)."""
     if not header:
         return None
-    if header.get("shards_missing"):
-        return v.SHARDS_MISSING
     if header.get("state") == v.RUNNING:
         return v.RUNNING
     if header.get("state") == v.INTERRUPTED or header.get("interrupted"):
         return v.INTERRUPTED
+    if header.get("shards_missing"):
+        return v.SHARDS_MISSING
     return None
 
 

@@ -100,8 +100,8 @@ def missing_shards(headers: list[dict]) -> list[str]:
     for h in headers:
         shard = h.get("shard")
         present += shard if isinstance(shard, list) else [shard]
-    if not present or not all(isinstance(x, str) and "/" in x for x in present):
-        return []
+    # The sharded sources alone: an unsharded rerun beside them does not complete them.
+    present = [x for x in present if isinstance(x, str) and "/" in x]
     counts = {x.split("/")[1] for x in present}
     have = {x.split("/")[0] for x in present}
     if len(counts) != 1 or len(have) < 2:
@@ -141,7 +141,7 @@ def source_entry(path, header: dict) -> dict:
 
 
 def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None = None,
-                  **header) -> list[tuple[Path, int]]:
+                  **header) -> list[tuple[Path, int, int]]:
     """One report (records and traces) from several report folders; `transform(records,
     header)` rewrites each source's records, with its header, first (merge --rejudge);
     `header` adds to the joined header.
@@ -188,6 +188,7 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                         "selection": merged_selection(headers),
                         **({"shards_missing": missing} if (missing := missing_shards(headers))
                            else {}),
+                        **({"narrowed": True} if any(rec.narrowed(h) for h in headers) else {}),
                         **header})
     with (out_dir / rec.RECORDS_FILE).open("a") as f:
         f.writelines(rows)

@@ -84,6 +84,15 @@ def _open(path: Path):
     return gzip.open(path, "rt") if path.suffix == ".gz" else path.open()
 
 
+def narrowed(header: dict) -> bool:
+    """Whether pytest's -k, --deselect or test ids ran fewer pairs than the header's kernels x
+    cases (its `pairs_selected`), or a source of a merged report was so narrowed (`narrowed`):
+    which pairs, the header does not say."""
+    kernels, cases, n = header.get("kernels"), header.get("cases"), header.get("pairs_selected")
+    total = len(kernels) * cases if isinstance(kernels, list) and isinstance(cases, int) else 0
+    return bool(header.get("narrowed")) or (isinstance(n, int) and n < total)
+
+
 def resolve(path: str | Path, what: str = "report") -> Path:
     """A report file, or a report folder holding report.jsonl (or .jsonl.gz); a UsageError
     naming the path when there is none."""

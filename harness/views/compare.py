@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from harness.judge import regression
 from harness.store import report_file as rec
-from harness.views.summary import unfinished
+from harness.judge import tallies
+from harness.judge import vocabulary as v
+from harness.store.report_file import narrowed
 
 SHOWN = 40
 
@@ -24,12 +26,16 @@ def mismatch(new_header: dict, base_header: dict) -> list[str]:
     return out
 
 
-def narrowed(header: dict) -> bool:
-    """Whether pytest's -k, --deselect or test ids ran fewer pairs than the header's kernels x
-    cases (its `pairs_selected`): which ones, the header does not say."""
-    kernels, cases, n = header.get("kernels"), header.get("cases"), header.get("pairs_selected")
-    total = len(kernels) * cases if isinstance(kernels, list) and isinstance(cases, int) else 0
-    return isinstance(n, int) and n < total
+def incomplete(header: dict) -> str | None:
+    """Why a report is incomplete, in a few words (harness.judge.tallies.unfinished), or None
+    where its run finished."""
+    how = tallies.unfinished(header)
+    if how is None:
+        return None
+    return {v.RUNNING: "its run never finished: killed before its end",
+            v.INTERRUPTED: "its run was stopped before its end",
+            v.SHARDS_MISSING: "a merge of shards without "
+                              + ", ".join(header.get("shards_missing") or [])}[how]
 
 
 def same_selection(new_header: dict, base_header: dict) -> bool:
@@ -79,9 +85,9 @@ def check_baseline_sources(sources) -> None:
             raise UsageError(f"baseline: {src} given twice")
         if header.get("baseline_of"):
             raise UsageError(f"baseline: {src} is a baseline already; give the runs' reports")
-        if (how := unfinished(header)) is not None:
-            raise UsageError(f"baseline: {src} is incomplete ({how.split(';')[0]}); a baseline "
-                             "is made of runs that finished")
+        if (why := incomplete(header)) is not None:
+            raise UsageError(f"baseline: {src} is incomplete ({why}); a baseline is made of "
+                             "runs that finished")
         headers[key] = (src, header)
     (first, h0), *rest = headers.values()
     for src, header in rest:
@@ -108,14 +114,13 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
     if differs:
         print(f"  warning: not like for like ({'; '.join(differs)}): expect many new and "
               "missing pairs")
-    if (how := unfinished(base_header)) is not None:
-        print(f"  warning: the baseline is incomplete ({how.split(';')[0]}): the pairs it "
-              "lacks are new here, not compared")
+    if (why := incomplete(base_header)) is not None:
+        print(f"  warning: the baseline is incomplete ({why}): the pairs it lacks are new "
+              "here, not compared")
     result = regression.compare(new, base, growth, same_selection(new_header, base_header))
     if narrowed(new_header):
-        print(f"  note: the new run was narrowed by pytest (-k, --deselect or test ids: "
-              f"{new_header['pairs_selected']} pairs): the pairs it did not select are listed "
-              "as missing, not counted as regressions")
+        print("  note: the new run was narrowed by pytest (-k, --deselect or test ids): the "
+              "pairs it did not select are listed as missing, not counted as regressions")
     _listed("verdict flips", [f"{r.kernel} {r.check} {r.where} of {r.case_id}: {b.verdict} -> "
                               f"{r.verdict}" for b, r in result.flips])
     print(f"  errors grown beyond their band (> {growth}x): {len(result.grown)}")
@@ -130,10 +135,10 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
         _listed("run again in a fresh worker, judged on that run (the first failure)",
                 [f"{a['kernel']} on {a['case_id']}: {' '.join(str(a.get('why', '')).split())[:200]}"
                  for a in again])
-    incomplete = unfinished(new_header)
-    if incomplete:
-        print(f"INCOMPLETE: the new report {incomplete}; it is not a pass, whatever it "
-              "compares")
+    unfinished = incomplete(new_header)
+    if unfinished:
+        print(f"INCOMPLETE: the new report is incomplete ({unfinished}); it is not a pass, "
+              "whatever it compares")
     if result.compared_nothing:
         print("NOTHING COMPARED: no check was measured in both this run and the baseline "
               "(another suite, kernels or cases, or every shared pair skipped); this is not a "
@@ -146,8 +151,8 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
         if len(result.regressions) > 60:
             print(f"  ... and {len(result.regressions) - 60} more")
         return 1
-    print("no regression among the pairs compared" if incomplete else "no regression")
-    return 1 if incomplete else 0
+    print("no regression among the pairs compared" if unfinished else "no regression")
+    return 1 if unfinished else 0
 
 
 def write_baseline(out_path, sources) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 from harness.judge import judging, tallies
 from harness.judge import vocabulary as v
 from harness.judge.record import Record
-from harness.views.compare import narrowed
+from harness.store.report_file import narrowed
 from harness.views.summary import (
     coverage_lines,
     digest_lines,
@@ -76,9 +76,11 @@ def run_line(header: dict, marked: bool = True) -> str:
         parts.append(f"shard {header['shard']}")
     kernels, cases = header.get("kernels"), header.get("cases")
     total = len(kernels) * cases if isinstance(kernels, list) and isinstance(cases, int) else 0
-    if narrowed(header):
+    if narrowed(header) and isinstance(header.get("pairs_selected"), int):
         parts.append(f"{header['pairs_selected']} of its {total} kernel x case pairs selected "
                      "(pytest's -k, --deselect or test ids)")
+    elif narrowed(header):   # merged: a source was narrowed
+        parts.append("narrowed by pytest's -k, --deselect or test ids (in a source)")
     main_parts = header.get("main_parts") or {}
     counts = [str(n) for name, n in main_parts.items() if name != "main.deferred"]
     if len(counts) > 1:

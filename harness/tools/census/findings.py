@@ -80,8 +80,10 @@ def failing(records) -> list[Record]:
 
 
 def raised(records) -> list[Record]:
-    """Records of a kernel that raised (an error, or a declared upstream error: known)."""
-    return [r for r in records if r.verdict == v.ERROR]
+    """Records of a kernel that raised (an error, or a declared upstream error: known); not
+    the harness's own errors (its oracle raised, its reference non-finite): no script of the
+    kernel reproduces those."""
+    return [r for r in records if r.verdict == v.ERROR and not r.harness_error]
 
 
 def write_findings(repro_dir: Path, kernels, header: dict, records: list[Record],
