@@ -184,6 +184,9 @@ class Kernel:
             if not isinstance(value, (tuple, list)) or not all(
                     isinstance(x, str) and x for x in value):
                 raise ValueError(f"{name} {value!r}: a tuple of non-empty strings")
+        unknown = set(self.dtypes) - set(ALL_DTYPES)
+        if unknown:
+            raise ValueError(f"unknown dtypes {sorted(unknown)}")
         if self.head_dims is not None and (
                 isinstance(self.head_dims, (str, int)) or not self.head_dims
                 or not all(_positive_int(d) for d in self.head_dims)):

@@ -76,11 +76,11 @@ def run_line(header: dict, marked: bool = True) -> str:
         parts.append(f"shard {header['shard']}")
     kernels, cases = header.get("kernels"), header.get("cases")
     total = len(kernels) * cases if isinstance(kernels, list) and isinstance(cases, int) else 0
-    if narrowed(header) and isinstance(header.get("pairs_selected"), int):
-        parts.append(f"{header['pairs_selected']} of its {total} kernel x case pairs selected "
-                     "(pytest's -k, --deselect or test ids)")
-    elif narrowed(header):   # merged: a source was narrowed
-        parts.append("narrowed by pytest's -k, --deselect or test ids (in a source)")
+    if narrowed(header):
+        n = header.get("pairs_selected")
+        parts.append(f"{n} of its {total} kernel x case pairs selected (pytest's -k, --deselect "
+                     "or test ids)" if isinstance(n, int) else
+                     "narrowed by pytest's -k, --deselect or test ids (in a source)")
     main_parts = header.get("main_parts") or {}
     counts = [str(n) for name, n in main_parts.items() if name != "main.deferred"]
     if len(counts) > 1:
