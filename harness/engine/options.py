@@ -260,10 +260,8 @@ class RunOptions:
 
     @property
     def shard_part(self) -> tuple[int, int] | None:
-        if not self.shard:
-            return None
-        index, count = self.shard.split("/")
-        return int(index), int(count)
+        from harness.store.report_file import shard_part
+        return shard_part(self.shard)
 
     @property
     def cache_dir(self) -> str | None:

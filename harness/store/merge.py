@@ -86,8 +86,8 @@ def merged_selection(headers: list[dict]) -> dict | None:
     shards = {c.get("shard") for c in chosen}
     if len(shards) == 1:
         return chosen[0]
-    counts = {str(x).split("/")[-1] for x in shards if x}
-    if None not in shards and len(counts) == 1:
+    parts = [rec.shard_part(x) for x in shards]
+    if None not in parts and len({n for _, n in parts}) == 1:
         return {**rest[0], "shard": None}
     return None
 
@@ -101,13 +101,12 @@ def missing_shards(headers: list[dict]) -> list[str]:
         shard = h.get("shard")
         present += shard if isinstance(shard, list) else [shard]
     # The sharded sources alone: an unsharded rerun beside them does not complete them.
-    present = [x for x in present if isinstance(x, str) and "/" in x]
-    counts = {x.split("/")[1] for x in present}
-    have = {x.split("/")[0] for x in present}
+    parts = [p for x in present if (p := rec.shard_part(x)) is not None]
+    counts, have = {n for _, n in parts}, {i for i, _ in parts}
     if len(counts) != 1 or len(have) < 2:
         return []
     n = counts.pop()
-    return [f"{i}/{n}" for i in range(1, int(n) + 1) if str(i) not in have]
+    return [f"{i}/{n}" for i in range(1, n + 1) if i not in have]
 
 
 def _only_skipped(rows: list[str]) -> bool:

@@ -93,6 +93,15 @@ def narrowed(header: dict) -> bool:
     return bool(header.get("narrowed")) or (isinstance(n, int) and n < total)
 
 
+def shard_part(text) -> tuple[int, int] | None:
+    """A selection's or header's shard text "I/N" as (I, N); None where it names no shard
+    (--shard wrote it: harness.engine.options.check_shard)."""
+    if not isinstance(text, str) or "/" not in text:
+        return None
+    index, count = text.split("/", 1)
+    return (int(index), int(count)) if index.isdigit() and count.isdigit() else None
+
+
 def resolve(path: str | Path, what: str = "report") -> Path:
     """A report file, or a report folder holding report.jsonl (or .jsonl.gz); a UsageError
     naming the path when there is none."""
