@@ -153,3 +153,15 @@ def test_a_cache_folder_it_cannot_write_in_is_refused_before_any_work(tmp_path, 
     (cache / f".write-test-{os.getpid()}").mkdir()
     with pytest.raises(UsageError, match="--compilation-cache .*cache: cannot write in it"):
         enable_compilation_cache(str(cache))
+
+
+def test_a_broken_report_line_is_named(report, tmp_path):
+    """A finished report with a line cut in the middle (a copy that went wrong): the error
+    names the line, not only the file."""
+    from harness.store import report_file
+    lines = (report / "report.jsonl").read_text().splitlines(keepends=True)
+    broken = tmp_path / "report.jsonl"
+    broken.write_text("".join(lines[:2]) + lines[2][:40] + "\n" + "".join(lines[3:]))
+    with pytest.raises(UsageError, match=r"report\.jsonl: not a harness report \(line 3: "
+                                         r"JSONDecodeError\)"):
+        report_file.read(broken)

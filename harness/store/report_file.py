@@ -138,7 +138,7 @@ def read_lines(path: str | Path, what: str = "report") -> tuple[dict, list[tuple
 def _read(path: str | Path, what: str, with_records: bool, as_lines: bool = False
           ) -> tuple[dict, list]:
     path = resolve(path, what)
-    header, records = None, []
+    header, records, n = None, [], 0
     try:
         with _open(path) as f:
             for n, line in enumerate(f, 1):
@@ -160,7 +160,8 @@ def _read(path: str | Path, what: str, with_records: bool, as_lines: bool = Fals
                                    if as_lines else Record.from_json(row))
     except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError, TypeError,
             KeyError, AttributeError) as exc:
-        raise UsageError(f"{what} {path}: not a harness report ({type(exc).__name__})") from None
+        where = f" (line {n}: {type(exc).__name__})" if n else f" ({type(exc).__name__})"
+        raise UsageError(f"{what} {path}: not a harness report{where}") from None
     if header is None:
         raise UsageError(f"{what} {path}: no run header line; not a harness report")
     return header, records
