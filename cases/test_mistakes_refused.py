@@ -165,3 +165,15 @@ def test_a_broken_report_line_is_named(report, tmp_path):
     with pytest.raises(UsageError, match=r"report\.jsonl: not a harness report \(line 3: "
                                          r"JSONDecodeError\)"):
         report_file.read(broken)
+
+
+@pytest.mark.parametrize("command", [["run", "--kernels", "dot_product", "--cases", ONE_CASE],
+                                     ["selftest"]])
+def test_no_cache_beside_a_cache_folder_is_refused(command, tmp_path):
+    """--no-compilation-cache with --compilation-cache DIR: which did the user mean? (The
+    default folder alone beside --no-compilation-cache is no question.)"""
+    _refused(_run(*command, "--no-compilation-cache", "--compilation-cache", str(tmp_path),
+                  "--report-dir", str(tmp_path / "r")) if command[0] == "run" else
+             _run(*command, "--no-compilation-cache", "--compilation-cache", str(tmp_path)),
+             "--no-compilation-cache with --compilation-cache", "give one of them")
+    assert not (tmp_path / "r").exists()

@@ -129,8 +129,10 @@ def cmd_baseline(args) -> int:
 
 def _cache(args) -> None:
     from harness.engine.compilation_cache import enable_compilation_cache
+    opts.check_cache_choice(args.compilation_cache, args.no_compilation_cache)
     enable_compilation_cache(None if args.no_compilation_cache else
-                             opts.check_cache_path(args.compilation_cache))
+                             opts.check_cache_path(
+        opts.DEFAULT_CACHE_DIR if args.compilation_cache is None else args.compilation_cache))
 
 
 def _load_modules(paths) -> None:
@@ -238,8 +240,8 @@ def _view_parsers(sub) -> None:
 
 
 def _add_cache(p) -> None:
-    p.add_argument("--compilation-cache", default=opts.DEFAULT_CACHE_DIR, metavar="DIR",
-                   help=opts.BY_NAME["compilation_cache"].help + " (default %(default)s)")
+    p.add_argument("--compilation-cache", metavar="DIR", help=opts.BY_NAME[
+        "compilation_cache"].help + f" (default {opts.DEFAULT_CACHE_DIR})".replace("%", "%%"))
     p.add_argument("--no-compilation-cache", action="store_true",
                    help=opts.BY_NAME["use_compilation_cache"].help)
 

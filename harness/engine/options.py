@@ -137,6 +137,14 @@ def check_cache_path(text):
     return check_path("--compilation-cache")(text)
 
 
+def check_cache_choice(directory, off: bool) -> None:
+    """--no-compilation-cache beside --compilation-cache DIR (given, not the default): which
+    one the user meant, the harness cannot tell."""
+    if off and directory is not None:
+        raise UsageError(f"--no-compilation-cache with --compilation-cache {directory}: give "
+                         "one of them")
+
+
 def check_modules(values) -> tuple[str, ...]:
     out = []
     for v in values or ():
@@ -290,6 +298,7 @@ class RunOptions:
     def from_values(cls, get: Callable[[str], Any], **fixed) -> RunOptions:
         """From a command line's values (`get(name)`: argparse's namespace, pytest's
         config), switches included; then checked."""
+        check_cache_choice(get("compilation_cache"), bool(get("use_compilation_cache")))
         values = {}
         for opt in OPTIONS:
             value = get(opt.name)
@@ -309,6 +318,15 @@ def _same_path(a: str, b: str) -> bool:
     from pathlib import Path
     pa, pb = Path(a).resolve(), Path(b).resolve()
     return pa == pb or pa == pb / "report.jsonl" or pa == pb / "report.jsonl.gz"
+
+
+# Left None on the command line (the default comes from RunOptions): the harness can then tell
+# a path given beside --no-compilation-cache from the default one (check_cache_choice).
+UNSET_ON_COMMAND_LINE = ("compilation_cache",)
+
+
+def parser_default(name: str, where: str) -> Any:
+    return None if name in UNSET_ON_COMMAND_LINE else default(name, where)
 
 
 def default(name: str, where: str) -> Any:
@@ -349,7 +367,7 @@ def add_arguments(parser, where: str = RUN) -> None:
                                 metavar=opt.metavar, help=help_)
         else:
             # Checked once, in RunOptions.checked: the parser keeps the text.
-            parser.add_argument(opt.flag, dest=opt.name, default=default(opt.name, where),
+            parser.add_argument(opt.flag, dest=opt.name, default=parser_default(opt.name, where),
                                 metavar=opt.metavar, help=help_)
 
 
@@ -365,5 +383,5 @@ def add_pytest_options(group) -> None:
             group.addoption(opt.flag, dest=opt.name, action="append", default=[],
                             metavar=opt.metavar, help=help_)
         else:
-            group.addoption(opt.flag, dest=opt.name, default=default(opt.name, PYTEST),
+            group.addoption(opt.flag, dest=opt.name, default=parser_default(opt.name, PYTEST),
                             metavar=opt.metavar, help=help_)
