@@ -5,3 +5,9 @@ prints it and exits 2; the pytest plugin turns it into a usage error. Never a tr
 
 class UsageError(Exception):
     pass
+
+
+class BrokenContract(ValueError):
+    """A kernel's result that breaks the harness's contract (its output's shape), found by the
+    harness's own check: the kernel's error, and never a refusal of a feature, whatever the
+    message names (it names the value's head dim)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from harness.errors import BrokenContract
 from harness.judge.oracle import gradient_inputs, with_gradients, with_tangents
 from harness.kernels.kernel import Kernel
 from harness.model.case import Case
@@ -46,7 +47,7 @@ def kernel_fn(kernel: Kernel, case: Case, mode: str = DEFAULT):
         out = kernel.fn(q, k, v, seg, causal=case.causal, scale=case.scale, **extra, **more)
         want = q.shape[:-1] + v.shape[-1:]
         if out.shape != want:
-            raise ValueError(f"{kernel.name}: output shape {out.shape} != {want} (the query's, "
+            raise BrokenContract(f"{kernel.name}: output shape {out.shape} != {want} (the query's, "
                              "with the value's head dim)")
         return out
 

@@ -31,6 +31,7 @@ from harness.engine.programs import (
     ORACLE,
     Programs,
 )
+from harness.engine import refusal
 from harness.engine.memory import device_memory_bytes, requested_bytes
 from harness.judge import judging, leak_probe
 from harness.judge.metrics import read_token_errors, stacked_token_errors, token_errors
@@ -121,7 +122,9 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
         # computing, which a path may always do (judging.refused_feature).
         feature = judging.refused_feature(case, programs.get(kernel, case, DEFAULT).trace_error)
         if feature is not None:
-            return KernelCaseResult([judging.refused_record(kernel, case, feature, message)])
+            return KernelCaseResult(*refusal.judged(
+                kernel, case, feature, message,
+                lambda k: run_kernel_case(k, case, platform, programs, leak)))
         return KernelCaseResult([judging.error_record(
             kernel, case, message, _traceback())])
     out = KernelCaseResult(judging.kernel_level_records(kernel, case))
@@ -183,8 +186,12 @@ def _jvp_records(kernel, case, programs, inputs) -> tuple[list[Record], tuple | 
         tangent = program(*args, poison_unwritten=programs.poisons_unwritten)
         program.require_markers()
     except KERNEL_RAISED as exc:  # declared and raising: an error, never a skip
-        return [judging.error_record(kernel, case, f"jvp: {judging.error_message(exc)}",
-                                     _traceback(), check=JVP.name)], None
+        message = judging.error_message(exc)
+        if feature := judging.refused_feature(case, programs.get(kernel, case, FORWARD)
+                                              .trace_error):   # refused before computing
+            return [judging.refused_record(kernel, case, feature, message, JVP.name)], None
+        return [judging.error_record(kernel, case, f"jvp: {message}", _traceback(),
+                                     check=JVP.name)], None
     errs = token_errors(tangent, ref.truth)
     records, _ = judging.tensor_records(kernel, case, JVP, errs[0], ref, FORWARD)
     return records, errs[0]

@@ -253,11 +253,12 @@ def trace_error_settles(kernel, case, exc: BaseException, refusals: bool = True)
         error_outcome(error_message(exc), kernel.error_expected(case))[1] == v.KNOWN
 
 
-def refused_record(kernel, case, feature: str, message: str) -> Record:
+def refused_record(kernel, case, feature: str, message: str, check: str = KERNEL_LEVEL,
+                   where: str = "while tracing") -> Record:
     """A feature refused before computing: the path's honest answer, never a pass of the
-    checks it did not run."""
+    checks it did not run (`check`: the one refused, where the path computed the others)."""
     return status_record(kernel, case, v.REFUSED,
-                         f"refused {feature} while tracing: {first_line(message, 500)}")
+                         f"refused {feature} {where}: {first_line(message, 500)}", check=check)
 
 
 def dsinks_record(kernel, case, err: float, nonfinite: bool, reference, mode: str) -> Record:

@@ -156,8 +156,10 @@ def compare(new: list[Record], base: list[Record], growth: float = 2.0,
     _check_changes(new, base, growth, result)
     new_keys = {r.key for r in new}
     # A baseline check that did not run (skipped, or the leak probe off) is not lost now.
+    # Nor is a refusal gone: the path computes now (harness.engine.refusal: a backward's refusal
+    # no longer hides its forward), and the run judges what it computed.
     lost = [b for b in base if b.pair in both and b.key not in new_keys
-            and b.outcome not in (v.SKIP, v.NOT_RUN)]
+            and b.outcome not in (v.SKIP, v.NOT_RUN, v.REFUSED)]
     result.lost_checks = lost
     for (kernel, case_id), n in sorted(Counter(b.pair for b in lost).items()):
         checks = sorted({b.check for b in lost if b.pair == (kernel, case_id)})

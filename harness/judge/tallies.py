@@ -298,13 +298,15 @@ def grid(records: list[Record]) -> tuple[list[str], list[str], dict[tuple[str, s
 
 
 def refusals(records: Iterable[Record]) -> Counter:
-    """(kernel, feature, first line of the refusal) -> cases refused."""
-    out = Counter()
+    """(kernel, feature, first line of the refusal) -> cases refused (a case whose backward
+    pass alone refused has a refused record per gradient check: one case)."""
+    cases: dict[tuple, set] = {}
     for r in records:
         if r.outcome == v.REFUSED:
             feature = r.message.removeprefix("refused ").split(" ", 1)[0]
-            out[(r.kernel, feature, r.message.split(": ", 1)[-1][:200])] += 1
-    return out
+            key = (r.kernel, feature, r.message.split(": ", 1)[-1][:200])
+            cases.setdefault(key, set()).add(r.case_id)
+    return Counter({key: len(ids) for key, ids in cases.items()})
 
 
 def not_run(records: Iterable[Record]) -> Counter:

@@ -26,6 +26,8 @@ import functools
 import re
 from dataclasses import dataclass
 
+from harness.errors import BrokenContract
+
 WINDOW, SOFTCAP, CHUNK, SINKS, HEAD_DIM_V = "window", "softcap", "chunk", "sinks", "head_dim_v"
 FEATURE_NAMES = (WINDOW, SOFTCAP, CHUNK, SINKS, HEAD_DIM_V)
 NONE = "none"     # --features none: the cases without any feature
@@ -57,7 +59,7 @@ REFUSALS = {name: re.compile("|".join(p), re.IGNORECASE) for name, p in REFUSAL_
 # access local variable ... associated with a value"; jax's ConcretizationTypeError names the
 # argument its tracer came from ("... the value of the argument window_size").
 BUG_ERRORS = (NameError, AttributeError, LookupError, ArithmeticError, RecursionError,
-              SyntaxError, ImportError, MemoryError, TypeError)
+              SyntaxError, ImportError, MemoryError, TypeError, BrokenContract)
 
 # What a feature's drop looks like, for the diagnosis of a failing record.
 WITHOUT = {WINDOW: "the window", SOFTCAP: "the soft cap", CHUNK: "the chunks",
