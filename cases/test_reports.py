@@ -582,6 +582,21 @@ def test_a_cell_with_a_check_not_run_never_reads_ok_and_an_unprobed_tensor_judge
             "compared (unprobed))") in lines
 
 
+def test_a_cell_with_a_segment_the_leak_probe_could_not_compare_never_reads_ok():
+    """A leak record the probe compared nothing for (unprobed: its segment non-finite, nothing
+    left untouched, no tensor reproducible) and every other check passing: the cell read
+    'ok N/N' (a docs audit found it); it reads 'not run', as with the probe off."""
+    from harness.judge import judging, tallies
+    from harness.judge.record import Record
+    where = dict(kernel="k", case_id=CASE.id, layout=CASE.layout, row=0, segment=1)
+    ok = Record(check="out", verdict="pass", expected="pass", outcome="ok", ratio=0.1, **where)
+    unprobed = Record(check="leak", verdict="unprobed", expected="pass",
+                      outcome=judging.outcome("unprobed", "pass"),
+                      message="no tensor is reproducible run to run", **where)
+    assert tallies.cell([ok, unprobed]).status == "not run"
+    assert tallies.cell([ok]).status == "ok"
+
+
 def test_the_worker_line_names_a_worker_that_died_untimed():
     """A worker killed partway writes no header, so no timing: the summary's worker line names
     it instead of leaving it out (the H200's cold nightly at 396cbf3 showed main-1 and main-3

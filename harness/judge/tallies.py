@@ -252,6 +252,8 @@ def cell(rows: list[Record]) -> Cell:
         if r.measured and r.segment:
             seg_fail[(r.case_id, r.row, r.segment)] |= judging.failed(r)
     status = next((s for o, s in v.CELL_BY_OUTCOME if outcomes.get(o)), None)
+    if status is None and any(r.check == v.LEAK.name and r.verdict == v.UNPROBED for r in rows):
+        status = v.CELL_NOT_RUN   # a segment the leak probe could not compare: never plain ok
     has_ratio, worst = worst_ratio(rows)
     if status is None:
         if not seg_fail and not any(r.measured for r in rows):

@@ -387,7 +387,7 @@ def render(header: dict, records: list[Record]) -> str:
            "🔵 expected failure caught · "
            "🟠 known upstream failure, reproduced · 🟣 a feature refused before computing · "
            "🔴 unexpected failure or missed catch · "
-           "❌ error · ⚪ skipped · ⚫ some checks not run (the leak probe was off). "
+           "❌ error · ⚪ skipped · ⚫ some checks not run (the leak probe was off, or could not compare a segment). "
            "A cell reads segments passing every check / segments "
            "measured, and the worst error/tolerance ratio.", ""]
     out += _grid(records)
