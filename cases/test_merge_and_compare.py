@@ -51,9 +51,15 @@ def test_a_merge_of_shards_without_one_is_incomplete_not_green(tmp_path):
     last = _write(tmp_path / "p3", [_record("j", CASE_IDS[1], "ok")], shard="3/3")
     status, _, header, _ = engine.merge(tmp_path / "m2", [*parts, last])
     assert status == 0 and "shards_missing" not in header
-    # One shard on its own stays that shard's report: nothing is claimed beyond it.
+    # One shard on its own is a merge of shards without the others too (a docs audit: the
+    # fan-out's merge job, given one part of two, joined it green, and its compare with the
+    # baseline of the whole listed the other's pairs as missing, exit 0).
     status, _, header, _ = engine.merge(tmp_path / "m3", parts[:1])
-    assert status == 0 and header["selection"]["shard"] == "1/3"
+    assert status == 1 and header["shards_missing"] == ["2/3", "3/3"]
+    assert header["selection"]["shard"] == "1/3"
+    alone = _write(tmp_path / "q1", [_record("k", CASE_IDS[0], "ok")], shard="1/1")
+    status, _, header, _ = engine.merge(tmp_path / "m4", [alone])
+    assert status == 0 and "shards_missing" not in header
 
 
 def test_a_later_skip_never_hides_a_measured_failure(tmp_path):

@@ -330,7 +330,7 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
         print(f"note: merging reports of different suites ({names}): "
               "the merged report is no one suite's run, and compares pair for pair with neither",
               file=sys.stderr)
-    overlaps = merge_reports(Path(out), [Path(s) for s in sources], transform,
+    overlaps = merge_reports(Path(out), [Path(s) for s in sources], transform, whole=True,
                              rejudged=rejudge)
     if kept:   # the report says it too, not only the console
         from harness.views.summary import kept_text

@@ -92,10 +92,13 @@ def merged_selection(headers: list[dict]) -> dict | None:
     return None
 
 
-def missing_shards(headers: list[dict]) -> list[str]:
+def missing_shards(headers: list[dict], whole: bool = False) -> list[str]:
     """The shards I/N absent from sources that are two or more shards of one N (whose joined
-    selection is then the whole, merged_selection): the pairs they would have brought are not
-    in the joined report, which is therefore not a pass (harness.judge.tallies.unfinished)."""
+    selection is then the whole, merged_selection), or with `whole` (`harness merge`: the
+    shards of a suite joined into the whole) one or more: the pairs they would have brought
+    are not in the joined report, which is therefore not a pass
+    (harness.judge.tallies.unfinished). A run's own join of its workers' or lanes' parts, each
+    of its one shard, leaves `whole` off."""
     present = []
     for h in headers:
         shard = h.get("shard")
@@ -103,7 +106,7 @@ def missing_shards(headers: list[dict]) -> list[str]:
     # The sharded sources alone: an unsharded rerun beside them does not complete them.
     parts = [p for x in present if (p := rec.shard_part(x)) is not None]
     counts, have = {n for _, n in parts}, {i for i, _ in parts}
-    if len(counts) != 1 or len(have) < 2:
+    if len(counts) != 1 or len(have) < (1 if whole else 2):
         return []
     n = counts.pop()
     return [f"{i}/{n}" for i in range(1, n + 1) if i not in have]
@@ -140,9 +143,10 @@ def source_entry(path, header: dict) -> dict:
 
 
 def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None = None,
-                  **header) -> list[tuple[Path, int, int]]:
+                  whole: bool = False, **header) -> list[tuple[Path, int, int]]:
     """One report (records and traces) from several report folders; `transform(records,
     header)` rewrites each source's records, with its header, first (merge --rejudge);
+    `whole`: the sources are the shards of a suite, to be whole (missing_shards);
     `header` adds to the joined header.
     Returns (source, pairs it replaced, pairs it only skipped where an earlier source had
     records of them, kept) for each source that overlapped an earlier one."""
@@ -185,7 +189,7 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                         "timing": merge_timing([h.get("timing") for h in headers]),
                         "compilation_cache": merge_cache(headers),
                         "selection": merged_selection(headers),
-                        **({"shards_missing": missing} if (missing := missing_shards(headers))
+                        **({"shards_missing": missing} if (missing := missing_shards(headers, whole))
                            else {}),
                         **({"narrowed": True} if any(rec.narrowed(h) for h in headers) else {}),
                         **header})
