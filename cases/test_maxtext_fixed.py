@@ -346,7 +346,7 @@ def test_flash_drops_window_and_chunks_unpatched_and_honours_them_patched():
     original = run("maxtext:flash:emulated", CHUNKS)
     assert not bad(original), [(r.check, r.where, r.outcome) for r in bad(original)][:3]
     known = [r for r in original if r.outcome == "known"]
-    assert known and all(r.diagnosis == "matches the mask without the chunks: the chunks was "
+    assert known and all(r.diagnosis == "matches the mask without the chunks: the chunks were "
                                         "dropped" for r in known)
     assert all(r.convention == "chunks from the row's start" for r in original)
     for case in (CHUNKS, WINDOW):

@@ -647,3 +647,19 @@ def test_the_worker_line_says_whose_run_stood_still_and_for_what():
     joined = source_entry("/r/report", header(None, {"inputs (drawing ahead)": 13.0},
                                               merged_from=[main, fa]))
     assert "waits" not in joined and "wait_s" not in joined, joined
+
+
+def test_problem_lines_of_records_without_a_segment_read_whole():
+    """A failing dsinks record (one per case) read "dsinks None of ...: FAIL ... worst token
+    None (segment )", and a contract one "contract  of" (an adversarial review's mutants)."""
+    from harness.judge.record import Record
+    from harness.views.summary import describe_problem, digest_lines
+    dsinks = Record(kernel="k", case_id=CASE.id, check="dsinks", verdict="fail",
+                    expected="pass", outcome="fail", max_abs_err=0.03, tolerance=0.001,
+                    ratio=30.0)
+    line = describe_problem(dsinks)
+    assert line == f"k dsinks of {CASE.id}: FAIL max|err|=0.03 tol=0.001 ratio=30", line
+    contract = Record(kernel="k", case_id=CASE.id, check="contract", verdict="fail",
+                      expected="pass", outcome="fail", message="output dtype float32")
+    assert describe_problem(contract) == f"k contract of {CASE.id}: FAIL: output dtype float32"
+    assert digest_lines([contract]) == [f"k contract: 1 records fail; first on {CASE.id}"]

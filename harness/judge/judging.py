@@ -288,7 +288,9 @@ def drop_diagnosis(dropped: dict[str, bool]) -> str | None:
     from harness.model.features import WITHOUT
     for name, matches in dropped.items():
         if matches:
-            return f"matches the mask without {WITHOUT[name]}: {WITHOUT[name]} was dropped"
+            plural = WITHOUT[name].endswith("s")   # the chunks, the sinks
+            return (f"matches the mask without {WITHOUT[name]}: {WITHOUT[name]} "
+                    f"{'were' if plural else 'was'} dropped")
     return None
 
 

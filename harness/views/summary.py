@@ -20,9 +20,15 @@ def describe_problem(r: Record) -> str:
     token and case id (what a failing test says, and every view's problem list)."""
     if r.outcome == v.ERROR or r.check == v.KERNEL_LEVEL:
         return f"{r.kernel} on {r.case_id}: {r.outcome.upper()} {r.message}"
+    what = "MISSED (expected to fail, passed)" if r.outcome == v.MISSED else "FAIL"
     if r.check in (v.PADDING.name, v.CONTRACT.name):
-        what = "MISSED (expected to fail, passed)" if r.outcome == v.MISSED else "FAIL"
-        return f"{r.kernel} {r.check} {r.where} of {r.case_id}: {what}: {r.message}"
+        where = f" {r.where}" if r.where else ""
+        return f"{r.kernel} {r.check}{where} of {r.case_id}: {what}: {r.message}"
+    if r.check == v.DSINKS.name:   # one per case, over the heads: no segment, no token
+        tol = "" if r.tolerance is None else f" tol={r.tolerance:.3g}"
+        ratio = "inf (non-finite)" if r.ratio is None else f"{r.ratio:.3g}"
+        return (f"{r.kernel} dsinks of {r.case_id}: {what} max|err|={fmt(r.max_abs_err)}{tol} "
+                f"ratio={ratio}" + (f": {r.message}" if r.message else ""))
     if r.check == v.LEAK.name:
         what = "MISSED (expected a leak, none seen)" if r.outcome == v.MISSED else "LEAK"
         change = "" if r.max_abs_err is None else f", max change {r.max_abs_err:.3g}"
@@ -31,7 +37,6 @@ def describe_problem(r: Record) -> str:
     if r.expected == v.EITHER:
         return f"{r.kernel} {r.check} {r.segment_label} of {r.case_id}: MISSED: {r.message}"
     ratio = "inf (non-finite output)" if r.ratio is None else f"{r.ratio:.3g}"
-    what = "MISSED (expected to fail, passed)" if r.outcome == v.MISSED else "FAIL"
     text = (f"{r.kernel} {r.check} {r.segment_label} of {r.case_id}: {what} "
             f"max|err|={fmt(r.max_abs_err)} tol={r.tolerance:.3g} ratio={ratio} "
             f"worst token {r.worst_token} (segment {r.tokens})")
@@ -73,12 +78,13 @@ def digest_lines(records: list[Record]) -> list[str]:
     out = []
     for d in tallies.digests(records):
         worst = (f", worst ratio {tallies.ratio_text(d.worst)}" if d.has_ratio else "")
-        where = d.first.where or "the case"
         tokens = f" (tokens {d.first.tokens})" if d.first.tokens else ""
         diagnosis = f"; {d.first.diagnosis}" if d.first.diagnosis else ""
         unit = "segments" if d.first.segment else "records"
-        out.append(f"{d.kernel} {d.check}: {d.segments} {unit} {d.first.outcome}{worst}; first "
-                   f"{where}{tokens} of {d.first.case_id}{diagnosis}")
+        first = (f"first {d.first.where}{tokens} of {d.first.case_id}" if d.first.where
+                 else f"first on {d.first.case_id}")
+        out.append(f"{d.kernel} {d.check}: {d.segments} {unit} {d.first.outcome}{worst}; "
+                   f"{first}{diagnosis}")
     return out
 
 
