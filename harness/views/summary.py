@@ -236,5 +236,6 @@ def print_console(records: list[Record], header: dict | None = None, console=Non
         console.print(f"[bold red]{notice}[/]", highlight=False)
     if tallies.judged_nothing(records):
         console.print("[bold red]nothing was judged: no check measured anything (every kernel x "
-                      "case skipped, or none finished; summary.md lists the skips and why); "
+                      "case skipped or refused its features, or none finished; summary.md "
+                      "lists the skips and refusals and why); "
                       "this run is not a pass[/]", highlight=False)
