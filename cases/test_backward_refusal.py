@@ -119,3 +119,53 @@ def test_a_pair_refused_whole_in_the_baseline_and_judged_now_is_no_lost_check():
     new = run_kernel_case(kernel, CASE, Platform("cpu")).records
     result = regression.compare(new, base, same_selection=True)
     assert not result.regressed and not result.lost_checks, result.regressions
+
+
+def test_a_pair_refused_in_the_baseline_whose_forward_fails_now_regresses():
+    """compare alone (no run's status beside it): the new failing checks of a pair the
+    baseline had are regressions, though the baseline lacks those checks (a cold review:
+    'no regression', exit 0)."""
+    from harness.judge import judging, regression
+    kernel = Kernel("cpu:drops_then_refuses", _refusing_backward(False), devices=("cpu",),
+                    features=("window",))
+    base = [judging.refused_record(kernel, CASE, "window", "NotImplementedError: window")]
+    new = run_kernel_case(kernel, CASE, Platform("cpu")).records
+    result = regression.compare(new, base, same_selection=True)
+    assert result.regressed
+    assert any("out r" in line and "a check the baseline did not have" in line
+               for line in result.regressions), result.regressions[:3]
+
+
+def test_backward_markers_stay_out_of_the_forward_alone_and_a_declared_crash_reads_known():
+    """A fused kernel's backward custom call is not in its forward's program (a cold review:
+    TE, FlashAttention and fa4 would read ERROR, 'program lacks ..._bwd'); a crash the kernel
+    declares, met while tracing, reads as before (its forward alone would make it missed)."""
+    kernel = Kernel("cpu:fused", _refusing_backward(True), devices=("cpu",),
+                    features=("window",), hlo_markers=("fwd_call", "bwd_call"),
+                    backward_markers=("bwd_call",))
+    assert kernel.forward_only().hlo_markers == ("fwd_call",)
+    assert kernel.forward_only().backward is False
+    with pytest.raises(ValueError, match="backward_markers"):
+        Kernel("cpu:bad", _refusing_backward(True), hlo_markers=("a",),
+               backward_markers="a")   # a lone string, read letter by letter: refused
+    declared = Kernel("cpu:declared", _refusing_backward(True), devices=("cpu",),
+                      features=("window",), expect_error="not supported in the backward")
+    records = run_kernel_case(declared, CASE, Platform("cpu")).records
+    assert [(r.check, r.outcome) for r in records] == [("*", "refused")]
+
+
+def test_the_leak_reproducer_runs_the_forward_alone_where_the_backward_refused():
+    """The repro script's program ran jax.vjp through a backward that refuses the window: it
+    raised instead of showing the leak (a cold review). It runs the forward alone, as the
+    run judged it."""
+    from harness.tools.repro import leak_script
+    from harness.tools.repro.trials import Trial
+    kernel = Kernel("cpu:drops_then_refuses", _refusing_backward(False), devices=("cpu",),
+                    features=("window",))
+    records = run_kernel_case(kernel, CASE, Platform("cpu")).records
+    parts = leak_script.parts(kernel, Trial(CASE, records), "leak")
+    assert "BACKWARD = False" in parts.constants
+    plain = Kernel("cpu:plain", dot_product, devices=("cpu",), features=("window",))
+    judged = [r for r in records if r.outcome != "refused"]
+    parts = leak_script.parts(plain, Trial(CASE, judged), "leak")
+    assert "BACKWARD = True" in parts.constants

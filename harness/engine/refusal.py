@@ -11,8 +11,7 @@ forward is (its output, padding, leak probe, jvp), and its gradient checks are t
 """
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from harness.judge import judging
 from harness.judge import vocabulary as v
@@ -26,9 +25,12 @@ def judged(kernel, case, feature: str, message: str, run: Callable) -> tuple[lis
     """(records, traces) of a pair whose default program refused `feature` with `message`.
     `run(kernel)`: the pair's checks for a kernel (harness.engine.runner.run_kernel_case)."""
     whole = [judging.refused_record(kernel, case, feature, message)]
-    if not kernel.backward:
+    # A crash the kernel declares, met: the pair reads as before (its forward alone would not
+    # raise it, and the declaration would read missed).
+    declared = judging.error_outcome(message, kernel.error_expected(case))[1] == v.KNOWN
+    if not kernel.backward or declared:
         return whole, []
-    result = run(dataclasses.replace(kernel, backward=False))
+    result = run(kernel.forward_only())   # the markers its forward holds (backward_markers)
     if any(r.outcome == v.REFUSED and r.check == v.KERNEL_LEVEL for r in result.records):
         return whole, []    # the forward refused too: the whole path did
     # The gradient checks the forward-only kernel skipped ("declares no backward") are the
@@ -37,3 +39,9 @@ def judged(kernel, case, feature: str, message: str, run: Callable) -> tuple[lis
                                    where=IN_BACKWARD)
             if r.verdict == v.SKIP and r.check in GRADIENTS else r
             for r in result.records], result.traces
+
+
+def gradients_refused(records: Iterable[Record]) -> bool:
+    """Whether a pair's gradient checks were refused, its forward judged alone (judged): a
+    reproducer then runs the forward alone too."""
+    return any(r.outcome == v.REFUSED and r.check in GRADIENTS for r in records)

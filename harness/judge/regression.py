@@ -112,9 +112,15 @@ HELD = (v.PASS, v.KNOWN)
 def _check_changes(new: list[Record], base: list[Record], growth: float,
                    result: Comparison) -> None:
     base_by_key = {b.key: b for b in base}
+    base_pairs = {b.pair for b in base}
     for r in new:
         b = base_by_key.get(r.key)
         if b is None:
+            # A check of a pair in both that the baseline did not have, bad now (a pair refused
+            # whole there, its forward judged and failing now); errors: _pair_changes.
+            if r.bad and r.outcome != v.ERROR and r.pair in base_pairs:
+                result.regressions.append(f"{_label(r)}: {r.outcome}, a check the baseline "
+                                          "did not have")
             continue
         result.measured_both += b.measured and r.measured
         if b.verdict != r.verdict:

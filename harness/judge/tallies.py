@@ -305,7 +305,8 @@ def refusals(records: Iterable[Record]) -> Counter:
     cases: dict[tuple, set] = {}
     for r in records:
         if r.outcome == v.REFUSED:
-            feature = r.message.removeprefix("refused ").split(" ", 1)[0]
+            # "window", or "window in its backward pass" (harness.engine.refusal)
+            feature = r.message.removeprefix("refused ").split(" while tracing", 1)[0]
             key = (r.kernel, feature, r.message.split(": ", 1)[-1][:200])
             cases.setdefault(key, set()).add(r.case_id)
     return Counter({key: len(ids) for key, ids in cases.items()})

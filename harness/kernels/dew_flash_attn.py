@@ -91,6 +91,7 @@ KERNELS = [
     Kernel("dew_flash_attn:varlen", dew_flattened, dtypes=CUDNN, devices=("gpu",),
            min_compute_capability=9.0, constraints=_constraints, padding_anywhere=True,
            requires=("dew_flash_attn",), takes_max_segments=True, hlo_markers=DEW_MARKERS,
+           backward_markers=DEW_MARKERS[1:],
            features=DEW_FEATURES, reproducible=False,
            description="dew-flash-attn 0.3.6 flash_mha_varlen (FlashAttention-3 on Hopper), "
                        "rows flattened with cu_seqlens, window_size and learnable sinks"),

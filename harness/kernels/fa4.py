@@ -130,7 +130,8 @@ KERNELS = [
     Kernel("fa4:varlen", fa4_flattened, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS,
            devices=("gpu",), min_compute_capability=8.0, padding_anywhere=True,
            padding_output="zero", requires=("fa4_jax", "cutejax", "cutlass"),
-           takes_max_segments=True, hlo_markers=FA4_MARKERS, features=FA4_FEATURES,
+           takes_max_segments=True, hlo_markers=FA4_MARKERS,
+           backward_markers=FA4_MARKERS[1:], features=FA4_FEATURES,
            reproducible=False, forward_mode=True, forward_markers=FA4_FORWARD_MARKERS,
            forward_limits=fa4_forward_limits, expect=fa4_expectation,
            description="fa4-jax 0.1.0 flash_attn_varlen (FlashAttention-4, CuTe DSL), rows "

@@ -231,7 +231,8 @@ def _sm90_only(case, platform):
 
 _FA2 = dict(dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), padding_anywhere=True,
             min_compute_capability=8.0, requires=("flash_attn_jax", "einops"),
-            takes_max_segments=True, hlo_markers=FA2_MARKERS, isolation="flash_attn2",
+            takes_max_segments=True, hlo_markers=FA2_MARKERS,
+            backward_markers=FA2_MARKERS[1:], isolation="flash_attn2",
             features=FA_FEATURES,
             # Its backward accumulates dq with atomic adds, and no setting changes that: the
             # leak probe decides its gradients statistically (harness.judge.leak_probe).
@@ -247,7 +248,8 @@ KERNELS = [
     Kernel("flash_attn3:varlen", fa3_flattened, dtypes=CUDNN, head_dims=(128,), devices=("gpu",),
            padding_anywhere=True, min_compute_capability=9.0, constraints=_sm90_only,
            requires=("flash_attn3_jax", "einops"), takes_max_segments=True,
-           hlo_markers=FA3_MARKERS, isolation="flash_attn3", reproducible=False,
+           hlo_markers=FA3_MARKERS, backward_markers=FA3_MARKERS[1:], isolation="flash_attn3",
+           reproducible=False,
            features=FA_FEATURES,
            description="flash-attn3-jax 0.2.3 flash_mha_varlen (FlashAttention-3, Hopper, "
                        "head_dim 128), rows flattened with cu_seqlens"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import re
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field
 
 from harness.judge import judging
@@ -21,8 +22,8 @@ ALL_DTYPES = ("float32", "bfloat16", "float16")
 # The dtypes an output may have where it is not the query's (Kernel.output_dtype).
 OUTPUT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 # Declarations that are tuples of names, and those that are True or False (Kernel._check_types).
-NAMES_FIELDS = ("dtypes", "devices", "hlo_markers", "forward_markers", "requires", "tags",
-                "features")
+NAMES_FIELDS = ("dtypes", "devices", "hlo_markers", "backward_markers", "forward_markers",
+                "requires", "tags", "features")
 FLAG_FIELDS = ("gqa", "packed", "causal_only", "padding_anywhere", "backward", "forward_mode",
                "materializes_scores", "takes_max_segments")
 
@@ -79,7 +80,8 @@ class Kernel:
     # Its library offers forward mode (jax.jvp through it: a JVP rule of its own, or jax's
     # autodiff of plain jax): the output's tangent for random input tangents is checked per
     # segment against the oracle's (check jvp). False: no jvp check (jax.jvp through a
-    # custom_vjp raises). A kernel that declares it and raises under jax.jvp is an error.
+    # custom_vjp raises). A kernel that declares it and raises under jax.jvp is an error, but
+    # where the trace refuses a feature the case hands over (a refused jvp check).
     forward_mode: bool = False
     # Custom calls that must appear in its forward-mode program (as hlo_markers for the
     # default one: its library's JVP kernel); () where jax's autodiff of plain jax is the rule.
@@ -108,6 +110,9 @@ class Kernel:
     # Custom-call names that must appear in the compiled program: proof that the fused kernel
     # ran, so a silent fallback cannot pass as it.
     hlo_markers: tuple[str, ...] = ()
+    # Those of hlo_markers that only its backward pass holds: a build of its forward alone
+    # (where its backward refused a feature: harness.engine.refusal) must hold the others.
+    backward_markers: tuple[str, ...] = ()
     # Python source that defines `kernel(query, key, value, segment_ids, *, causal, scale,
     # max_segments=None)` with nothing but jax, numpy and the kernel's own library: what
     # `python -m harness repro` writes into a standalone script. None: the script imports `fn`.
@@ -204,6 +209,11 @@ class Kernel:
         if self.output_dtype is not None and self.output_dtype not in OUTPUT_DTYPES:
             raise ValueError(f"output_dtype {self.output_dtype!r}: one of "
                              f"{', '.join(OUTPUT_DTYPES)}, or None (the query's)")
+
+    def forward_only(self) -> Kernel:
+        """The kernel without its backward pass: the markers its forward holds."""
+        return dataclasses.replace(self, backward=False, backward_markers=(), hlo_markers=tuple(
+            m for m in self.hlo_markers if m not in self.backward_markers))
 
     @property
     def chunk_convention(self) -> str:

@@ -317,7 +317,7 @@ KERNELS = [
                         "cudnn_flash_jax, through the cuDNN emulator: maxtext <= 0.2.5 caught "
                         "(segment ids), known (window, chunks, soft cap)"),
     _kernel("maxtext_fixed:cudnn_flash_te", attention="cudnn_flash_te", devices=("gpu",),
-            min_compute_capability=9.0, hlo_markers=TE_MARKERS,
+            min_compute_capability=9.0, hlo_markers=TE_MARKERS, backward_markers=TE_MARKERS[1:],
             deterministic_env=TE_DETERMINISTIC, padding_output="zero",
             requires=("maxtext", "transformer_engine"), constraints=_constraints(),
             description="MaxText's AttentionOp, attention=cudnn_flash_te, with patches/ applied "

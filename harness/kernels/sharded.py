@@ -307,7 +307,8 @@ _CP = dict(min_devices=CP, seq_len_multiple=CP * load_balance.STRIPE)
 # TE's ring attention over THD: padding-causal only, and MaxText's decoder is causal.
 _TE_CP = dict(**_CP, takes_max_segments=True, causal_only=True, dtypes=CUDNN,
               head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=9.0,
-              hlo_markers=TE_MARKERS, deterministic_env=TE_DETERMINISTIC)
+              hlo_markers=TE_MARKERS, backward_markers=TE_MARKERS[1:],
+              deterministic_env=TE_DETERMINISTIC)
 
 
 def python_312(case, platform):

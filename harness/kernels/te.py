@@ -153,11 +153,13 @@ _TE = dict(takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, dev
 
 KERNELS = [
     Kernel("sut:cudnn_flash_te", te_thd, min_compute_capability=9.0, hlo_markers=TE_MARKERS,
+           backward_markers=TE_MARKERS[1:],
            features=OP_FEATURES, **_TE,
            description="the op's cudnn_flash_te: TE THD fused attention with a "
                        "SequenceDescriptor"),
     # TE's THD kernels write zeros at padding (measured on the H200): the stricter convention.
     Kernel("te:thd", te_thd_raw, min_compute_capability=9.0, hlo_markers=TE_MARKERS,
+           backward_markers=TE_MARKERS[1:],
            padding_anywhere=True, padding_output="zero", features=TE_FEATURES, **_TE,
            description="TE THD fused attention, called directly: padding anywhere "
                        "(pad_between_seqs), window_size=(left, right), learnable "

@@ -160,7 +160,10 @@ def _read(path: str | Path, what: str, with_records: bool, as_lines: bool = Fals
                                    if as_lines else Record.from_json(row))
     except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError, TypeError,
             KeyError, AttributeError) as exc:
-        where = f" (line {n}: {type(exc).__name__})" if n else f" ({type(exc).__name__})"
+        # A line's own error names it; a decoding error comes from a chunk read ahead, whose
+        # line the loop has not reached.
+        line_of = n and not isinstance(exc, (UnicodeDecodeError, gzip.BadGzipFile, EOFError))
+        where = f" (line {n}: {type(exc).__name__})" if line_of else f" ({type(exc).__name__})"
         raise UsageError(f"{what} {path}: not a harness report{where}") from None
     if header is None:
         raise UsageError(f"{what} {path}: no run header line; not a harness report")

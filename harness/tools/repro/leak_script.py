@@ -4,6 +4,7 @@ with a window or chunks blocks inside each segment (the harness's groups): a tok
 change at all although nothing it may depend on was redrawn reads tokens outside its mask."""
 from __future__ import annotations
 
+from harness.engine.refusal import gradients_refused
 from harness.judge import judging, probe_groups
 from harness.judge.record import Record
 from harness.kernels.kernel import Kernel
@@ -214,7 +215,8 @@ def parts(kernel: Kernel, trial: Trial, check: str) -> ScriptParts:
             "Per segment: row, segment number, first token, end (exclusive), and the harness's "
             "leak-probe verdict on this case.")),
         segment_rows=rows,
-        constants=[f"BACKWARD = {kernel.backward!r}",
+        # A backward that refused the case's feature: the forward alone, as the run judged it.
+        constants=[f"BACKWARD = {kernel.backward and not gradients_refused(trial.records)!r}",
                    "# The leak probe's colours for these ids, and (six colours) each one's groups",
                    f"COLOURS = {probe_groups.colours(trial.case.segment_ids)}",
                    f"GROUPS_OF_COLOUR = {probe_groups.SIX_COLOURS!r}"],
