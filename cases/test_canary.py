@@ -187,8 +187,8 @@ def test_leak_probe_lists_what_is_not_reproducible_as_unprobed():
     leak = [r for r in _run(Kernel("noisy", _noisy), case) if r.check == "leak"]
     assert leak and all(r.verdict == "pass" and r.outcome == "ok" for r in leak)
     assert all(r.unprobed == ["out"] and r.probed == ["dq", "dk", "dv"] for r in leak)
-    assert all("not probed (run-to-run noise over 1% of the values): out" in r.message
-               for r in leak)
+    assert all("not probed (its largest run-to-run change at least 1% of its largest value): "
+               "out" in r.message for r in leak)
 
 
 def test_a_probe_that_compared_no_token_still_reruns_to_say_what_is_not_reproducible():

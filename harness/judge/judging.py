@@ -424,8 +424,8 @@ def leak_message(leak, found, note: str) -> tuple[str, str]:
                     "of one perturbation (a change counts only where both runs made it)")
     if found.unprobed:
         from harness.judge.noise import POWERLESS
-        message += (f"; not probed (run-to-run noise over {POWERLESS:.0%} of the values): "
-                    f"{', '.join(found.unprobed)}")
+        message += (f"; not probed (its largest run-to-run change at least {POWERLESS:.0%} "
+                    f"of its largest value): {', '.join(found.unprobed)}")
     return verdict, message + (f"; {note}" if note else "")
 
 
