@@ -78,7 +78,8 @@ def test_canary_repro_shrinks_and_its_script_fails_with_plain_python(tmp_path):
     # The script: jax and numpy only; the shrunk ids as a literal; run from an empty folder with
     # a `harness` on the path that refuses to import (it shadows any installed one).
     text = script.read_text()
-    assert _imported_modules(text) <= {"sys", "jax", "numpy"}
+    # traceback: a script that raises before it judges says so (exit 2)
+    assert _imported_modules(text) <= {"sys", "jax", "numpy", "traceback"}
     assert shrunk.id in text and ORIGINAL in text and "SEGMENT_IDS = np.array([" in text
     poison = tmp_path / "poison" / "harness"
     poison.mkdir(parents=True)
@@ -522,3 +523,35 @@ def test_a_leak_scripts_groups_dependencies_and_draws_are_the_probes(tmp_path, c
         probe_arrays = leak_probe.perturbed(case, index, 1.0, convention)
         for a, b in zip(script_arrays, (*probe_arrays[:3], probe_arrays[-1])):
             assert np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32)), index
+
+
+def test_a_script_that_cannot_run_here_exits_2_never_1_and_makes_its_host_devices(tmp_path):
+    """A sharded kernel's script on one device exited 1 from its mesh's error (read as the
+    failure showing) or 0 where its mesh took the devices there were (a cold review). The
+    script makes MIN_DEVICES host devices on CPUs itself; too few visible, or an error before
+    it judges: exit 2, 'CANNOT RUN'."""
+    import dataclasses
+
+    from harness.tools.repro.script import script_text
+    from harness.tools.repro.trials import Trial
+    canary = select_kernels(["canary_ignores_segments"])[0]
+    case = Case.from_id(ORIGINAL)
+    trial = Trial(case, run_kernel_case(canary, case, CPU, leak=False).records)
+    spans = dataclasses.replace(canary, min_devices=2)
+    path = tmp_path / "repro_spans.py"
+    text, needs_harness = script_text(spans, case, trial, "out", 1, path)
+    path.write_text(text)
+    env_pythonpath = ROOT if needs_harness else None
+    shows = _plain_python(path, tmp_path / "a", env_pythonpath)
+    assert shows.returncode == 1 and "FAILED:" in shows.stdout, shows.stdout + shows.stderr
+    one = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env={
+                             **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                             **({"PYTHONPATH": str(ROOT)} if needs_harness else {}),
+                             "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    assert one.returncode == 2 and "CANNOT RUN: canary_ignores_segments spans 2 devices, 1" \
+        in one.stdout, one.stdout + one.stderr
+    broken = tmp_path / "repro_broken.py"
+    broken.write_text(text.replace("def main():", "def main():\n    raise RuntimeError('x')", 1))
+    crashed = _plain_python(broken, tmp_path / "b", env_pythonpath)
+    assert crashed.returncode == 2 and "CANNOT RUN: the script raised" in crashed.stdout

@@ -36,7 +36,7 @@ def describe_problem(r: Record) -> str:
                 f"first changed token {r.worst_token}{change}")
     if r.expected == v.EITHER:
         return f"{r.kernel} {r.check} {r.segment_label} of {r.case_id}: MISSED: {r.message}"
-    ratio = "inf (non-finite output)" if r.ratio is None else f"{r.ratio:.3g}"
+    ratio = f"inf (non-finite {r.check})" if r.ratio is None else f"{r.ratio:.3g}"
     text = (f"{r.kernel} {r.check} {r.segment_label} of {r.case_id}: {what} "
             f"max|err|={fmt(r.max_abs_err)} tol={r.tolerance:.3g} ratio={ratio} "
             f"worst token {r.worst_token} (segment {r.tokens})")

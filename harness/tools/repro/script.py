@@ -61,10 +61,34 @@ def positions_in_segments(segment_ids):
     return idx - np.maximum.accumulate(np.where(new, idx, 0), axis=1)
 '''
 
+# Exit status 1 is the failure showing (with its FAILED line): a script that cannot run here
+# (too few devices for the kernel's mesh) or raises before it judges exits 2, never 1 (a
+# sharded kernel's script on one device exited 1 from its mesh's error, or 0 where its mesh
+# took the devices there were: a cold review).
 _FOOTER = '''
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if len(jax.devices()) < MIN_DEVICES:
+        print(f"CANNOT RUN: {KERNEL_NAME} spans {MIN_DEVICES} devices, {len(jax.devices())} "
+              f"visible here; exit status 2, not a verdict")
+        sys.exit(2)
+    try:
+        status = main()
+    except Exception:
+        import traceback
+        traceback.print_exc()
+        print("CANNOT RUN: the script raised before it could judge (above); exit status 2, "
+              "not a verdict")
+        sys.exit(2)
+    sys.exit(status)
+'''
+
+# A kernel that spans several devices: on CPUs XLA makes that many host devices when told
+# before jax starts (GPUs ignore the flag).
+_HOST_DEVICES = '''import os
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=@N@").strip()
 '''
 
 
@@ -114,7 +138,8 @@ def _header(kernel: Kernel, original: Case, trial: Trial, check: str, runs: int,
         f"Run it with plain python; it needs {_needs(kernel)}:\n"
         f"    python {path.name}\n"
         "Exit status 1: the failure shows (a line starting with FAILED says where); 0: every "
-        "segment passes (the kernel is fixed).\n"
+        "segment passes (the kernel is fixed); 2: it could not run here (too few devices, or "
+        "it raised: the output says which).\n"
         "\n"
         f"Made with Python {_platform.python_version()}, jax {jax.__version__}, jaxlib "
         f"{package_version('jaxlib') or 'unknown'}, on {device.platform} "
@@ -155,6 +180,7 @@ def _case_block(kernel: Kernel, case: Case, check: str, parts: ScriptParts) -> s
         f"SINKS = {bool(f.sinks)!r}",
         f"VALUE_DIM = {case.value_dim!r}",
         f"KERNEL_KWARGS = {kwargs!r}",
+        f"MIN_DEVICES = {kernel.min_devices!r}  # the devices its mesh spans",
         *parts.constants,
         parts.segments_comment,
         "SEGMENTS = [",
@@ -179,7 +205,10 @@ def script_text(kernel: Kernel, original: Case, trial: Trial, check: str, runs: 
     source, needs_harness = kernel_source(kernel)
     parts = writer(check).parts(kernel, trial, check)
     header = _header(kernel, original, trial, check, runs, path, parts)
-    imports = parts.imports + ["import jax", "import jax.numpy as jnp", "import numpy as np"]
+    devices = ([_HOST_DEVICES.replace("@N@", str(kernel.min_devices))]
+               if kernel.min_devices > 1 else [])
+    imports = parts.imports + devices + ["import jax", "import jax.numpy as jnp",
+                                         "import numpy as np"]
     title = f"# ----- {parts.inputs_title} "
     chunks = [
         "\n".join(header) + "\n\n" + "\n".join(imports),
