@@ -169,3 +169,4 @@ def test_the_leak_reproducer_runs_the_forward_alone_where_the_backward_refused()
     judged = [r for r in records if r.outcome != "refused"]
     parts = leak_script.parts(plain, Trial(CASE, judged), "leak")
     assert "BACKWARD = True" in parts.constants
+

@@ -31,7 +31,7 @@ from harness.engine.programs import (
     ORACLE,
     Programs,
 )
-from harness.engine import refusal
+from harness.engine import diagnosis, refusal
 from harness.engine.memory import device_memory_bytes, requested_bytes
 from harness.judge import judging, leak_probe
 from harness.judge.metrics import read_token_errors, stacked_token_errors, token_errors
@@ -44,7 +44,6 @@ from harness.judge.oracle import (
 )
 from harness.judge.record import Record, Trace, first_line
 from harness.judge.tallies import ratio_text
-from harness.judge import vocabulary as v
 from harness.judge.vocabulary import JVP, LEAK, PASS, TENSORS
 from harness.kernels.kernel import Kernel, Platform
 from harness.model.case import Case, forget_inputs, make_inputs, make_tangents
@@ -135,7 +134,9 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
         out.traces += _traces(kernel, case, chk, err, tolerances, records)
     if case.features.sinks and kernel.backward:
         out.records.append(_dsinks(kernel, case, results, ref))
-    out.records = _diagnosed(kernel, case, programs, results, out.records)
+    out.records = diagnosis.diagnosed(
+        kernel, case, results, out.records,
+        lambda c, convention: _oracle(programs, reference_for, c, convention))
     padding = {chk.name: err for chk, err in zip(TENSORS, errs)}
     limits = kernel.forward_reasons(case)
     if kernel.forward_mode and limits:
@@ -204,42 +205,6 @@ def _dsinks(kernel, case, results, ref) -> Record:
     nonfinite = not np.isfinite(got).all()
     err = float(np.abs(got - want).max()) if not nonfinite else math.inf
     return judging.dsinks_record(kernel, case, err, nonfinite, ref, DEFAULT)
-
-
-def _diagnosed(kernel, case, programs, results, records: list[Record]) -> list[Record]:
-    """A feature case's failing tolerance checks, each held against the case without one
-    feature at a time: a check that passes there on every segment names the feature dropped
-    ("matches the mask without the window"), in the record's diagnosis and message."""
-    import dataclasses
-
-    from harness.model.features import HEAD_DIM_V
-    failing = {r.check for r in records if r.verdict == v.FAIL and v.has_ratio(r.check)
-               and r.segment}
-    droppable = [f for f in case.features.names if f != HEAD_DIM_V]
-    if not failing or not droppable:
-        return records
-    matches: dict[str, dict[str, bool]] = {}
-    tensors = results[:len(TENSORS)]
-    for name in droppable:
-        without = dataclasses.replace(case, features=case.features.without(name))
-        try:
-            ref = _oracle(programs, reference_for, without, kernel.chunk_convention)
-        except Exception:   # noqa: BLE001 - a diagnosis that cannot be made is left out
-            continue
-        for chk, err in zip(TENSORS, token_errors(tensors, ref.truth[:len(tensors)])):
-            if chk.name in failing:
-                again, _ = judging.tensor_records(kernel, without, chk, err, ref, DEFAULT)
-                matches.setdefault(chk.name, {})[name] = all(r.verdict == v.PASS
-                                                             for r in again)
-    out = []
-    for r in records:
-        diagnosis = judging.drop_diagnosis(matches.get(r.check, {})) \
-            if r.verdict == v.FAIL and r.check in failing else None
-        if diagnosis:
-            r = r.replace(diagnosis=diagnosis, message=diagnosis + (
-                f"; {r.message}" if r.message else ""))
-        out.append(r)
-    return out
 
 
 def _disagreement(kernel, case, ref, default_records: list[Record]):

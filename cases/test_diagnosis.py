@@ -1,0 +1,28 @@
+"""What a failing feature case's records say the kernel did (harness.engine.diagnosis)."""
+from harness.engine.runner import run_kernel_case
+from harness.kernels.kernel import Kernel, Platform
+from harness.model.case import Case
+from harness.model.features import Features
+
+
+def test_a_kernel_counting_chunks_from_the_row_start_is_told_so():
+    """A kernel whose chunks start at the row (another library's convention), judged by the
+    harness's count from each segment's start: its failures name the convention (they read
+    like any failure before)."""
+    from harness.judge.oracle import dense_attention
+
+    def row_chunks(query, key, value, segment_ids, *, causal, scale, chunk=None):
+        return dense_attention(query, key, value, segment_ids, scale=scale, causal=causal,
+                               truth=False, features=Features(chunk=chunk),
+                               chunk_convention="row").astype(query.dtype)
+    kernel = Kernel("cpu:row_chunks", row_chunks, devices=("cpu",), features=("chunk",))
+    case = Case("packed/random", 2, 128, 4, 2, 32, "float32", 0, features=Features(chunk=32))
+    records = run_kernel_case(kernel, case, Platform("cpu")).records
+    failing = [r for r in records if r.check == "out" and r.outcome == "fail"]
+    assert failing and all(r.diagnosis.startswith("matches chunks counted from the row's "
+                                                   "start") for r in failing), failing[:1]
+    declared = Kernel("cpu:row_chunks_declared", row_chunks, devices=("cpu",),
+                      features=("chunk",), conventions={"chunk": "row"})
+    records = run_kernel_case(declared, case, Platform("cpu")).records
+    assert not [r for r in records if r.outcome not in ("ok", "skip")], \
+        [(r.check, r.outcome) for r in records if r.outcome != "ok"][:3]

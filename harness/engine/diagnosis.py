@@ -1,0 +1,66 @@
+"""What a kernel did where a feature case fails: each failing tolerance check held against the
+case without one feature at a time, and, with chunks, against chunks counted from the other
+start. A check that passes there on every segment names it, in the record's diagnosis and
+message: "matches the mask without the window: the window was dropped", or "matches chunks
+counted from the row's start" (a kernel whose library counts chunks from the row, judged by
+the harness's count from each segment's start)."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from harness.engine.program_functions import DEFAULT
+from harness.judge import judging
+from harness.judge import vocabulary as v
+from harness.judge.metrics import token_errors
+from harness.judge.record import Record
+from harness.judge.vocabulary import TENSORS
+from harness.model.features import CHUNK_CONVENTIONS, HEAD_DIM_V
+
+
+def _convention_diagnosis(convention: str) -> str:
+    return (f"matches chunks counted from the {convention}'s start: its chunks start there, "
+            f"not where the harness counts them (a library that documents it declares "
+            f"conventions={{'chunk': {convention!r}}})")
+
+
+def diagnosed(kernel, case, results, records: list[Record], reference: Callable
+              ) -> list[Record]:
+    """`records` with their diagnoses; `reference(case, chunk_convention)`: the oracle's
+    reference of a case (its time the oracle's); `results`: the kernel's out, dq, dk, dv."""
+    failing = {r.check for r in records if r.verdict == v.FAIL and v.has_ratio(r.check)
+               and r.segment}
+    droppable = [f for f in case.features.names if f != HEAD_DIM_V]
+    others = [c for c in CHUNK_CONVENTIONS if c != kernel.chunk_convention] \
+        if case.features.chunk is not None else []
+    if not failing or not (droppable or others):
+        return records
+    matches: dict[str, dict[str, bool]] = {}
+    tensors = results[:len(TENSORS)]
+
+    def held(name: str, against, convention: str) -> None:
+        try:
+            ref = reference(against, convention)
+        except Exception:   # noqa: BLE001 - a diagnosis that cannot be made is left out
+            return
+        for chk, err in zip(TENSORS, token_errors(tensors, ref.truth[:len(tensors)])):
+            if chk.name in failing:
+                again, _ = judging.tensor_records(kernel, against, chk, err, ref, DEFAULT)
+                matches.setdefault(chk.name, {})[name] = all(r.verdict == v.PASS
+                                                             for r in again)
+    for name in droppable:
+        held(name, dataclasses.replace(case, features=case.features.without(name)),
+             kernel.chunk_convention)
+    for convention in others:
+        held(convention, case, convention)
+    out = []
+    for r in records:
+        found = matches.get(r.check, {}) if r.verdict == v.FAIL and r.check in failing else {}
+        diagnosis = judging.drop_diagnosis({n: m for n, m in found.items() if n in droppable})
+        if diagnosis is None and any(found.get(c) for c in others):
+            diagnosis = _convention_diagnosis(next(c for c in others if found.get(c)))
+        if diagnosis:
+            r = r.replace(diagnosis=diagnosis, message=diagnosis + (
+                f"; {r.message}" if r.message else ""))
+        out.append(r)
+    return out
