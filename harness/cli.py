@@ -285,8 +285,8 @@ def _tool_parsers(sub) -> None:
 
     from harness.tools.census.options import add_arguments as census_arguments
     cen = sub.add_parser("census", help="every packed path judged, timed and tabled: the suite, "
-                                        "one bench, reproducers, census.md (in reports/census-latest "
-                                        "unless --report-dir)")
+                                        "one bench, reproducers, census.md (in "
+                                        "reports/census-latest unless --report-dir)")
     census_arguments(cen)
     cen.set_defaults(func=cmd_census)
 

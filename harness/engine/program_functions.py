@@ -47,8 +47,8 @@ def kernel_fn(kernel: Kernel, case: Case, mode: str = DEFAULT):
         out = kernel.fn(q, k, v, seg, causal=case.causal, scale=case.scale, **extra, **more)
         want = q.shape[:-1] + v.shape[-1:]
         if out.shape != want:
-            raise BrokenContract(f"{kernel.name}: output shape {out.shape} != {want} (the query's, "
-                             "with the value's head dim)")
+            raise BrokenContract(f"{kernel.name}: output shape {out.shape} != {want} (the "
+                                 "query's, with the value's head dim)")
         return out
 
     if mode == FORWARD:

@@ -27,8 +27,7 @@ def judged(kernel, case, feature: str, message: str, run: Callable) -> tuple[lis
     whole = [judging.refused_record(kernel, case, feature, message)]
     # A crash the kernel declares, met: the pair reads as before (its forward alone would not
     # raise it, and the declaration would read missed).
-    declared = judging.error_outcome(message, kernel.error_expected(case))[1] == v.KNOWN
-    if not kernel.backward or declared:
+    if not kernel.backward or judging.declared_crash(kernel, case, message):
         return whole, []
     result = run(kernel.forward_only())   # the markers its forward holds (backward_markers)
     if any(r.outcome == v.REFUSED and r.check == v.KERNEL_LEVEL for r in result.records):

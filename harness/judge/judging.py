@@ -250,7 +250,12 @@ def trace_error_settles(kernel, case, exc: BaseException, refusals: bool = True)
     (harness.engine.lowering_process hands such errors over; any other trace error the run
     confirms with its own trace)."""
     return (refusals and refused_feature(case, exc) is not None) or \
-        error_outcome(error_message(exc), kernel.error_expected(case))[1] == v.KNOWN
+        declared_crash(kernel, case, error_message(exc))
+
+
+def declared_crash(kernel, case, message: str) -> bool:
+    """Whether an error's message is the crash the kernel declares on the case (known)."""
+    return error_outcome(message, kernel.error_expected(case))[1] == v.KNOWN
 
 
 def refused_record(kernel, case, feature: str, message: str, check: str = KERNEL_LEVEL,

@@ -110,15 +110,14 @@ HELD = (v.PASS, v.KNOWN)
 
 
 def _check_changes(new: list[Record], base: list[Record], growth: float,
-                   result: Comparison) -> None:
+                   result: Comparison, both: set) -> None:
     base_by_key = {b.key: b for b in base}
-    base_pairs = {b.pair for b in base}
     for r in new:
         b = base_by_key.get(r.key)
         if b is None:
             # A check of a pair in both that the baseline did not have, bad now (a pair refused
             # whole there, its forward judged and failing now); errors: _pair_changes.
-            if r.bad and r.outcome != v.ERROR and r.pair in base_pairs:
+            if r.bad and r.outcome != v.ERROR and r.pair in both:
                 result.regressions.append(f"{_label(r)}: {r.outcome}, a check the baseline "
                                           "did not have")
             continue
@@ -159,7 +158,7 @@ def compare(new: list[Record], base: list[Record], growth: float = 2.0,
     both = new_cases & base_cases
     result.common = len(both)
     _pair_changes(new, base, result)
-    _check_changes(new, base, growth, result)
+    _check_changes(new, base, growth, result, both)
     new_keys = {r.key for r in new}
     # A baseline check that did not run (skipped, or the leak probe off) is not lost now.
     # Nor is a refusal gone: the path computes now (harness.engine.refusal: a backward's refusal

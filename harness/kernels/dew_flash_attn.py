@@ -47,7 +47,8 @@ from harness.kernels.flash_attn import flat_cu_seqlens, window_size
 from harness.kernels.kernel import Kernel
 from harness.kernels.op import CUDNN
 
-DEW_MARKERS = ("dew_flash3_mha_varlen_fwd", "dew_flash3_mha_varlen_bwd")
+DEW_BACKWARD_MARKERS = ("dew_flash3_mha_varlen_bwd",)   # only its backward pass holds it
+DEW_MARKERS = ("dew_flash3_mha_varlen_fwd", *DEW_BACKWARD_MARKERS)
 # The features its varlen call takes (harness.model.features).
 DEW_FEATURES = ("window", "sinks")
 MAX_HEAD_DIM = 256
@@ -91,7 +92,7 @@ KERNELS = [
     Kernel("dew_flash_attn:varlen", dew_flattened, dtypes=CUDNN, devices=("gpu",),
            min_compute_capability=9.0, constraints=_constraints, padding_anywhere=True,
            requires=("dew_flash_attn",), takes_max_segments=True, hlo_markers=DEW_MARKERS,
-           backward_markers=DEW_MARKERS[1:],
+           backward_markers=DEW_BACKWARD_MARKERS,
            features=DEW_FEATURES, reproducible=False,
            description="dew-flash-attn 0.3.6 flash_mha_varlen (FlashAttention-3 on Hopper), "
                        "rows flattened with cu_seqlens, window_size and learnable sinks"),

@@ -52,7 +52,8 @@ from harness.kernels.flash_attn import flat_cu_seqlens
 from harness.kernels.kernel import Kernel
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS
 
-FA4_MARKERS = ("cutejax.fa4_fwd", "cutejax.fa4_bwd")
+FA4_BACKWARD_MARKERS = ("cutejax.fa4_bwd",)   # only its backward pass holds it
+FA4_MARKERS = ("cutejax.fa4_fwd", *FA4_BACKWARD_MARKERS)
 # Forward mode (jax.jvp): its forward kernel (with the LSE) and its fused tangent kernel
 # (`fa4_jvp`, `fa4_jvp_dp` with defined_padding), fa4's own rule for its primitive.
 FA4_FORWARD_MARKERS = ("cutejax.fa4_fwd", "cutejax.fa4_jvp")
@@ -131,7 +132,7 @@ KERNELS = [
            devices=("gpu",), min_compute_capability=8.0, padding_anywhere=True,
            padding_output="zero", requires=("fa4_jax", "cutejax", "cutlass"),
            takes_max_segments=True, hlo_markers=FA4_MARKERS,
-           backward_markers=FA4_MARKERS[1:], features=FA4_FEATURES,
+           backward_markers=FA4_BACKWARD_MARKERS, features=FA4_FEATURES,
            reproducible=False, forward_mode=True, forward_markers=FA4_FORWARD_MARKERS,
            forward_limits=fa4_forward_limits, expect=fa4_expectation,
            description="fa4-jax 0.1.0 flash_attn_varlen (FlashAttention-4, CuTe DSL), rows "

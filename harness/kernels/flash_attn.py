@@ -52,8 +52,11 @@ import numpy as np
 from harness.kernels.kernel import Kernel
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS
 
-FA2_MARKERS = ("flash_mha_varlen_fwd", "flash_mha_varlen_bwd")
-FA3_MARKERS = ("flash_mha_fwd", "flash_mha_bwd")
+# Custom calls of each pass; the _BACKWARD ones only its backward pass holds.
+FA2_BACKWARD_MARKERS = ("flash_mha_varlen_bwd",)
+FA2_MARKERS = ("flash_mha_varlen_fwd", *FA2_BACKWARD_MARKERS)
+FA3_BACKWARD_MARKERS = ("flash_mha_bwd",)
+FA3_MARKERS = ("flash_mha_fwd", *FA3_BACKWARD_MARKERS)
 
 
 def run_starts(segment_ids):
@@ -232,7 +235,7 @@ def _sm90_only(case, platform):
 _FA2 = dict(dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), padding_anywhere=True,
             min_compute_capability=8.0, requires=("flash_attn_jax", "einops"),
             takes_max_segments=True, hlo_markers=FA2_MARKERS,
-            backward_markers=FA2_MARKERS[1:], isolation="flash_attn2",
+            backward_markers=FA2_BACKWARD_MARKERS, isolation="flash_attn2",
             features=FA_FEATURES,
             # Its backward accumulates dq with atomic adds, and no setting changes that: the
             # leak probe decides its gradients statistically (harness.judge.leak_probe).
@@ -248,7 +251,7 @@ KERNELS = [
     Kernel("flash_attn3:varlen", fa3_flattened, dtypes=CUDNN, head_dims=(128,), devices=("gpu",),
            padding_anywhere=True, min_compute_capability=9.0, constraints=_sm90_only,
            requires=("flash_attn3_jax", "einops"), takes_max_segments=True,
-           hlo_markers=FA3_MARKERS, backward_markers=FA3_MARKERS[1:], isolation="flash_attn3",
+           hlo_markers=FA3_MARKERS, backward_markers=FA3_BACKWARD_MARKERS, isolation="flash_attn3",
            reproducible=False,
            features=FA_FEATURES,
            description="flash-attn3-jax 0.2.3 flash_mha_varlen (FlashAttention-3, Hopper, "

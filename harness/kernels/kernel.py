@@ -7,10 +7,10 @@ raises on a combination it declares is an error, never a skip.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
 from collections.abc import Callable
-import dataclasses
 from dataclasses import dataclass, field
 
 from harness.judge import judging

@@ -54,7 +54,7 @@ from harness.kernels.maxtext_known import (
     float16_sum_expectation,
 )
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER
-from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
+from harness.kernels.te import TE_BACKWARD_MARKERS, TE_DETERMINISTIC, TE_MARKERS
 from harness.kernels.tokamax_adapter import TRITON_ERROR, TRITON_MARKER
 from harness.model.features import CHUNK, FEATURE_NAMES
 
@@ -320,7 +320,7 @@ KERNELS = [
     Kernel("maxtext:cudnn_flash_te",
            functools.partial(maxtext_attention, attention="cudnn_flash_te"),
            dtypes=CUDNN, devices=("gpu",), min_compute_capability=9.0,
-           hlo_markers=TE_MARKERS, backward_markers=TE_MARKERS[1:],
+           hlo_markers=TE_MARKERS, backward_markers=TE_BACKWARD_MARKERS,
            deterministic_env=TE_DETERMINISTIC, padding_output="zero",
            expect=CUDNN_FLASH_TE_EXPECT, expect_error=sinks_fallback_crash,
            **{**_COMMON, "requires": ("maxtext", "transformer_engine")},

@@ -62,7 +62,7 @@ from harness.kernels.kernel import ALL_DTYPES, Kernel, Platform
 from harness.kernels.libraries import mark_absl_flags_parsed
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER
 from harness.kernels.reference import no_f16_on_cpu
-from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
+from harness.kernels.te import TE_BACKWARD_MARKERS, TE_DETERMINISTIC, TE_MARKERS
 from harness.process_end import at_end
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"
@@ -317,7 +317,8 @@ KERNELS = [
                         "cudnn_flash_jax, through the cuDNN emulator: maxtext <= 0.2.5 caught "
                         "(segment ids), known (window, chunks, soft cap)"),
     _kernel("maxtext_fixed:cudnn_flash_te", attention="cudnn_flash_te", devices=("gpu",),
-            min_compute_capability=9.0, hlo_markers=TE_MARKERS, backward_markers=TE_MARKERS[1:],
+            min_compute_capability=9.0, hlo_markers=TE_MARKERS,
+            backward_markers=TE_BACKWARD_MARKERS,
             deterministic_env=TE_DETERMINISTIC, padding_output="zero",
             requires=("maxtext", "transformer_engine"), constraints=_constraints(),
             description="MaxText's AttentionOp, attention=cudnn_flash_te, with patches/ applied "

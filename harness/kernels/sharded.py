@@ -29,7 +29,7 @@ import numpy as np
 from harness.kernels import load_balance
 from harness.kernels.kernel import Kernel
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, CUDNN_MARKER, op_kernel
-from harness.kernels.te import TE_DETERMINISTIC, TE_MARKERS
+from harness.kernels.te import TE_BACKWARD_MARKERS, TE_DETERMINISTIC, TE_MARKERS
 
 CP = 2                                  # devices on the context axis
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)   # MaxText's DEFAULT_MASK_VALUE
@@ -307,7 +307,7 @@ _CP = dict(min_devices=CP, seq_len_multiple=CP * load_balance.STRIPE)
 # TE's ring attention over THD: padding-causal only, and MaxText's decoder is causal.
 _TE_CP = dict(**_CP, takes_max_segments=True, causal_only=True, dtypes=CUDNN,
               head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=9.0,
-              hlo_markers=TE_MARKERS, backward_markers=TE_MARKERS[1:],
+              hlo_markers=TE_MARKERS, backward_markers=TE_BACKWARD_MARKERS,
               deterministic_env=TE_DETERMINISTIC)
 
 

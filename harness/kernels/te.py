@@ -37,7 +37,8 @@ import jax.numpy as jnp
 from harness.kernels.kernel import Kernel
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS, OP_FEATURES, op_kernel
 
-TE_MARKERS = ("te_fused_attn_forward_ffi", "te_fused_attn_backward_ffi")
+TE_BACKWARD_MARKERS = ("te_fused_attn_backward_ffi",)   # only its backward pass holds it
+TE_MARKERS = ("te_fused_attn_forward_ffi", *TE_BACKWARD_MARKERS)
 UNFUSED_CRASH = "sequence_descriptor must be None or ndarray"
 # The features TE's THD call takes (harness.model.features).
 TE_FEATURES = ("window", "sinks", "head_dim_v")
@@ -153,13 +154,13 @@ _TE = dict(takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, dev
 
 KERNELS = [
     Kernel("sut:cudnn_flash_te", te_thd, min_compute_capability=9.0, hlo_markers=TE_MARKERS,
-           backward_markers=TE_MARKERS[1:],
+           backward_markers=TE_BACKWARD_MARKERS,
            features=OP_FEATURES, **_TE,
            description="the op's cudnn_flash_te: TE THD fused attention with a "
                        "SequenceDescriptor"),
     # TE's THD kernels write zeros at padding (measured on the H200): the stricter convention.
     Kernel("te:thd", te_thd_raw, min_compute_capability=9.0, hlo_markers=TE_MARKERS,
-           backward_markers=TE_MARKERS[1:],
+           backward_markers=TE_BACKWARD_MARKERS,
            padding_anywhere=True, padding_output="zero", features=TE_FEATURES, **_TE,
            description="TE THD fused attention, called directly: padding anywhere "
                        "(pad_between_seqs), window_size=(left, right), learnable "

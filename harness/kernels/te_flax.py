@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from harness.kernels.kernel import Kernel
 from harness.kernels.op import CUDNN, CUDNN_HEAD_DIMS
 from harness.kernels.te import (
+    TE_BACKWARD_MARKERS,
     TE_DETERMINISTIC,
     TE_FEATURES,
     TE_MARKERS,
@@ -119,7 +120,7 @@ def te_flax_seqlens_offsets(query, key, value, segment_ids, *, causal, scale, ma
 _TE_FLAX = dict(takes_max_segments=True, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS,
                 devices=("gpu",), min_compute_capability=9.0, padding_anywhere=True,
                 requires=("transformer_engine", "flax"), hlo_markers=TE_MARKERS,
-                backward_markers=TE_MARKERS[1:],
+                backward_markers=TE_BACKWARD_MARKERS,
                 deterministic_env=TE_DETERMINISTIC, features=TE_FEATURES)
 
 # On the H200 (TE 2.20.2, cuDNN 9.19) TE's fused backend refuses THD learnable softmax ("Known
