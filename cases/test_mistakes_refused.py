@@ -177,3 +177,14 @@ def test_no_cache_beside_a_cache_folder_is_refused(command, tmp_path):
              _run(*command, "--no-compilation-cache", "--compilation-cache", str(tmp_path)),
              "--no-compilation-cache with --compilation-cache", "give one of them")
     assert not (tmp_path / "r").exists()
+
+
+def test_census_table_only_refuses_options_it_would_ignore(tmp_path):
+    """--table-only runs nothing: --kernels or --suite beside it read as honoured and were not
+    (the table came out of the parts present, whatever they named)."""
+    for extra in (["--kernels", "xla"], ["--suite", "smoke"], ["--no-bench"]):
+        _refused(_run("census", "--table-only", "--report-dir", str(tmp_path), *extra),
+                 "--table-only runs nothing", extra[0])
+    # --report-dir is what it reads: never refused for that.
+    out = _run("census", "--table-only", "--report-dir", str(tmp_path))
+    _refused(out, "no parts/ folder")

@@ -101,6 +101,8 @@ class CensusOptions:
 
     @classmethod
     def from_args(cls, args) -> CensusOptions:
+        if args.table_only:
+            _refuse_with_table_only(args)
         out = cls(report_dir=args.report_dir, part=args.part, suite=args.suite,
                   without=args.without, shapes=args.shapes, repeats=args.repeats,
                   bench=not args.no_bench, repro=not args.no_repro,
@@ -113,6 +115,19 @@ class CensusOptions:
     @classmethod
     def from_json(cls, data: dict) -> CensusOptions:
         return cls(**data)
+
+
+def _refuse_with_table_only(args) -> None:
+    """--table-only runs nothing: an option that would shape a run (given, not its default)
+    beside it is a mistake the harness names, not one it ignores."""
+    defaults = argparse.ArgumentParser(add_help=False)
+    add_arguments(defaults)
+    given = sorted(a.option_strings[0] for a in defaults._actions
+                   if a.dest not in ("report_dir", "table_only") and a.option_strings
+                   and getattr(args, a.dest, a.default) != a.default)
+    if given:
+        raise UsageError(f"--table-only runs nothing: {', '.join(given)} would not apply "
+                         "(it rebuilds the table of --report-dir from the parts present)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
