@@ -63,6 +63,41 @@ def test_a_kernel_that_calls_sys_exit_is_an_error_in_its_worker_and_here(tmp_pat
         assert "SystemExit" in errors[0].message or "status 0" in errors[0].message
 
 
+def test_a_kernel_or_module_calling_pytest_skip_is_an_error_not_a_skip(tmp_path):
+    """pytest.skip/xfail/importorskip raise BaseExceptions: in a kernel the CLI crashed with a
+    traceback and left its report `running`, pytest showed a skip or an xfail; at a kernel
+    module's top both printed a traceback. Now an error record on both paths, and one line."""
+    module = tmp_path / "skips.py"
+    module.write_text(
+        "import harness, pytest\n"
+        "def skips(q, k, v, seg, *, causal, scale):\n"
+        "    pytest.skip('library not available')\n"
+        "def xfails(q, k, v, seg, *, causal, scale):\n"
+        "    pytest.xfail('nah')\n"
+        "for name, fn in (('skips', skips), ('xfails', xfails)):\n"
+        "    harness.register_kernel(name, fn, dtypes=('bfloat16',), gqa=True)\n")
+    from harness.store import report_file as rec
+    for command in (("-m", "harness", "run"), ("-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                                 MATRIX)):
+        report = tmp_path / command[1]
+        out = _run(*command, "--kernel-module", str(module), "--kernels", "skips,xfails",
+                   "--cases", ONE_CASE, "--no-leak-probe", "--report-dir", str(report))
+        text = out.stdout + out.stderr
+        assert out.returncode == 1 and "Traceback" not in text, text[-3000:]
+        if command[1] == "pytest":
+            assert "2 failed" in text and "skipped" not in text and "xfailed" not in text, text
+        header, records = rec.read(report)
+        assert header["state"] == "finished"
+        assert sorted((r.kernel, r.outcome) for r in records) == [
+            ("skips", "error"), ("xfails", "error")], [r.message for r in records]
+    top = tmp_path / "skip_at_top.py"
+    top.write_text("import pytest\npytest.importorskip('no_such_library_here')\n")
+    for command in (("-m", "harness", "run"), ("-m", "pytest", MATRIX)):
+        _one_line(_run(*command, "--kernel-module", str(top), "--kernels", "dot_product",
+                       "--cases", ONE_CASE, "--report-dir", str(tmp_path / "top")),
+                  "skip_at_top.py:2: Skipped", status=2 if command[1] == "harness" else 4)
+
+
 def test_a_selected_pair_without_a_record_is_an_error_record(tmp_path):
     """Every selected pair leaves a record (a skip included): a finished run whose report lacks
     one lost it on the way (a group's reports left out of the join, a worker that ended

@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.errors import UsageError
+from harness.errors import USER_CODE_RAISED, UsageError
 from harness.kernels.kernel import Kernel
 from harness.kernels.libraries import mark_absl_flags_parsed
 
@@ -107,7 +107,7 @@ def load_kernel_module(path: str | Path) -> None:
     except SystemExit as exc:
         del sys.modules[module_name]
         raise UsageError(exited(shown, exc)) from None
-    except Exception as exc:
+    except USER_CODE_RAISED as exc:   # an error, or pytest.importorskip/skip at its top
         del sys.modules[module_name]
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(file)]
         where = f":{frames[-1].lineno}" if frames else ""
@@ -134,7 +134,7 @@ def _import_module(name: str) -> None:
                          f"({exc})") from None
     except SystemExit as exc:
         raise UsageError(exited(name, exc)) from None
-    except Exception as exc:
+    except USER_CODE_RAISED as exc:
         raise UsageError(f"--kernel-module {name}: {type(exc).__name__}: {exc}") from None
     if len(_USER) == before and not getattr(module, "_harness_registered", False):
         raise UsageError(f"--kernel-module {name}: the module registered no kernel (call "

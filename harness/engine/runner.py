@@ -33,6 +33,7 @@ from harness.engine.programs import (
 )
 from harness.engine import diagnosis, refusal
 from harness.engine.memory import device_memory_bytes, requested_bytes
+from harness.errors import USER_CODE_RAISED
 from harness.judge import judging, leak_probe
 from harness.judge.metrics import read_token_errors, stacked_token_errors, token_errors
 from harness.judge.oracle import (
@@ -48,9 +49,7 @@ from harness.judge.vocabulary import JVP, LEAK, PASS, TENSORS
 from harness.kernels.kernel import Kernel, Platform
 from harness.model.case import Case, forget_inputs, make_inputs, make_tangents
 
-# What a kernel may raise: any error, and a sys.exit() of its library (it ended the whole run,
-# or its worker without a word, with status 0).
-KERNEL_RAISED = (Exception, SystemExit)
+KERNEL_RAISED = USER_CODE_RAISED   # an error, never a skip (harness.errors)
 # Cases whose inputs are drawn ahead of the one running (make_inputs keeps 8).
 INPUTS_AHEAD = 4
 INPUTS = "inputs (drawing ahead)"   # its row of the timing table: how long the run waited
