@@ -157,7 +157,8 @@ def test_a_worker_dying_between_pairs_blames_no_pair(tmp_path, monkeypatch):
     from harness.engine import workers as isolation
     pairs = [("k", "a"), ("k", "b"), ("k", "c")]
     # "a*": killed while appending a's records (one whole, one cut short, never finished).
-    script = {"between": [("a",), ("b", "c")], "at start": [(), ("b", "c")],
+    # "at start": it dies again when run alone (run_group's `alone`), so it is blamed.
+    script = {"between": [("a",), ("b", "c")], "at start": [(), (), ("b", "c")],
               "mid-write": [("a*",), ("b", "c")]}
 
     def run(plan):
@@ -964,12 +965,22 @@ def test_a_pair_runs_again_once_at_most_for_either_cause(tmp_path, monkeypatch):
     assert result.run_again == [("k", "a", "during capture")]
 
 
-def test_a_worker_killed_otherwise_blames_its_pair_at_once(tmp_path, monkeypatch):
-    """Any other death is the pair's at the first time (a kernel that crashes its process)."""
-    result, given, _, _ = _scripted_group(tmp_path, monkeypatch, [
-        lambda report, pairs: (-11, "Segmentation fault in the kernel's own library")])
-    assert [c[:2] for c in result.crashes] == [("k", "a")] and result.run_again == []
-    assert given == [[("k", "a"), ("k", "b")], [("k", "b")]]
+def test_a_worker_killed_otherwise_blames_its_pair_once_it_dies_alone(tmp_path, monkeypatch):
+    """Any other death is the pair's once a worker running it alone dies too (a kernel that
+    crashes its process). A worker traces and compiles the pairs after the one it runs: a
+    kernel ending the process there (os._exit at trace, a fault) killed it while an innocent
+    pair was the last started, and that pair read ERROR (a helper's adversarial review)."""
+    def segv(report, pairs):
+        return -11, "Segmentation fault in the kernel's own library"
+    result, given, _, _ = _scripted_group(tmp_path, monkeypatch, [segv, segv])
+    assert [c[:2] for c in result.crashes] == [("k", "a")]
+    assert [a[:2] for a in result.run_again] == [("k", "a")]
+    assert given == [[("k", "a"), ("k", "b")], [("k", "a")], [("k", "b")]]
+    # Alone, it ran: not its crash; the rest runs on in a fresh worker.
+    result, given, _, said = _scripted_group(tmp_path / "once", monkeypatch, [segv])
+    assert result.crashes == [] and [a[:2] for a in result.run_again] == [("k", "a")]
+    assert given == [[("k", "a"), ("k", "b")], [("k", "a")], [("k", "b")]]
+    assert any("ran alone" in line for line in said), said
 
 
 BREAKS_A_CAPTURE = """

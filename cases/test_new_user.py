@@ -63,6 +63,31 @@ def test_a_kernel_that_calls_sys_exit_is_an_error_in_its_worker_and_here(tmp_pat
         assert "SystemExit" in errors[0].message or "status 0" in errors[0].message
 
 
+def test_a_kernel_ending_its_worker_while_traced_ahead_is_blamed_not_its_neighbour(tmp_path):
+    """A worker traces the pairs after the one it runs: a kernel calling os._exit there ended
+    the worker while a correct kernel's pair was the last started, and that pair read ERROR
+    beside the culprit's (status 0 and 3 alike). Now the pair runs again alone first."""
+    module = tmp_path / "ends.py"
+    module.write_text(
+        "import os, harness\n"
+        "from harness.kernels.reference import dot_product\n"
+        "def ends(q, k, v, seg, *, causal, scale):\n"
+        "    os._exit(int(os.environ.get('END_STATUS', '0')))\n"
+        "for name, fn in (('fine', dot_product), ('ends', ends)):\n"
+        "    harness.register_kernel(name, fn, dtypes=('bfloat16',), gqa=True, isolation='g')\n")
+    from harness.store import report_file as rec
+    for status in ("0", "3"):
+        report = tmp_path / status
+        out = _run("-m", "harness", "run", "--kernel-module", str(module), "--kernels",
+                   "dot_product,fine,ends", "--cases", ONE_CASE, "--no-leak-probe",
+                   "--report-dir", str(report), env={"END_STATUS": status})
+        assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+        _, records = rec.read(report)
+        bad = sorted({(r.kernel, r.outcome) for r in records if r.bad})
+        assert bad == [("ends", "error")], bad
+        assert "ran alone" in out.stdout + out.stderr
+
+
 def test_a_kernel_or_module_calling_pytest_skip_is_an_error_not_a_skip(tmp_path):
     """pytest.skip/xfail/importorskip raise BaseExceptions: in a kernel the CLI crashed with a
     traceback and left its report `running`, pytest showed a skip or an xfail; at a kernel

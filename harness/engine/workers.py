@@ -357,15 +357,21 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
     harness.engine.main_parts): a pair that lacked device memory goes to `deferred`."""
     import shutil
     result = WorkerResult(name=name)
-    remaining, attempt = list(pairs), 0
+    # `alone`: the pair a worker died on while others were in it, run alone in the next one
+    # before it is blamed: a worker traces and compiles the pairs after the one it runs, and
+    # a kernel that ends the process there (os._exit, a fault while tracing) killed it while
+    # an innocent pair was the last started (a helper's adversarial review).
+    remaining, attempt, alone = list(pairs), 0, None
     while remaining:
         attempt += 1
         wdir = workdir / f"{name}-{attempt}"
         shutil.rmtree(wdir, ignore_errors=True)   # nothing of an earlier run counts as done
         wdir.mkdir(parents=True)
-        spec = write_spec(wdir / "spec.json", options, remaining, wdir / "report",
+        running = [alone] if alone else remaining
+        spec = write_spec(wdir / "spec.json", options, running, wdir / "report",
                           defer_memory, [p[:2] for p in result.run_again])
-        echo(f"[worker {name}#{attempt}] {len(remaining)} kernel x case pairs")
+        echo(f"[worker {name}#{attempt}] {len(running)} kernel x case pairs"
+             + (" (alone)" if alone else ""))
         result.report_dirs.append(wdir / "report")
         try:
             returncode, tail = _stream(worker_command(spec), echo, env, stop)
@@ -383,18 +389,19 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
         if stop is not None and stop.is_set() or returncode in INTERRUPTED:
             # Stopped with the run (Ctrl-C reaches the workers too): no pair's crash.
             raise Stopped(result)
-        if returncode == 0:  # a kernel's sys.exit(0), say: say so, never drop
-            for k, c in left:
-                result.crashes.append((k, c, "the worker ended (status 0) without running it"))
-                if on_crash:
-                    on_crash(*result.crashes[-1])
-            break
         if returncode == 2:  # a user's mistake (harness.errors.UsageError): the same for all
             from harness.errors import UsageError
             last = [ln for ln in tail.splitlines() if ln.strip()]
             raise UsageError(last[-1].removeprefix("error: ") if last else
                              f"the worker for isolation group {name!r} refused its pairs")
-        # Whatever its exit status (a process whose capture broke may crash as it ends).
+        if alone is not None and alone not in left:   # alone, it ran: not its crash
+            echo(f"[worker {name}#{attempt}] {alone[0]} {alone[1]} ran alone: the worker "
+                 "before died of another pair's doing")
+            alone, remaining = None, left
+            continue
+        # Whatever its exit status (a process whose capture broke may crash as it ends; a
+        # kernel's os._exit(0) ends it with status 0: that pair is to blame, as for a crash,
+        # and a fresh worker runs the rest).
         again = [(*p, why) for p, why in _announced(wdir / "report" / RETRY_FILE, "why")
                  if p in left]
         if again:
@@ -403,13 +410,13 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
             result.run_again += again
             remaining = left
             continue
-        crashed = _last_started(wdir / "report")
+        crashed = alone or _last_started(wdir / "report")
         why = death(returncode, tail)
         if defer_memory and crashed in left and memory_bound(why):
             echo(f"[worker {name}#{attempt}] out of memory on {crashed[0]} {crashed[1]}: "
                  "deferred")
             result.deferred.append(crashed)
-            remaining = [p for p in left if p != crashed]
+            alone, remaining = None, [p for p in left if p != crashed]
             continue
         if crashed not in left:
             # It died between pairs (after the records of the last pair it started): no pair is
@@ -425,6 +432,13 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
                  f"{why}: it runs again in a fresh worker")
             result.run_again, remaining = result.run_again + [(*crashed, why)], left
             continue
+        if crashed in left and len(left) > 1 and crashed not in [p[:2] for p in result.run_again]:
+            echo(f"[worker {name}#{attempt}] died on {crashed[0]} {crashed[1]}: {why}: it runs "
+                 "again alone in a fresh worker before it is blamed")
+            result.run_again.append((*crashed, why))
+            alone, remaining = crashed, left
+            continue
+        alone = None
         whose = (f"the worker process for the main group's part {name!r}"
                  if is_part(name) or name == DEFERRED
                  else f"the worker process for isolation group {name!r}")

@@ -95,8 +95,9 @@ def run_line(header: dict, marked: bool = True) -> str:
         parts.append(f"rejudged, but {kept_text(header['rejudge_kept'])}")
     if header.get("run_again"):
         parts.append(f"{len(header['run_again'])} pair(s) run again in a fresh worker (a CUDA "
-                     "graph capture broken, or a worker killed while XLA compiled beside the "
-                     "run: harness/engine/capture.py)")
+                     "graph capture broken, a worker killed while XLA compiled beside the "
+                     "run, or one that died while it traced the pairs after: "
+                     "harness/engine/capture.py, workers.py)")
     notice = unfinished(header) if marked else None
     if notice:
         parts.append(f"**{notice}**")
