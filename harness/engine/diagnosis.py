@@ -56,7 +56,7 @@ def diagnosed(kernel, case, results, records: list[Record], reference: Callable
     out = []
     for r in records:
         found = matches.get(r.check, {}) if r.verdict == v.FAIL and r.check in failing else {}
-        diagnosis = judging.drop_diagnosis({n: m for n, m in found.items() if n in droppable})
+        diagnosis = _drop_diagnosis({n: m for n, m in found.items() if n in droppable})
         if diagnosis is None and any(found.get(c) for c in others):
             diagnosis = _convention_diagnosis(next(c for c in others if found.get(c)))
         if diagnosis:
@@ -64,3 +64,15 @@ def diagnosed(kernel, case, results, records: list[Record], reference: Callable
                 f"; {r.message}" if r.message else ""))
         out.append(r)
     return out
+
+
+def _drop_diagnosis(dropped: dict[str, bool]) -> str | None:
+    """The diagnosis of a failing feature case from whether its results match the case without
+    each feature within tolerance (feature -> matches): the first that matches was dropped."""
+    from harness.model.features import WITHOUT
+    for name, matches in dropped.items():
+        if matches:
+            plural = WITHOUT[name].endswith("s")   # the chunks, the sinks
+            return (f"matches the mask without {WITHOUT[name]}: {WITHOUT[name]} "
+                    f"{'were' if plural else 'was'} dropped")
+    return None

@@ -151,7 +151,8 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
                                      _disagreement(kernel, case, ref, out.records))
     else:
         out.records.append(judging.probe_off_record(kernel, case))
-    out.records = judging.cover_unjudged(out.records, probed=leak)
+    out.records = judging.cover_unjudged(judging.reruns_within_tolerance(out.records),
+                                         probed=leak)
     if case.features.chunk is not None and kernel.chunk_convention != "segment":
         # Judged against the chunks its library documents: every record says which.
         out.records = [r.replace(convention=f"chunks from the {kernel.chunk_convention}'s "

@@ -287,18 +287,6 @@ def dsinks_record(kernel, case, err: float, nonfinite: bool, reference, mode: st
                          peer_err=reference.peer_dsinks_err, tolerance=tol, ratio=r, mode=mode)
 
 
-def drop_diagnosis(dropped: dict[str, bool]) -> str | None:
-    """The diagnosis of a failing feature case from whether its results match the case without
-    each feature within tolerance (feature -> matches): the first that matches was dropped."""
-    from harness.model.features import WITHOUT
-    for name, matches in dropped.items():
-        if matches:
-            plural = WITHOUT[name].endswith("s")   # the chunks, the sinks
-            return (f"matches the mask without {WITHOUT[name]}: {WITHOUT[name]} "
-                    f"{'were' if plural else 'was'} dropped")
-    return None
-
-
 def nonfinite_positions(bad_tokens: np.ndarray, start: int) -> str:
     """'tokens 5, 7 (+3 more)' for a segment's per-token non-finite counts."""
     where = np.flatnonzero(bad_tokens) + start
@@ -397,6 +385,24 @@ def cover_unjudged(records: list[Record], probed: bool = True) -> list[Record]:
     return out
 
 
+def reruns_within_tolerance(records: list[Record]) -> list[Record]:
+    """The leak probe's reruns of the unchanged inputs are runs too: two that differ on a
+    segment by over twice the check's tolerance are not both within it, and the check fails
+    (a kernel right on its first call only passed, its reruns taken for noise)."""
+    spread = {(r.row, r.segment): r for r in records if r.check == LEAK.name and r.rerun_change}
+    out = []
+    for r in records:
+        probe = spread.get((r.row, r.segment))
+        change = probe.rerun_change.get(r.check) if probe else None
+        if change is not None and r.tolerance and change > 2 * r.tolerance and r.measured:
+            r = r.replace(verdict=v.FAIL, outcome=outcome(v.FAIL, r.expected), message=(
+                f"two runs of its {probe.mode} build on the unchanged inputs differ by "
+                f"{change:.3g}, over twice the tolerance {r.tolerance:.3g}: not both within it "
+                "(the leak probe's reruns)" + (f"; {r.message}" if r.message else "")))
+        out.append(r)
+    return out
+
+
 # ----- the leak probe's verdicts ------------------------------------------------------------
 
 def leak_message(leak, found, note: str) -> tuple[str, str]:
@@ -450,7 +456,9 @@ def leak_records(kernel, case, found, mode: str, note: str = "") -> list[Record]
             detectable=found.detectable or None,
             false_alarm=found.false_alarm if found.gated else None,
             quiet=list(found.quiet) or None, unsteady=list(found.unsteady) or None,
-            fallback=note or None))
+            fallback=note or None, rerun_change={
+                t: float(c[leak.segment.row, leak.segment.start:leak.segment.stop].max())
+                for t, c in found.rerun_change.items()} or None))
     return records
 
 

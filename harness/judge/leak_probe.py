@@ -164,6 +164,9 @@ class ProbeResult:
     # not reproducible, though the reruns agreed (rare noise; a change counts only where both
     # runs made it).
     unsteady: list[str] = field(default_factory=list)
+    # Tensor -> [B, T] largest change between reruns of the unchanged inputs (0 at padding);
+    # empty where no rerun ran (judging.reruns_within_tolerance).
+    rerun_change: dict = field(default_factory=dict)
 
 
 def _perturbation_runs(case, index, plain, amplified, convention="segment"):
@@ -335,11 +338,18 @@ def probe(program, inputs: Inputs, case: Case, first=None, reruns: int = RERUNS,
     found, unsteady = _group_changes(program, base, case, groups_, bitwise, limits, names,
                                      confirm, convention, plain)
     return _result(case, names, found, groups_, noise, limits, unprobed, nonfinite, convention,
-                   scale, unsteady)
+                   scale, unsteady, {n: _on_tokens(noise[n].sample, valid) for n in names})
+
+
+def _on_tokens(sample: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """A per-valid-token sample (harness.judge.noise) laid out on the [B, T] tokens."""
+    full = np.zeros(valid.shape, np.float32)
+    full[valid] = sample
+    return full
 
 
 def _result(case, names, found, groups_, noise, limits, unprobed, nonfinite, convention,
-            scale=None, unsteady=()) -> ProbeResult:
+            scale=None, unsteady=(), rerun_change=None) -> ProbeResult:
     """The ProbeResult of the groups' changes (`found`) and the gated tensors' `limits`."""
     runs = [(group, redraw, f) for (group, redraw), f in zip(groups_, found)]
     tokens = int((case.segment_ids > 0).sum()) * len(groups_)
@@ -349,4 +359,5 @@ def _result(case, names, found, groups_, noise, limits, unprobed, nonfinite, con
         detectable={n: float(f"{t / (amplitude(case.dtype) * scale[n]):.3g}")
                     if scale[n] > 0 else math.inf for n, t in limits.items()},
         false_alarm=float(sum(tokens * noise[n].exceed(t) ** 2 for n, t in limits.items())),
-        quiet=[n for n in limits if noise[n].largest == 0], unsteady=list(unsteady))
+        quiet=[n for n in limits if noise[n].largest == 0], unsteady=list(unsteady),
+        rerun_change=rerun_change or {})

@@ -64,6 +64,8 @@ class Record:
     quiet: list | None = None             # gated tensors whose reruns showed no noise: no rate
     unsteady: list | None = None          # bitwise tensors two runs of one perturbation set apart
     fallback: str | None = None           # why the default build was probed
+    rerun_change: dict | None = None      # tensor -> largest change between reruns of the
+    #                                       unchanged inputs on the segment (where reruns ran)
     judged_by: str | None = None          # an unjudged check: the leak record that judged it
     # Padding hygiene: tensor -> {"kind", "count", "first", "max"} for each violation.
     violations: dict | None = None

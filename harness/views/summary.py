@@ -40,7 +40,10 @@ def describe_problem(r: Record) -> str:
     text = (f"{r.kernel} {r.check} {r.segment_label} of {r.case_id}: {what} "
             f"max|err|={fmt(r.max_abs_err)} tol={r.tolerance:.3g} ratio={ratio} "
             f"worst token {r.worst_token} (segment {r.tokens})")
-    return text + (f": {r.message}" if r.nonfinite else "")
+    # Its message where the numbers do not say why (non-finite; a ratio within tolerance,
+    # failed on its reruns: judging.reruns_within_tolerance).
+    return text + (f": {r.message}" if r.nonfinite or (r.ratio is not None and r.ratio <= 1)
+                   else "")
 
 
 def kept_text(kept: dict) -> str:
