@@ -20,6 +20,7 @@ def test_kernel_on_case(kernel_case, run_case, record_sink, record_property):
         record_property("failing_segments", ",".join(sorted(
             {f"{r.check}:{r.where}" for r in measured if r.verdict == v.FAIL})))
         record_property("unjudged", tallies.counts(result.records).get(v.UNJUDGED, 0))
+        record_property("not_run", tallies.counts(result.records).get(v.NOT_RUN, 0))
         record_property("unprobed", sum(tallies.unprobed(result.records).values()))
         padded = tallies.padding_rows(result.records).get(kernel.name)
         if padded:

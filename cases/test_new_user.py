@@ -63,6 +63,21 @@ def test_a_kernel_that_calls_sys_exit_is_an_error_in_its_worker_and_here(tmp_pat
         assert "SystemExit" in errors[0].message or "status 0" in errors[0].message
 
 
+def test_pytest_says_when_a_check_did_not_run(tmp_path):
+    """pytest's terminal read '1 passed' and nothing else for a pair whose leak check did not
+    run (--no-leak-probe), where the CLI shows `not run`; JUnit counted it nowhere."""
+    junit = tmp_path / "j.xml"
+    out = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", MATRIX, "--kernels",
+               "dot_product", "--cases", ONE_CASE, "--no-leak-probe", "--report-dir",
+               str(tmp_path / "r"), f"--junitxml={junit}")
+    assert out.returncode == 0, out.stdout[-2000:]
+    assert "harness: not every check ran: 1 not run" in out.stdout, out.stdout[-2000:]
+    assert 'name="not_run" value="1"' in junit.read_text()
+    out = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", MATRIX, "--kernels",
+               "dot_product", "--cases", ONE_CASE, "--report-dir", str(tmp_path / "p"))
+    assert out.returncode == 0 and "not every check ran" not in out.stdout, out.stdout[-2000:]
+
+
 def test_a_kernel_ending_its_worker_while_traced_ahead_is_blamed_not_its_neighbour(tmp_path):
     """A worker traces the pairs after the one it runs: a kernel calling os._exit there ended
     the worker while a correct kernel's pair was the last started, and that pair read ERROR

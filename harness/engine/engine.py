@@ -294,6 +294,12 @@ def finish(report_dir: Path, options: RunOptions, *, state: str = FINISHED,
               + f"report: {report_dir}/ (report.jsonl, summary.md, report.html)")
     elif tallies.judged_nothing(records):
         print("harness: nothing was judged (no check measured anything): not a pass")
+    elif (not_run := sum(tallies.not_run(records).values())) + \
+            (unprobed := sum(tallies.unprobed(records).values())):
+        # pytest's terminal says passed for a pair whose leak check did not run: never silently
+        print(f"\nharness: not every check ran: {not_run} not run, {unprobed} tensor x segment(s) "
+              "the leak probe could not compare (unprobed); neither is a pass (summary.md "
+              "lists them)")
     status = tallies.run_status(records)
     if options.baseline:
         from harness.views.compare import compare_files
