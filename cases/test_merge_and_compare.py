@@ -2,6 +2,7 @@
 skip that would hide a measured failure, a report whose run did not finish; and what it may not
 make red: pairs pytest did not select."""
 import io
+from pathlib import Path
 from contextlib import redirect_stdout
 
 from harness.engine import engine
@@ -123,3 +124,33 @@ def test_a_narrowed_run_stays_narrowed_through_a_merge(tmp_path):
     engine.merge(tmp_path / "m", [narrowed])
     status, text = _compare(tmp_path / "m", base)
     assert status == 0 and "narrowed by pytest" in text, text
+
+
+def test_merge_refuses_shards_of_two_runs_and_counts_no_empty_shard_missing(tmp_path):
+    """From a cold review: shards 1/3 and 2/2, or of two selections, merged with exit 0 and
+    their lost pairs listed as 'missing' beside 'no regression'; and shards 1/3 and 2/3 of
+    two cases (3/3 holds none: refused when run) merged INCOMPLETE, '3/3 missing'."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    one, two = ("packed/random-b4-t256-h4kv2-d64-bf16-s0",
+                "packed/many-b4-t256-h4kv2-d64-bf16-s0")
+
+    def harness(*args):
+        return subprocess.run([sys.executable, "-m", "harness", *args], cwd=root, timeout=600,
+                              capture_output=True, text=True)
+
+    def shard(part, kernels="dot_product", cases=f"{one},{two}"):
+        out = tmp_path / f"{kernels}-{part.replace('/', 'of')}"
+        done = harness("run", "--kernels", kernels, "--cases", cases, "--shard", part,
+                       "--no-leak-probe", "--report-dir", str(out))
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return str(out)
+    for a, b in ((shard("1/3"), shard("2/2")), (shard("1/2", "dot_product,xla"), shard("2/2"))):
+        out = harness("merge", str(tmp_path / "m"), a, b)
+        assert out.returncode == 2 and "are not shards of one run" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+    out = harness("merge", str(tmp_path / "whole"), shard("1/3"), shard("2/3"))
+    assert out.returncode == 0 and "INCOMPLETE" not in out.stdout, out.stdout[-2000:]
+    from harness.store import report_file as rec
+    assert "shards_missing" not in rec.read_header(tmp_path / "whole")

@@ -250,3 +250,29 @@ def test_compare_names_the_pairs_run_again_in_a_fresh_worker(runs, tmp_path, cap
                      suite="nightly")
     assert compare_files(tmp_path / "plain", tmp_path / "base") == 0
     assert "run again" not in capsys.readouterr().out
+
+
+def test_the_gate_holds_what_either_report_holds_and_names_new_bad_pairs(runs):
+    """From a cold review of the gate: a kernel that got worse while its expectation was
+    loosened (out x1.5 declared `either` or `fail`) compared 'no regression', the gate reading
+    the new report's expectation only; a pair the baseline lacks, failing now, was a count of
+    new pairs; a baseline of runs that disagree kept the first run's verdict (the gate then
+    depended on the runs' order)."""
+    first, second = runs
+    target = next(r for r in first if r.check == "out" and r.verdict == "pass"
+                  and r.expected == "pass")
+    for expected, result_ in (("either", "unjudged"), ("fail", "caught")):
+        worse = [r.replace(verdict="fail", expected=expected, outcome=result_)
+                 if r.key == target.key else r for r in second]
+        result = regression.compare(worse, first)
+        assert result.regressed and any("verdict pass -> fail" in line
+                                        for line in result.regressions), expected
+    stranger = [r.replace(kernel="new_kernel", verdict="fail", outcome="fail")
+                for r in second if r.pair == target.pair and r.key == target.key]
+    result = regression.compare(second + stranger, first)
+    assert any("new_kernel on" in line and "a pair the baseline lacks" in line
+               for line in result.regressions), result.regressions
+    disagree = [r.replace(verdict="fail", outcome="fail") if r.key == target.key else r
+                for r in second]
+    with pytest.raises(ValueError, match="disagree on 1 check"):
+        regression.baseline_from_runs([first, disagree])

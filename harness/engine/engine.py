@@ -32,9 +32,11 @@ STOPPED = 130
 
 @dataclass
 class Selection:
-    """What a run runs: its kernels and its cases (in suite order)."""
+    """What a run runs: its kernels and its cases (in suite order); a shard's: how many of
+    its run's shards hold a case (the others are refused: merge.missing_shards)."""
     kernels: list
     cases: list
+    shards_filled: int | None = None
 
     @property
     def pairs(self) -> int:
@@ -57,7 +59,10 @@ def select(options: RunOptions) -> Selection:
     cases = suite_cases(options.suite, options.cases, seeds=options.seeds,
                         features=options.features)
     if options.shard_part:
-        cases = shard(cases, *options.shard_part)
+        # Dealt out one by one where the shapes are fewer than the shards: the shards past
+        # the cases' count hold none (harness.model.suites.shard).
+        filled = min(options.shard_part[1], len(cases))
+        return Selection(kernels, shard(cases, *options.shard_part), filled)
     return Selection(kernels, cases)
 
 
@@ -110,7 +115,8 @@ def run_info(options: RunOptions, selection: Selection, **more) -> dict:
     return {"suite": options.suite, "kernels": [k.name for k in selection.kernels],
             "cases": len(selection.cases), "seeds": options.seeds, "shard": options.shard,
             "leak_probe": options.leak_probe, "selection": options.selection(),
-            "source": options.source, **more}
+            "source": options.source, **more,
+            **({"shards_filled": selection.shards_filled} if selection.shards_filled else {})}
 
 
 def run(options: RunOptions) -> int:
@@ -330,7 +336,10 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
                          if name not in kept and (why := _not_here(kernels.get(name)))})
             return rejudged(records, {n: k for n, k in kernels.items() if n not in kept},
                             probed=head.get("leak_probe") is not False)
-    suites = {rec.read_header(s).get("suite") for s in sources}
+    from harness.store.merge import check_shards
+    heads = [rec.read_header(s) for s in sources]
+    check_shards(heads, [str(s) for s in sources])
+    suites = {h.get("suite") for h in heads}
     if len(suites) > 1:
         names = ", ".join(map(str, sorted(suites, key=str)))
         print(f"note: merging reports of different suites ({names}): "

@@ -92,6 +92,11 @@ def _label(r: Record) -> str:
 
 def _pair_changes(new: list[Record], base: list[Record], result: Comparison) -> None:
     base_pairs = {r.pair for r in base}
+    # A pair the baseline lacks, bad now: nothing to compare it with, and never a pass.
+    for pair, n in sorted(Counter(r.pair for r in new if r.bad and r.pair not in base_pairs)
+                          .items()):
+        result.regressions.append(f"{pair[0]} on {pair[1]}: a pair the baseline lacks, with "
+                                  f"{n} bad record(s) now")
     ran_before = {r.pair for r in base if r.outcome != v.SKIP}
     errored_before = {r.pair for r in base if r.outcome == v.ERROR}
     for r in new:
@@ -122,13 +127,16 @@ def _check_changes(new: list[Record], base: list[Record], growth: float,
                                           "did not have")
             continue
         result.measured_both += b.measured and r.measured
+        # Held where either report holds it: a kernel that got worse while its expectation was
+        # loosened to `either` or `fail` (a canary's) still regressed against its baseline.
+        held = r.expected in HELD or b.expected in HELD
         if b.verdict != r.verdict:
             result.flips.append((b, r))
-            if b.measured and r.measured and r.expected in HELD:
+            if b.measured and r.measured and held:
                 result.regressions.append(f"{_label(r)}: verdict {b.verdict} -> {r.verdict} "
                                           f"({b.outcome} -> {r.outcome})")
                 continue
-            if b.measured and not r.measured and r.expected in HELD \
+            if b.measured and not r.measured and held \
                     and r.verdict not in (v.SKIP, v.ERROR):   # a pair's: _pair_changes
                 # It ran and now compared nothing (a leak probe now unprobed: its tensors too
                 # noisy, or not reproducible).
@@ -137,7 +145,7 @@ def _check_changes(new: list[Record], base: list[Record], growth: float,
                 continue
         if not b.bad and r.bad:
             result.regressions.append(f"{_label(r)}: {b.outcome} -> {r.outcome}")
-        elif r.expected in HELD and grew(b, r, growth):
+        elif held and grew(b, r, growth):
             result.grown.append((b, r))
             new_err = "nan/inf" if r.max_abs_err is None else format(r.max_abs_err, ".3g")
             result.regressions.append(f"{_label(r)}: error grew {err_range(b)[1]:.3g} -> "
@@ -189,12 +197,23 @@ BASELINE_FIELDS = ("kernel", "case_id", "check", "row", "segment", "verdict", "e
 def baseline_from_runs(runs: list[list[Record]]) -> list[Record]:
     """One baseline from several runs of the same selection: each check as the first run
     measured it, with the range of its error over every run that measured it (`err_range`:
-    smallest, largest, runs; None where a run's error was non-finite)."""
+    smallest, largest, runs; None where a run's error was non-finite). Runs whose measured
+    verdicts differ on a check are refused (ValueError): the same code gives the same
+    verdicts, and which one the baseline kept would depend on the runs' order."""
     errors: dict[tuple, list] = {}
+    verdicts: dict[tuple, set] = {}
     for records in runs:
         for r in records:
             if v.has_ratio(r.check) and r.measured:
                 errors.setdefault(r.key, []).append(r.max_abs_err)
+            if r.measured:
+                verdicts.setdefault(r.key, set()).add(r.verdict)
+    split = [k for k, seen in verdicts.items() if len(seen) > 1]
+    if split:
+        kernel, case_id, check, *where = split[0]
+        raise ValueError(f"the runs disagree on {len(split)} check(s)' verdicts (first: {kernel} "
+                         f"{check} {where} of {case_id}: {' vs '.join(sorted(verdicts[split[0]]))}"
+                         "): a baseline is made of runs that agree")
     out, seen = [], set()
     for records in runs:
         for r in records:

@@ -92,6 +92,26 @@ def merged_selection(headers: list[dict]) -> dict | None:
     return None
 
 
+def check_shards(headers: list[dict], names: list[str]) -> None:
+    """`harness merge` of shards: those of one selection, dealt out into one N, or a
+    UsageError naming the first that is not (shards of 1/3 and 2/2 merged as whole, or of
+    two selections, lost the pairs between them without a word)."""
+    from harness.errors import UsageError
+    first = None
+    for name, h in zip(names, headers):
+        part = rec.shard_part(h.get("shard")) if not isinstance(h.get("shard"), list) else None
+        if part is None:
+            continue
+        rest = {k: x for k, x in (h.get("selection") or {}).items() if k != "shard"}
+        if first is None:
+            first = (name, part[1], rest)
+        elif part[1] != first[1] or rest != first[2]:
+            why = (f"{part[1]} shards against {first[1]}" if part[1] != first[1] else
+                   "their selections differ: suite, cases, seeds, kernels or features")
+            raise UsageError(f"harness merge: {name} and {first[0]} are not shards of one run "
+                             f"({why}); shards merge into one report only from one sharded run")
+
+
 def missing_shards(headers: list[dict], whole: bool = False) -> list[str]:
     """The shards I/N absent from sources that are two or more shards of one N (whose joined
     selection is then the whole, merged_selection), or with `whole` (`harness merge`: the
@@ -109,7 +129,9 @@ def missing_shards(headers: list[dict], whole: bool = False) -> list[str]:
     if len(counts) != 1 or len(have) < (1 if whole else 2):
         return []
     n = counts.pop()
-    return [f"{i}/{n}" for i in range(1, n + 1) if i not in have]
+    # Shards past the selection's cases hold none and never ran (run_info's shards_filled).
+    filled = min([h["shards_filled"] for h in headers if h.get("shards_filled")] or [n])
+    return [f"{i}/{n}" for i in range(1, filled + 1) if i not in have]
 
 
 def _only_skipped(rows: list[str]) -> bool:

@@ -164,7 +164,11 @@ def write_baseline(out_path, sources) -> int:
         header, records = rec.read(src)
         headers.append(header)
         runs.append(records)
-    records = regression.baseline_from_runs(runs)
+    try:
+        records = regression.baseline_from_runs(runs)
+    except ValueError as exc:
+        from harness.errors import UsageError
+        raise UsageError(f"harness baseline: {exc}") from None
     header = {k: x for k, x in headers[0].items() if k not in ("type", "schema", "environment")}
     header["baseline_of"] = [{"path": str(s), "environment": h.get("environment"),
                               "wall_s": h.get("wall_s")} for s, h in zip(sources, headers)]
