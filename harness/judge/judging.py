@@ -456,9 +456,7 @@ def leak_records(kernel, case, found, mode: str, note: str = "") -> list[Record]
             detectable=found.detectable or None,
             false_alarm=found.false_alarm if found.gated else None,
             quiet=list(found.quiet) or None, unsteady=list(found.unsteady) or None,
-            fallback=note or None, rerun_change={
-                t: float(c[leak.segment.row, leak.segment.start:leak.segment.stop].max())
-                for t, c in found.rerun_change.items()} or None))
+            fallback=note or None, rerun_change=leak.rerun_change or None))
     return records
 
 

@@ -146,6 +146,9 @@ class SegmentLeak:
     by: list[str] = field(default_factory=list)  # the redrawn groups that moved it
     compared: bool = True      # some run left the segment untouched (else nothing was compared)
     nonfinite: list[str] = field(default_factory=list)  # tensors non-finite on the segment
+    # Tensor -> largest change between reruns of the unchanged inputs on the segment (where
+    # reruns ran: judging.reruns_within_tolerance).
+    rerun_change: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -164,9 +167,6 @@ class ProbeResult:
     # not reproducible, though the reruns agreed (rare noise; a change counts only where both
     # runs made it).
     unsteady: list[str] = field(default_factory=list)
-    # Tensor -> [B, T] largest change between reruns of the unchanged inputs (0 at padding);
-    # empty where no rerun ran (judging.reruns_within_tolerance).
-    rerun_change: dict = field(default_factory=dict)
 
 
 def _perturbation_runs(case, index, plain, amplified, convention="segment"):
@@ -353,11 +353,15 @@ def _result(case, names, found, groups_, noise, limits, unprobed, nonfinite, con
     """The ProbeResult of the groups' changes (`found`) and the gated tensors' `limits`."""
     runs = [(group, redraw, f) for (group, redraw), f in zip(groups_, found)]
     tokens = int((case.segment_ids > 0).sum()) * len(groups_)
+    leaks = _segment_leaks(case, runs, names, np.asarray(jax.device_get(nonfinite)), convention)
+    for leak in leaks if rerun_change else ():
+        s = leak.segment
+        leak.rerun_change = {t: float(c[s.row, s.start:s.stop].max())
+                             for t, c in rerun_change.items()}
     return ProbeResult(
-        _segment_leaks(case, runs, names, np.asarray(jax.device_get(nonfinite)), convention),
+        leaks,
         [n for n in names if n not in unprobed], unprobed, limits,
         detectable={n: float(f"{t / (amplitude(case.dtype) * scale[n]):.3g}")
                     if scale[n] > 0 else math.inf for n, t in limits.items()},
         false_alarm=float(sum(tokens * noise[n].exceed(t) ** 2 for n, t in limits.items())),
-        quiet=[n for n in limits if noise[n].largest == 0], unsteady=list(unsteady),
-        rerun_change=rerun_change or {})
+        quiet=[n for n in limits if noise[n].largest == 0], unsteady=list(unsteady))
