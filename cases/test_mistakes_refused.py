@@ -188,3 +188,20 @@ def test_census_table_only_refuses_options_it_would_ignore(tmp_path):
     # --report-dir is what it reads: never refused for that.
     out = _run("census", "--table-only", "--report-dir", str(tmp_path))
     _refused(out, "no parts/ folder")
+
+
+def test_an_edited_report_is_refused_in_one_line(report, tmp_path):
+    """From a cold review: a record edited to verdict fail beside outcome ok read green
+    (`harness report` exit 0), an unknown outcome dropped out of the counts, a NaN error
+    compared clean and a string error ended in a traceback."""
+    import json
+    lines = (report / "report.jsonl").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if '"verdict": "pass"' in line)
+    for change in ({"verdict": "fail"}, {"outcome": "weird"}, {"max_abs_err": float("nan")},
+                   {"max_abs_err": "big"}):
+        edited = tmp_path / "-".join(map(str, change.values()))
+        shutil.copytree(report, edited)
+        row = {**json.loads(lines[at]), **change}
+        (edited / "report.jsonl").write_text(
+            "\n".join([*lines[:at], json.dumps(row), *lines[at + 1:]]) + "\n")
+        _refused(_run("report", str(edited)), f"report.jsonl:{at + 1}:", "(edited?)")

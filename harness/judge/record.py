@@ -137,7 +137,31 @@ class Record:
                 extra[k] = x
         if known.get("message") is None:
             known["message"] = ""
+        _check_words(known)
         return cls(**known, extra=extra)
+
+
+class BadRecord(ValueError):
+    """A record line the harness never writes (an edited report): its reader names it."""
+
+
+_VERDICTS = frozenset({v.PASS, v.FAIL, v.UNPROBED, v.SKIP, v.ERROR, v.REFUSED})
+_OUTCOMES = frozenset(v.OUTCOMES)
+_NUMBERS = ("max_abs_err", "mean_abs_err", "peer_err", "tolerance", "ratio")
+
+
+def _check_words(row: dict) -> None:
+    """Its verdict and outcome in the harness's words, ok only for a pass (judging.outcome),
+    its errors numbers (the harness writes a non-finite one as null, never NaN)."""
+    verdict, result = row.get("verdict"), row.get("outcome")
+    if verdict not in _VERDICTS or result not in _OUTCOMES:
+        raise BadRecord(f"verdict {verdict!r}, outcome {result!r}: not the harness's words")
+    if result == v.OK and verdict != v.PASS:
+        raise BadRecord(f"outcome ok with verdict {verdict!r}: the harness never writes that")
+    for name in _NUMBERS:
+        x = row.get(name)
+        if x is not None and (type(x) not in (int, float) or x != x):
+            raise BadRecord(f"{name} {x!r}: not a finite number or null")
 
 
 _FIELDS = tuple(f.name for f in fields(Record) if f.name != "extra")

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.judge.record import Record, Trace
+from harness.judge.record import BadRecord, Record, Trace
 from harness.judge.vocabulary import RUNNING
 
 SCHEMA = 2
@@ -158,6 +158,9 @@ def _read(path: str | Path, what: str, with_records: bool, as_lines: bool = Fals
                     records.append(((row["kernel"], row["case_id"]),
                                     line if line.endswith("\n") else line + "\n")
                                    if as_lines else Record.from_json(row))
+    except BadRecord as exc:
+        raise UsageError(f"{what} {path}:{n}: {exc}; not a report as the harness wrote it "
+                         "(edited?)") from None
     except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError, TypeError,
             KeyError, AttributeError) as exc:
         # A line's own error names it; a decoding error comes from a chunk read ahead, whose
