@@ -137,8 +137,9 @@ class Record:
                 extra[k] = x
         if known.get("message") is None:
             known["message"] = ""
+        record = cls(**known, extra=extra)   # a required field missing: TypeError, its reader's
         _check_words(known)
-        return cls(**known, extra=extra)
+        return record
 
 
 class BadRecord(ValueError):
