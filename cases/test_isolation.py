@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.engine import device_shares
 from harness.engine.options import RunOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,20 +232,19 @@ def test_the_groups_workers_run_at_once_each_with_its_share_of_the_device(tmp_pa
     the groups' workers now run at once. The kernels without a group keep XLA's default share
     of a GPU's memory (their probe's memory checks see what they saw alone); the others take
     what they need of the rest. A share the user set runs the groups one after another."""
-    from harness.engine import workers as isolation
     grow = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    assert isolation.shares([None, "fa2", "fa3"], {}) == {
+    assert device_shares.shares([None, "fa2", "fa3"], {}) == {
         None: {}, "fa2": {**grow, "XLA_CLIENT_MEM_FRACTION": "0.180"},
         "fa3": {**grow, "XLA_CLIENT_MEM_FRACTION": "0.180"}}
-    assert isolation.shares(["fa2", "fa3"], {})["fa3"] == {
+    assert device_shares.shares(["fa2", "fa3"], {})["fa3"] == {
         **grow, "XLA_CLIENT_MEM_FRACTION": "0.465"}
     # The user's own choice, under either of jax's names or another allocator: no shares.
     for name in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION",
                  "XLA_PYTHON_CLIENT_ALLOCATOR"):
-        assert isolation.shares([None, "fa2"], {name: ".5"}) is None
-    assert isolation.shares([None], {}) is None
+        assert device_shares.shares([None, "fa2"], {name: ".5"}) is None
+    assert device_shares.shares([None], {}) is None
     # pytest's xdist workers set a share for themselves (harness.pytest_plugin): not the user's choice here.
-    for name in isolation.USER_MEMORY:
+    for name in device_shares.USER_MEMORY:
         monkeypatch.delenv(name, raising=False)
     out = _run_module(tmp_path, SLOW, "slow_a,slow_b", ONE)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -285,7 +285,7 @@ def test_two_groups_run_at_a_time_the_main_group_first(tmp_path, monkeypatch):
 
     def fake_run_group(name, pairs, workdir, options, *, env, **_):
         with lock:
-            running[name] = float(env.get(isolation.MEM_FRACTION, isolation.MAIN_SHARE))
+            running[name] = float(env.get(device_shares.MEM_FRACTION, device_shares.MAIN_SHARE))
             peak.append(sum(running.values()))
             log.append((name, running[name], time.monotonic()))
         time.sleep(sleeps[name])
@@ -301,7 +301,7 @@ def test_two_groups_run_at_a_time_the_main_group_first(tmp_path, monkeypatch):
     assert [f.result().interrupted for f in futures] == [False] * 5
     starts = [(n, share) for n, share, _ in log if share is not None]
     assert "main" in [n for n, _ in starts[:2]] and len(starts) == 5
-    assert max(peak) <= isolation.DEVICE_SHARE + 1e-9, peak
+    assert max(peak) <= device_shares.DEVICE_SHARE + 1e-9, peak
     main_end = next(t for n, share, t in log if n == "main" and share is None)
     for name, share, t in log:
         if share is not None and name != "main":   # beside main: the small share; after: half
@@ -317,7 +317,7 @@ def test_ctrl_c_stops_a_controller_running_several_groups(tmp_path, monkeypatch)
     import time
 
     from harness.engine import workers as isolation
-    for name in isolation.USER_MEMORY:
+    for name in device_shares.USER_MEMORY:
         monkeypatch.delenv(name, raising=False)
     module = tmp_path / "slow.py"
     module.write_text(SLOW + '\nharness.register_kernel("slow_main", make("main"), '
@@ -479,7 +479,7 @@ def test_the_parts_run_at_once_beside_the_other_groups_with_equal_shares(tmp_pat
 
     def logged(name, env, more):   # what a group's workers were given
         with lock:
-            log.append((name, env.get(isolation.MEM_FRACTION), env.get(isolation.PREALLOCATE),
+            log.append((name, env.get(device_shares.MEM_FRACTION), env.get(device_shares.PREALLOCATE),
                         env.get(main_parts.CORES_SHARE), more.get("defer_memory")))
 
     def fake_run_group(name, pairs, workdir, options, *, env, **more):
@@ -528,7 +528,7 @@ def test_the_parts_run_at_once_beside_the_other_groups_with_equal_shares(tmp_pat
     monkeypatch.setattr(isolation, "run_group", fake_run_group)
     log.clear()
     started = threading.Barrier(1)
-    pool, futures = isolation.start_groups(last, tmp_path, [], env={isolation.MEM_FRACTION: ".5"},
+    pool, futures = isolation.start_groups(last, tmp_path, [], env={device_shares.MEM_FRACTION: ".5"},
                                            parts=3)
     pool.shutdown(wait=True)
     assert log == [(n, ".5", None, None, False) for n in ("main", "fa", "fb")]
@@ -587,7 +587,7 @@ def test_a_parts_pair_that_lacks_memory_runs_again_with_the_main_groups_share(tm
     from harness.engine import workers as isolation
     from harness.store import report_file as rec
     # pytest's xdist workers set a share for themselves (harness.pytest_plugin): not the user's.
-    for name in isolation.USER_MEMORY:
+    for name in device_shares.USER_MEMORY:
         monkeypatch.delenv(name, raising=False)
     module = tmp_path / "hungry.py"
     module.write_text(HUNGRY)
@@ -651,11 +651,10 @@ def test_main_workers_end_to_end_on_a_gpu_machine(tmp_path, monkeypatch):
     runs again, the merged report holds each pair once with its records from the worker that
     ran it whole, and the header line says how the main group ran and how many pairs again."""
     from harness.engine import environment
-    from harness.engine import workers as isolation
     from harness.engine.engine import run
     from harness.store import report_file as rec
     from harness.views.markdown import run_line
-    for name in isolation.USER_MEMORY:
+    for name in device_shares.USER_MEMORY:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(environment, "nvidia_gpus", lambda: 1)
     module = tmp_path / "hungry.py"

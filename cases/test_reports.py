@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 import pytest
 
+from harness.engine import device_shares
 from harness.engine.environment import describe
 from harness.kernels.kernel import Platform
 from harness.engine.registry import select_kernels
@@ -479,8 +480,7 @@ def test_the_engine_runs_a_lanes_isolation_groups_at_once(tmp_path, monkeypatch)
     the FlashAttention groups no longer wait for the main group's worker."""
     from test_isolation import SLOW
 
-    from harness.engine import workers as isolation
-    for name in isolation.USER_MEMORY:     # pytest's xdist workers set a share for themselves
+    for name in device_shares.USER_MEMORY:     # pytest's xdist workers set a share for themselves
         monkeypatch.delenv(name, raising=False)
     module = tmp_path / "slow.py"
     module.write_text(SLOW)

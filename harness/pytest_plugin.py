@@ -78,7 +78,7 @@ def pytest_configure(config):
     if _is_worker(config):
         config._harness_ahead = config.workerinput.get("harness_ahead", False)
         count = int(config.workerinput.get("workercount", 1))
-        from harness.engine.workers import MEM_FRACTION, user_set_memory
+        from harness.engine.device_shares import MEM_FRACTION, user_set_memory
         if config._harness_ahead and not user_set_memory():
             # The engine's lanes hold the GPU (jax's default share); a worker takes device
             # memory only as it needs it (the harness's own tests, a pair no lane ran).

@@ -47,7 +47,7 @@ FINISH_WAIT_S = 150.0
 
 class Lanes:
     """pytest's controller side: the lanes' threads, each running its share of the pairs in
-    workers (its isolation groups several at a time, sharing the lane's GPU: isolation.shares)."""
+    workers (its isolation groups several at a time, sharing the lane's GPU: harness.engine.device_shares.shares)."""
 
     def __init__(self, workdir: Path, options: list[str], gpus: list[str | None]):
         self.workdir, self.options, self.gpus = Path(workdir), options, gpus

@@ -48,7 +48,7 @@ class _Cached:
     Serialized again, an executable loaded from the cache loses its code on CPUs ("Function
     transpose_copy_fusion.6 not found" when the run ran it, jax 0.10.2). A program the cache
     does not hold is not compiled here (NotCached): on a GPU, XLA's autotuning would take
-    device memory beside the run's, outside every share (harness.engine.workers.shares)."""
+    device memory beside the run's, outside every share (harness.engine.device_shares.shares)."""
 
     def __init__(self):
         self._lock = threading.Lock()

@@ -11,7 +11,7 @@ group's pairs are split into N parts of whole shapes (a shape's programs compile
 process; a case's references are computed in one), balanced by their estimated work
 (`split`). The parts run at once, each in workers of its own (`part_name`), beside the other
 groups: the parts share the 75% of the device the main group has whole, and the other groups
-keep what they have beside it (harness.engine.workers.shares). A pair that lacks memory in its
+keep what they have beside it (harness.engine.device_shares.shares). A pair that lacks memory in its
 share (an out-of-memory error, a deterministic build or dense scores larger than that share)
 keeps no record there: its worker lists it (DEFERRED_FILE), and once every group has ended it
 runs again alone with the share the main group has when it runs whole (DEFERRED,
