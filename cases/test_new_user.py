@@ -240,6 +240,32 @@ def test_a_run_where_every_case_skipped_is_not_green(tmp_path):
     assert "nothing was judged" in pyt.stdout
 
 
+def test_a_named_kernel_that_judged_nothing_beside_one_that_passed_is_not_green(tmp_path):
+    """--kernels names what the run is asked for: a named kernel whose every case skipped (here
+    a GPU kernel on the CPU) leaves the run red beside a kernel that passed, with the reason, in
+    the CLI, pytest, summary.md and `harness report` (it read green: exit 0). Kernels the run did
+    not name may skip every case (the default selection on a CPU), and a single shard is not
+    held to it."""
+    both = ("--kernels", "dot_product,sut:cudnn_flash_jax", "--cases", ONE_CASE,
+            "--no-leak-probe")
+    out = _run("-m", "harness", "run", *both, "--report-dir", str(tmp_path / "r"))
+    assert out.returncode == 1, out.stdout[-2000:]
+    words = "1 kernel named with --kernels judged nothing"
+    assert words in out.stdout and "sut:cudnn_flash_jax: runs on gpu" in out.stdout
+    assert words in (tmp_path / "r" / "summary.md").read_text()
+    again = _run("-m", "harness", "report", str(tmp_path / "r"))
+    assert again.returncode == 1, again.stdout[-2000:]
+    pyt = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", MATRIX, *both,
+               "--report-dir", str(tmp_path / "p"))
+    assert pyt.returncode == 1 and words in pyt.stdout, pyt.stdout[-2000:]
+    alone = _run("-m", "harness", "run", "--kernels", "dot_product", "--cases", ONE_CASE,
+                 "--no-leak-probe", "--report-dir", str(tmp_path / "a"))
+    assert alone.returncode == 0 and words not in alone.stdout, alone.stdout[-2000:]
+    shard = _run("-m", "harness", "run", *both, "--shard", "1/1", "--report-dir",
+                 str(tmp_path / "s"))
+    assert shard.returncode == 1, shard.stdout[-2000:]   # 1/1 is the whole suite
+
+
 def _report(tmp_path, name, *args):
     """A small CLI run (the leak probe off: these tests are about reports, not the probe)."""
     args = args if "--no-leak-probe" in args else (*args, "--no-leak-probe")

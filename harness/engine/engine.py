@@ -285,7 +285,7 @@ def finish(report_dir: Path, options: RunOptions, *, state: str = FINISHED,
     case) pairs the run selected; in a finished run, each without a record gets an error
     record (unreported)."""
     from harness.views.report_dir import write_views
-    from harness.views.summary import print_console
+    from harness.views.summary import named_idle_text, print_console
     if selected is not None:   # fewer than the header's kernels x cases: pytest's -k and kin
         facts["pairs_selected"] = len(selected)
     rec.update_header(Path(report_dir) / rec.RECORDS_FILE, state=state,
@@ -300,13 +300,15 @@ def finish(report_dir: Path, options: RunOptions, *, state: str = FINISHED,
               + f"report: {report_dir}/ (report.jsonl, summary.md, report.html)")
     elif tallies.judged_nothing(records):
         print("harness: nothing was judged (no check measured anything): not a pass")
+    elif idle := tallies.named_idle(records, header):
+        print("harness: " + named_idle_text(idle))
     elif (not_run := sum(tallies.not_run(records).values())) + \
             (unprobed := sum(tallies.unprobed(records).values())):
         # pytest's terminal says passed for a pair whose leak check did not run: never silently
         print(f"\nharness: not every check ran: {not_run} not run, {unprobed} tensor x segment(s) "
               "the leak probe could not compare (unprobed); neither is a pass (summary.md "
               "lists them)")
-    status = tallies.run_status(records)
+    status = tallies.run_status(records, header)
     if options.baseline:
         from harness.views.compare import compare_files
         status |= compare_files(Path(report_dir) / rec.RECORDS_FILE, options.baseline,

@@ -52,6 +52,30 @@ def judged_nothing(records: Iterable[Record]) -> bool:
     return not any(r.measured or r.verdict == v.ERROR for r in records)
 
 
+def named_idle(records: Iterable[Record], header: dict | None) -> dict[str, str]:
+    """kernel -> why (its records' commonest message), for each kernel the run named
+    (`--kernels`) whose every pair skipped or refused its features: naming a kernel asks for
+    its verdicts, and a run that gave none is not a pass, however green the other kernels (as a
+    run that judged nothing at all is not). Kernels the run did not name may skip every case
+    (GPU kernels on a CPU); a single shard is not held to it (its cases may be ones the kernel
+    skips), the shards merged are."""
+    header = header or {}
+    named = (header.get("selection") or {}).get("kernels")
+    shard = header.get("shard")
+    if not named or (isinstance(shard, str) and not shard.endswith("/1")):
+        return {}
+    named = set(named.split(","))
+    why: dict[str, Counter] = defaultdict(Counter)
+    judged = set()
+    for r in records:
+        if r.kernel in named:
+            if r.measured or r.verdict == v.ERROR:
+                judged.add(r.kernel)
+            else:
+                why[r.kernel][first_line(r.message, 200)] += 1
+    return {k: c.most_common(1)[0][0] for k, c in sorted(why.items()) if k not in judged}
+
+
 def unfinished(header: dict | None) -> str | None:
     """How the run that wrote a report's header did not finish: RUNNING (killed before its
     end: its header still says so), INTERRUPTED (stopped by the user) or SHARDS_MISSING (a
@@ -70,12 +94,13 @@ def unfinished(header: dict | None) -> str | None:
 
 def run_status(records: Iterable[Record], header: dict | None = None) -> int:
     """A run's exit status from its records: 1 if anything is bad, if nothing at all was
-    judged (a run where every pair skipped is never green), or if the run did not finish
-    (unfinished: killed, or stopped by the user, whatever finished before is clean); else 0."""
+    judged (a run where every pair skipped is never green), if a kernel the run named judged
+    nothing (named_idle), or if the run did not finish (unfinished: killed, or stopped by the
+    user, whatever finished before is clean); else 0."""
     records = list(records)
     if unfinished(header):
         return 1
-    return 1 if bad(records) or judged_nothing(records) else 0
+    return 1 if bad(records) or judged_nothing(records) or named_idle(records, header) else 0
 
 
 def unjudged(records: Iterable[Record]) -> Counter:

@@ -15,6 +15,7 @@ from harness.views.summary import (
     digest_lines,
     fmt,
     kept_text,
+    named_idle_text,
     known_lines,
     refusal_lines,
     skipped_kernel_lines,
@@ -319,9 +320,15 @@ def _problems(records: list[Record], header: dict | None = None) -> list[str]:
         out.append("**Nothing was judged**: no check measured anything (every kernel x case "
                    "skipped, or the run stopped before the first finished). This run is not a "
                    "pass.")
-    elif not bad:
-        out.append(NONE_BAD_UNFINISHED if unfinished(header or {}) else NONE_BAD)
-        return out
+    else:
+        if idle := tallies.named_idle(records, header):
+            out.append(f"**{named_idle_text(idle)}**.")
+        if not bad:
+            if unfinished(header or {}):
+                out.append(NONE_BAD_UNFINISHED)
+            elif not idle:
+                out.append(NONE_BAD)
+            return out
     digest = digest_lines(records)
     if digest:
         out += ["Per failing kernel and check: how many failed, the worst ratio, the first "

@@ -75,6 +75,13 @@ def skipped_kernel_lines(records: list[Record]) -> list[str]:
                                                          .items())]
 
 
+def named_idle_text(idle: dict[str, str]) -> str:
+    """The kernels a run named that judged nothing (tallies.named_idle), in one line."""
+    return (f"{len(idle)} kernel{'s' if len(idle) > 1 else ''} named with --kernels judged "
+            "nothing (every case skipped or refused): "
+            + "; ".join(f"{k}: {why}" for k, why in idle.items()) + "; this run is not a pass")
+
+
 def digest_lines(records: list[Record]) -> list[str]:
     """A failing kernel's digest, per check: how many segments failed, the worst ratio, the
     first failing segment (what a reader needs before the list of every segment)."""
@@ -237,6 +244,8 @@ def print_console(records: list[Record], header: dict | None = None, console=Non
     console.print(f"outcomes: {outcome_text(records)}", highlight=False)
     if (notice := unfinished(header)) is not None:
         console.print(f"[bold red]{notice}[/]", highlight=False)
+    if (idle := tallies.named_idle(records, header)) and not tallies.judged_nothing(records):
+        console.print(f"[bold red]{named_idle_text(idle)}[/]", highlight=False)
     if tallies.judged_nothing(records):
         console.print("[bold red]nothing was judged: no check measured anything (every kernel x "
                       "case skipped or refused its features, or none finished; summary.md "
