@@ -49,7 +49,6 @@ from harness.judge.vocabulary import JVP, LEAK, PASS, TENSORS
 from harness.kernels.kernel import Kernel, Platform
 from harness.model.case import Case, forget_inputs, make_inputs, make_tangents
 
-KERNEL_RAISED = USER_CODE_RAISED   # an error, never a skip (harness.errors)
 # Cases whose inputs are drawn ahead of the one running (make_inputs keeps 8).
 INPUTS_AHEAD = 4
 INPUTS = "inputs (drawing ahead)"   # its row of the timing table: how long the run waited
@@ -114,7 +113,7 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
     except OracleFailed as exc:  # the harness's error: never the kernel's declared crash
         return KernelCaseResult([judging.oracle_error_record(kernel, case, str(exc),
                                                              _traceback())])
-    except KERNEL_RAISED as exc:  # a kernel that raises is an error, never a skip
+    except USER_CODE_RAISED as exc:  # a kernel that raises is an error, never a skip
         message = judging.error_message(exc)
         # Raised while tracing, naming a feature the case handed over: refused before any
         # computing, which a path may always do (judging.refused_feature).
@@ -186,7 +185,7 @@ def _jvp_records(kernel, case, programs, inputs) -> tuple[list[Record], tuple | 
         args = inputs.device_args[:-1] + make_tangents(case)
         tangent = program(*args, poison_unwritten=programs.poisons_unwritten)
         program.require_markers()
-    except KERNEL_RAISED as exc:  # declared and raising: an error, never a skip
+    except USER_CODE_RAISED as exc:  # declared and raising: an error, never a skip
         message = judging.error_message(exc)
         if feature := judging.refused_feature(case, programs.get(kernel, case, FORWARD)
                                               .trace_error):   # refused before computing
@@ -274,7 +273,7 @@ def _leak_records(kernel, case, programs: Programs, inputs, results, disagreemen
                                          results, reruns=leak_probe.RERUNS_UNCERTAIN,
                                          confirm=True, reproducible=False,
                                          convention=kernel.chunk_convention)
-    except KERNEL_RAISED as exc:  # the kernel ran once already: a failure here is its
+    except USER_CODE_RAISED as exc:  # the kernel ran once already: a failure here is its
         return [judging.error_record(kernel, case, f"leak probe: {judging.error_message(exc)}",
                                      _traceback(), check=LEAK.name)]
     return judging.leak_records(kernel, case, found, mode, note)
