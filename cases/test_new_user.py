@@ -402,6 +402,13 @@ def test_a_kernel_with_the_wrong_signature_is_refused_when_registered(tmp_path):
                       "harness.register_kernel('bad_sig', k)\n")
     _one_line(_run("-m", "harness", "list", "--kernel-module", str(module)),
               "bad_sig.py:4", "cannot be called as fn(query, key, value, segment_ids")
+    # A declared feature is a keyword the function must take (it erred on every window case).
+    module.write_text("import harness\ndef k(q, k, v, seg, *, causal, scale, softcap=None):\n"
+                      "    return q\nharness.register_kernel('no_window', k, "
+                      "features=('softcap', 'window', 'head_dim_v'))\n")
+    _one_line(_run("-m", "harness", "list", "--kernel-module", str(module)),
+              "bad_sig.py:4", "causal, scale, softcap, window)",
+              "unexpected keyword argument 'window'")
 
 
 def test_merge_says_where_it_wrote_and_which_pairs_repeat(tmp_path):

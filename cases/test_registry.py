@@ -126,3 +126,13 @@ def test_cli_exits_non_zero_when_a_kernel_fails(tmp_path):
                "--cases", "packed/random-*-f32-*", "--report-dir", str(tmp_path / "r"))
     assert out.returncode == 1
     assert "FAIL" in out.stdout and "r0s2" in out.stdout
+
+
+def test_every_builtin_kernel_takes_the_keywords_of_the_features_it_declares():
+    """What register_kernel checks of a user's kernel holds for the built-in ones: each can be
+    called with its declared features' keywords (an adapter missing one would err per case)."""
+    from harness.engine.registry import all_kernels, signature_problem
+    problems = {k.name: p for k in all_kernels().values()
+                if (p := signature_problem(k.fn, k.takes_max_segments, k.features))}
+    assert not problems
+    assert any(k.features for k in all_kernels().values())

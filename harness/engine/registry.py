@@ -39,16 +39,20 @@ def register_kernel(name: str, fn: Callable, *, replace: bool = False, **capabil
         kernel = Kernel(name=name, fn=fn, **capabilities)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"kernel {name!r}: {exc}") from None
-    problem = signature_problem(fn, kernel.takes_max_segments)
+    problem = signature_problem(fn, kernel.takes_max_segments, kernel.features)
     if problem:
         raise ValueError(f"kernel {name!r}: {problem}")
     _USER[name] = kernel
     return kernel
 
 
-def signature_problem(fn: Callable, takes_max_segments: bool = False) -> str | None:
+def signature_problem(fn: Callable, takes_max_segments: bool = False,
+                      features: tuple[str, ...] = ()) -> str | None:
     """Why `fn` cannot be called as a kernel (query, key, value, segment_ids, *, causal,
-    scale[, max_segments]), or None. Found when it is registered, not once per case."""
+    scale[, max_segments], and a keyword per feature it declares: window, softcap, chunk,
+    sinks), or None. Found when it is registered, not once per case (a kernel declaring the
+    window without taking `window=` erred on every window case)."""
+    from harness.model.features import HEAD_DIM_V
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -57,11 +61,13 @@ def signature_problem(fn: Callable, takes_max_segments: bool = False) -> str | N
     kwargs = {"causal": True, "scale": 1.0}
     if takes_max_segments:
         kwargs["max_segments"] = 4
+    # Each declared feature is one keyword (harness.engine.program_functions); the value head
+    # dim is the value's shape, no keyword.
+    kwargs.update({f: object() for f in features if f != HEAD_DIM_V})
     try:
         sig.bind(*args, **kwargs)
     except TypeError as exc:
-        wanted = "fn(query, key, value, segment_ids, *, causal, scale" + (
-            ", max_segments)" if takes_max_segments else ")")
+        wanted = "fn(query, key, value, segment_ids, *, " + ", ".join(kwargs) + ")"
         return f"signature {sig} cannot be called as {wanted}: {exc}"
     return None
 
