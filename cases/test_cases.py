@@ -57,6 +57,34 @@ def test_a_glob_over_a_cases_own_id_takes_every_seed():
     assert [c.seed for c in picked] == [2]
 
 
+def test_the_smoke_suite_hands_each_feature_over_without_the_causal_mask_and_in_each_dtype():
+    """A cold review's kernels read the bidirectional mask as causal whenever a soft cap, sinks
+    or a value head dim was on, or dropped a feature at float16 only, and were green on every
+    case of the suite: each feature (chunks: causal only) now comes both ways and in each
+    dtype."""
+    cases = suite_cases("smoke")
+    for name in ("window", "softcap", "chunk", "sinks", "head_dim_v"):
+        have = [c for c in cases if name in c.features.names]
+        assert {c.dtype for c in have} == {"float32", "bfloat16", "float16"}, name
+        assert {c.causal for c in have} == ({True} if name == "chunk" else {True, False}), name
+
+
+def test_an_exact_case_id_outside_the_suite_is_that_case_and_a_bad_one_says_why():
+    """--cases takes any case id as is (the suites do not pair every feature with every mask
+    and dtype): there was no way to ask for one outside them. An id whose features cannot go
+    together says why; a glob or text that is no id says it matches nothing."""
+    from harness.errors import UsageError
+    wanted = "packed/random-b4-t256-h4kv2-d64-f16-s6-bidir-cap2"
+    assert [c.id for c in suite_cases("smoke", wanted)] == [wanted]
+    assert [c.seed for c in suite_cases("smoke", wanted, seeds=2)] == [6, 7]
+    with pytest.raises(UsageError, match="a causal mask reads nothing"):
+        suite_cases("smoke", "packed/random-b4-t256-h4kv2-d64-f16-s6-w3.2")
+    with pytest.raises(UsageError, match=r"'packed/x-\*' matches no case of suite 'smoke' and"):
+        suite_cases("smoke", "packed/x-*")
+    with pytest.raises(UsageError, match="with those --features"):
+        suite_cases("smoke", wanted, features=["window"])
+
+
 def test_mask_only_features_share_one_draw():
     """A case and the case less its window, soft cap or chunks (a diagnosis's reference) draw
     the same inputs, once: the one Inputs object. Sinks and a value head dim change what is

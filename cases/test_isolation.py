@@ -1097,8 +1097,11 @@ def test_a_skip_naming_a_broken_capture_is_a_skip(tmp_path):
     worker, and nothing runs again."""
     out = _run_module(tmp_path, SKIPS_NAMING_A_CAPTURE, "avoids_capture,dot_product",
                       f"{ONE},{TWO}")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # Named and skipping every case: red for that alone (tallies.named_idle), nothing else.
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "1 kernel named with --kernels judged nothing" in out.stdout
     header, records = _records(tmp_path / "r")
+    assert not [r for r in records if r["outcome"] not in ("ok", "skip", "not run")]
     mine = [r for r in records if r["kernel"] == "avoids_capture"]
     assert len(mine) == 2 and {r["outcome"] for r in mine} == {"skip"}, mine
     assert "run_again" not in header

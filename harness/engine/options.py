@@ -178,7 +178,8 @@ OPTIONS = (
     Option("suite", "--suite", "the suite: smoke (CPU, minutes) or nightly (GPU)",
            where=frozenset({RUN, LIST, PYTEST})),
     Option("cases", "--cases", "glob(s) over case ids, comma-separated, to narrow the suite "
-           "(each must match a case); a case id with another seed (…-s1) is taken as is",
+           "(each must match a case); an exact case id is taken as is, in the suite or not "
+           "(another seed, a feature with another mask or dtype: docs/features.md)",
            check_cases, metavar="GLOBS", where=frozenset({RUN, LIST, PYTEST})),
     Option("features", "--features", "only the cases with these attention features "
            "(comma-separated: window, softcap, chunk, sinks, head_dim_v; none: the cases "

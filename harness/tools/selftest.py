@@ -43,6 +43,8 @@ SELFTEST_CASES = (
     Case("packed/many", 4, 256, 4, 2, 32, "bfloat16", seed=0, features=Features(chunk=32)),
     Case("packed/many", 4, 256, 4, 2, 32, "bfloat16", seed=0, features=Features(softcap=2.0)),
     Case("packed/many", 4, 256, 4, 2, 32, "bfloat16", seed=0, features=Features(sinks=True)),
+    Case("packed/many", 4, 256, 4, 2, 32, "bfloat16", seed=0, causal=False,
+         features=Features(softcap=2.0)),
 )
 
 CPU = Platform("cpu")

@@ -43,9 +43,13 @@ def features_mask(segment_ids, causal, window=None, chunk=None, *, window_extra=
 
 def features_dense(query, key, value, segment_ids, *, causal, scale, window=None, softcap=None,
                    chunk=None, sinks=None, drop_softcap=False, sinks_forward=True,
-                   sinks_gradient=True, **mask_bugs):
+                   sinks_gradient=True, causal_beside=False, **mask_bugs):
     """Dense attention with every feature; `drop_softcap`, `sinks_forward` (False: the sinks
-    are ignored) and `sinks_gradient` (False: no gradient reaches them) are bugs too."""
+    are ignored), `sinks_gradient` (False: no gradient reaches them) and `causal_beside`
+    (the causal mask whenever a soft cap or sinks are on: a fast path written for decoders)
+    are bugs too."""
+    if causal_beside and (softcap is not None or sinks is not None):
+        causal = True
     heads, kv_heads = query.shape[2], key.shape[2]
     idx = kv_index(heads, kv_heads)
     k, v = jnp.take(key, idx, axis=2), jnp.take(value, idx, axis=2)
