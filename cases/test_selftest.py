@@ -83,7 +83,7 @@ WHERE = {
     and r.worst_token - r.start >= c.features.chunk,
     "sinks_ignored": lambda c, r: c.features.sinks and r.check == "out",
     "sinks_gradient_zero": lambda c, r: c.features.sinks and r.check == "dsinks",
-    "causal_beside_softcap_or_sinks": lambda c, r: not c.causal
+    "causal_with_cap_or_sinks": lambda c, r: not c.causal
     and (c.features.softcap is not None or c.features.sinks),
 }
 

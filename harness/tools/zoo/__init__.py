@@ -104,7 +104,7 @@ _FEATURE_BUGS = [
      "sinks ignored in the forward: no mass taken by the sink"),
     ("sinks_gradient_zero", bug(sinks_gradient=False),
      "sinks' gradient zero: the forward right, nothing reaches the sinks"),
-    ("causal_beside_softcap_or_sinks", bug(causal_beside=True),
+    ("causal_with_cap_or_sinks", bug(causal_beside=True),
      "bidirectional read as causal when a soft cap or sinks are on"),
 ]
 
