@@ -529,6 +529,13 @@ _REFUSALS = [
     (Features(sinks=True), NotImplementedError("LEARNABLE_SOFTMAX is not supported"), "sinks"),
     (Features(sinks=True), ValueError("softmax_offset is not supported with THD"), "sinks"),
     (Features(softcap=2.0), ValueError("capping of logits is not supported"), "softcap"),
+    # An assert refuses in a refusal's words; a kernel's own invariant naming the feature is
+    # a crash (a cold review's mutant read refused, and green).
+    (Features(window=(16, 0)), AssertionError("sliding window is not supported"), "window"),
+    (Features(window=(16, 0)), AssertionError("window_size must be (-1, -1)"), "window"),
+    (Features(window=(16, 0)), AssertionError("sliding window band has shape (256, 257), "
+                                              "expected (256, 256)"), None),
+    (Features(sinks=True), AssertionError("sinks: shape (4,) != (8,)"), None),
     (Features(window=(16, 0)), KeyError("window"), None),
     (Features(window=(16, 0)), TypeError("f() got an unexpected keyword argument "
                                          "'window_size'"), None),

@@ -228,10 +228,12 @@ def refused_feature(case, error: BaseException | None) -> str | None:
     computed) whose message names one of the features the case handed over (their patterns:
     harness.model.features.REFUSALS). None: no refusal (an error is an error), and never for an
     error that is a program's bug (features.BUG_ERRORS), whatever its message says."""
-    from harness.model.features import BUG_ERRORS, REFUSALS
+    from harness.model.features import ASSERTED_REFUSAL, BUG_ERRORS, REFUSALS
     if error is None or not case.features or isinstance(error, BUG_ERRORS):
         return None
     text = str(error)
+    if isinstance(error, AssertionError) and not ASSERTED_REFUSAL.search(text):
+        return None   # a kernel's own invariant, not a refusal (features.ASSERTED_REFUSAL)
     # The feature named first: a refusal names what it refuses before any advice it gives.
     found = [(m.start(), name) for name in case.features.names
              if (m := REFUSALS[name].search(text)) is not None]

@@ -53,6 +53,16 @@ REFUSAL_PATTERNS = {
 }
 REFUSALS = {name: re.compile("|".join(p), re.IGNORECASE) for name, p in REFUSAL_PATTERNS.items()}
 
+# An `assert` is a refusal only in a refusal's words (a library's `assert window_size ==
+# (-1, -1), "sliding window not supported"`): a kernel's own invariant tripping in its window
+# code ("sliding window band has shape (256, 257), expected (256, 256)", a cold review's
+# mutant) is a crash, which read `refused` and left the run green. The other error types keep
+# to naming the feature: the libraries' refusals in reports/ say "unsupported", "cannot",
+# "should be", "differ".
+ASSERTED_REFUSAL = re.compile(r"support|\bcannot\b|can'?t\b|can not|\bonly\b|not implemented"
+                              r"|\bmust\b|\bshould\b|not allowed|not available|unavailable",
+                              re.IGNORECASE)
+
 # Errors that are a program's bug, whatever their message says (a name, an attribute, a key or
 # an index looked up and not there, arithmetic, a call with the wrong arguments, jax's tracer
 # errors, which are TypeErrors): never a refusal. UnboundLocalError's message reads "cannot
