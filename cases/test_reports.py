@@ -663,3 +663,34 @@ def test_problem_lines_of_records_without_a_segment_read_whole():
                       expected="pass", outcome="fail", message="output dtype float32")
     assert describe_problem(contract) == f"k contract of {CASE.id}: FAIL: output dtype float32"
     assert digest_lines([contract]) == [f"k contract: 1 records fail; first on {CASE.id}"]
+
+
+def test_a_cell_whose_per_case_checks_failed_names_them_beside_its_passing_segments():
+    """A cold review read 'FAIL 13/13' where only the padding check (or dsinks) failed, every
+    segment passing: the cell names the per-case checks that failed."""
+    from harness.judge import tallies
+    from harness.judge.record import Record
+    where = dict(kernel="k", case_id=CASE.id, layout=CASE.layout, row=0)
+    ok = [Record(check="out", verdict="pass", expected="pass", outcome="ok", segment=s,
+                 ratio=0.1, **where) for s in (1, 2)]
+    padding = Record(check="padding", verdict="fail", expected="pass", outcome="fail",
+                     message="out non-finite at padding", **where)
+    dsinks = Record(check="dsinks", verdict="fail", expected="pass", outcome="fail", ratio=3.0,
+                    **where)
+    assert tallies.cell([*ok, padding, dsinks]).text == "FAIL 2/2 r=3; dsinks, padding failed"
+    assert tallies.cell(ok).text == "ok 2/2 r=0.1"
+
+
+def test_a_kernel_that_skipped_every_case_is_listed_with_every_reason_its_cases_gave():
+    """One case skipped for the window, one for the soft cap: both named, commonest first (the
+    list named the window alone, a cold review found)."""
+    from harness.judge import tallies
+    from harness.judge.record import Record
+
+    def skip(why, case_id):
+        return Record(kernel="k", case_id=case_id, layout=CASE.layout, check="*",
+                      verdict="skip", expected="pass", outcome="skip", message=why)
+    records = [skip("does not take window; causal only", "a"), skip("does not take softcap", "b"),
+               skip("does not take window", "c")]
+    assert tallies.skipped_everything(records) == {
+        "k": "does not take window; causal only; does not take softcap"}

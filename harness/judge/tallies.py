@@ -238,6 +238,9 @@ class Cell:
     failing: int = 0     # segments with at least one failing check (the leak probe included)
     worst_ratio: float | None = None   # worst tolerance ratio (None: non-finite, or none)
     has_ratio: bool = False
+    # Failing checks judged per case, not per segment (padding, dsinks, ...): a cell read
+    # "FAIL 13/13" where only they failed, every segment passing.
+    case_checks: tuple[str, ...] = ()
 
     @property
     def measured(self) -> bool:
@@ -253,7 +256,8 @@ class Cell:
         if not self.measured:
             return self.status
         ratio = ratio_text(self.worst_ratio) if self.has_ratio else "—"
-        return f"{self.status} {self.segments - self.failing}/{self.segments} r={ratio}"
+        beyond = f"; {', '.join(self.case_checks)} failed" if self.case_checks else ""
+        return f"{self.status} {self.segments - self.failing}/{self.segments} r={ratio}{beyond}"
 
     @property
     def heat(self) -> float | None:
@@ -285,7 +289,10 @@ def cell(rows: list[Record]) -> Cell:
             status = v.CELL_SKIP
         else:
             status = v.CELL_NEAR if has_ratio and judging.near(worst) else v.CELL_OK
-    return Cell(status, len(seg_fail), sum(seg_fail.values()), worst, has_ratio)
+    per_case = sorted({r.check for r in rows if r.measured and not r.segment
+                       and judging.failed(r)})
+    return Cell(status, len(seg_fail), sum(seg_fail.values()), worst, has_ratio,
+                tuple(per_case))
 
 
 def column(r: Record) -> str:
@@ -297,16 +304,19 @@ def column(r: Record) -> str:
 
 
 def skipped_everything(records: Iterable[Record]) -> dict[str, str]:
-    """kernel -> the reason it skipped, for kernels every record of which is a skip: listed
-    once, with their reason, instead of filling the grid with empty rows."""
+    """kernel -> why it skipped, for kernels every record of which is a skip: listed once,
+    instead of filling the grid with empty rows. Each reason its cases gave, commonest first
+    (one case skipped for the window, another for the soft cap: both are named)."""
     reasons: dict[str, Counter] = defaultdict(Counter)
     ran = set()
     for r in records:
         if r.outcome == v.SKIP and r.check == v.KERNEL_LEVEL:
-            reasons[r.kernel][r.message] += 1
+            for part in (r.message or "").split("; "):
+                reasons[r.kernel][part] += 1
         else:
             ran.add(r.kernel)
-    return {k: c.most_common(1)[0][0] for k, c in reasons.items() if k not in ran}
+    return {k: "; ".join(p for p, _ in c.most_common()) for k, c in reasons.items()
+            if k not in ran}
 
 
 def grid(records: list[Record]) -> tuple[list[str], list[str], dict[tuple[str, str], Cell]]:
