@@ -300,3 +300,45 @@ def test_a_change_to_or_from_infinity_or_nan_is_infinite_and_nan_to_nan_is_none(
     (changed, largest), = changes((base,), (other,))
     assert changed.tolist() == [[True, False, True, True]]
     assert largest.tolist() == [[np.inf, 0.0, np.inf, 2.0]]
+
+
+def _reads_across_rows(shift: int, eps: float = 1e-4):
+    """dot_product plus eps times the mean value of the tokens another row holds under the
+    same id: with shift 0 the ids made batch-wide as row + id (not row * segments + id: segment
+    s + 1 of row r reads segment s of row r + 1), with shift 2 the same id two rows back."""
+    def kernel(q, k, v, seg, *, causal, scale):
+        out = dot_product(q, k, v, seg, causal=causal, scale=scale).astype(jnp.float32)
+        b, t = seg.shape
+        rows = jnp.arange(b)
+        row_of = jnp.repeat(rows, t)                      # each flattened token's row
+        if shift:    # query (r, i) reads the tokens of its id in row r - shift
+            ids = seg.reshape(-1)
+            pair = row_of[None, :] == row_of[:, None] - shift
+        else:        # batch-wide ids row + id: equal across rows, read
+            ids = (seg + rows[:, None]).reshape(-1)
+            pair = row_of[None, :] != row_of[:, None]
+        valid = seg.reshape(-1) > 0
+        w = ((ids[:, None] == ids[None, :]) & pair & valid[:, None] & valid[None, :]
+             ).astype(jnp.float32)
+        w = w / jnp.maximum(w.sum(-1, keepdims=True), 1.0)
+        vv = jnp.repeat(v, q.shape[2] // v.shape[2], axis=2).astype(jnp.float32)
+        leak = jnp.einsum("qk,khd->qhd", w, vv.reshape(b * t, *vv.shape[2:]))
+        return (out + eps * leak.reshape(out.shape)).astype(q.dtype)
+    return kernel
+
+
+@pytest.mark.parametrize("shift,layout", [(0, "packed/random"), (0, "extremes/long"),
+                                          (2, "unpacked/pad-tail")])
+def test_a_leak_across_the_batch_is_probed_whatever_its_shape(shift, layout):
+    """The probe coloured segments by number + row: segment s + 1 of each row and segment s of
+    the next always shared a colour, so a kernel making its ids batch-wide as row + id read
+    there unseen (green at 1e-4, every leak record unchanged), and in two colours so did reads
+    two rows back (a cold review). Rows now take triangular offsets (probe_groups.row_offsets):
+    a fixed read across the batch is seen on some row pair."""
+    case = Case(layout, 4, 256, 2, 2, 16, "bfloat16", 0)
+    kernel = Kernel("across_rows", _reads_across_rows(shift), padding_anywhere=True)
+    records = run_kernel_case(kernel, case, CPU).records
+    leak = [r for r in records if r.check == "leak"]
+    assert leak and any(r.verdict == "fail" for r in leak), [r.message for r in leak][:3]
+    rows = {r.row for r in leak if r.verdict == "fail"}
+    assert len(rows) >= 2, rows

@@ -25,11 +25,11 @@ SIX_COLOURS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
 
 
 def colours(segment_ids: np.ndarray) -> int:
-    """How many colours the segments take (segment number + row, modulo it): 2, a checkerboard,
-    or 6 where some row holds three segments or more. A segment is compared while the segments
-    d places away in its row are redrawn unless d is a multiple of the colours (with the
-    checkerboard alone, reads two segments away went unseen: what a context-parallel reorder
-    that leaves the ids behind makes)."""
+    """How many colours the segments take (segment number + the row's offset, modulo it:
+    segment_colours): 2, a checkerboard, or 6 where some row holds three segments or more. A
+    segment is compared while the segments d places away in its row are redrawn unless d is a
+    multiple of the colours (with the checkerboard alone, reads two segments away went unseen:
+    what a context-parallel reorder that leaves the ids behind makes)."""
     seg = np.asarray(segment_ids)
     return 6 if max(len(np.unique(row[row > 0])) for row in seg) >= 3 else 2
 
@@ -49,7 +49,7 @@ def shared_groups(case: Case, convention: str = "segment") -> tuple[tuple[str, n
     while the other rows are redrawn (a leak across the batch)."""
     seg = case.segment_ids
     n = colours(seg)
-    colour = (seg + np.arange(seg.shape[0])[:, None]) % n
+    colour = segment_colours(seg, n)
     valid = seg > 0
     if n == 2:
         out = [("segments of one colour", valid & (colour == 1)),
@@ -66,6 +66,24 @@ def shared_groups(case: Case, convention: str = "segment") -> tuple[tuple[str, n
     for _, mask in out:
         mask.flags.writeable = False   # shared by every caller: shared_groups is cached
     return tuple((name, mask) for name, mask in out if mask.any())
+
+
+def row_offsets(rows: int) -> np.ndarray:
+    """Each row's colour offset: the triangular numbers r (r + 1) / 2, so that the offset
+    between two rows d apart (d r + d (d + 1) / 2) changes from row to row. With the row
+    number itself as the offset, segment s + 1 of every row took the colour of segment s of
+    the next: a kernel flattening its rows with ids row + id (not row * segments + id) read
+    there, and was never seen (a cold review), nor, in two colours, were reads two rows
+    away. Now a read of one fixed shape across the batch shares its colour on some row pairs
+    at most, and is seen on the others."""
+    r = np.arange(rows)
+    return r * (r + 1) // 2
+
+
+def segment_colours(segment_ids: np.ndarray, n: int) -> np.ndarray:
+    """[B, T] each token's colour: its segment number plus its row's offset, modulo n."""
+    seg = np.asarray(segment_ids)
+    return (seg + row_offsets(seg.shape[0])[:, None]) % n
 
 
 def positions(segment_ids: np.ndarray) -> np.ndarray:

@@ -42,12 +42,13 @@ def perturbed(inputs, index, redraw):
 
 def redrawn_groups():
     """(name, [batch, seq] tokens redrawn) for each run, as the harness's probe groups them:
-    segments by colour (number + row modulo COLOURS: 2, or 6 in the four groups of
+    segments by colour (number + r (r + 1) / 2 for row r, modulo COLOURS: 2, or 6 in the four groups of
     GROUPS_OF_COLOUR), the padding, then with WINDOW blocks of left + right + 1 tokens inside
     each segment every 3 (left + right + 1) positions, at two phases, and with CHUNK every other
     chunk of each segment, then the others."""
     valid = SEGMENT_IDS > 0
-    colour = (SEGMENT_IDS + np.arange(SEGMENT_IDS.shape[0])[:, None]) % COLOURS
+    rows = np.arange(SEGMENT_IDS.shape[0])
+    colour = (SEGMENT_IDS + (rows * (rows + 1) // 2)[:, None]) % COLOURS
     if COLOURS == 2:
         groups = [("segments of one colour", valid & (colour == 1)),
                   ("segments of the other colour", valid & (colour == 0))]
