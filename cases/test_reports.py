@@ -679,6 +679,10 @@ def test_a_cell_whose_per_case_checks_failed_names_them_beside_its_passing_segme
                     **where)
     assert tallies.cell([*ok, padding, dsinks]).text == "FAIL 2/2 r=3; dsinks, padding failed"
     assert tallies.cell(ok).text == "ok 2/2 r=0.1"
+    # Tensors the leak probe could not compare are named too: "ok 2/2" read as a pass of them.
+    leak = [Record(check="leak", verdict="pass", expected="pass", outcome="ok", segment=s,
+                   probed=["out", "dq"], unprobed=["dv", "dk"], **where) for s in (1, 2)]
+    assert tallies.cell([*ok, *leak]).text == "ok 2/2 r=0.1; dk, dv unprobed"
 
 
 def test_a_kernel_that_skipped_every_case_is_listed_with_every_reason_its_cases_gave():

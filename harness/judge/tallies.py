@@ -241,6 +241,10 @@ class Cell:
     # Failing checks judged per case, not per segment (padding, dsinks, ...): a cell read
     # "FAIL 13/13" where only they failed, every segment passing.
     case_checks: tuple[str, ...] = ()
+    # Tensors the leak probe could not compare in some segment (its reruns differ past what
+    # the probe can decide): the cell read "ok 11/11" beside them, a pass the README promises
+    # they are never shown as (a cold review).
+    unprobed: tuple[str, ...] = ()
 
     @property
     def measured(self) -> bool:
@@ -257,6 +261,8 @@ class Cell:
             return self.status
         ratio = ratio_text(self.worst_ratio) if self.has_ratio else "—"
         beyond = f"; {', '.join(self.case_checks)} failed" if self.case_checks else ""
+        if self.unprobed:
+            beyond += f"; {', '.join(self.unprobed)} unprobed"
         return f"{self.status} {self.segments - self.failing}/{self.segments} r={ratio}{beyond}"
 
     @property
@@ -291,8 +297,9 @@ def cell(rows: list[Record]) -> Cell:
             status = v.CELL_NEAR if has_ratio and judging.near(worst) else v.CELL_OK
     per_case = sorted({r.check for r in rows if r.measured and not r.segment
                        and judging.failed(r)})
+    unprobed = {t for r in rows if r.check == v.LEAK.name for t in r.unprobed or ()}
     return Cell(status, len(seg_fail), sum(seg_fail.values()), worst, has_ratio,
-                tuple(per_case))
+                tuple(per_case), tuple(sorted(unprobed, key=list(v.CHECKS).index)))
 
 
 def column(r: Record) -> str:
