@@ -28,4 +28,5 @@ def my_attention(query, key, value, segment_ids, *, causal, scale):
 harness.register_kernel(
     "my_attention", my_attention,
     dtypes=("float32", "bfloat16"),   # what it supports; other cases are skipped with the reason
+    padding_anywhere=True,            # padding between segments too (not only after the last)
     description="example outside kernel: einsum attention with a segment mask")
