@@ -698,3 +698,18 @@ def test_a_kernel_that_skipped_every_case_is_listed_with_every_reason_its_cases_
                skip("does not take window", "c")]
     assert tallies.skipped_everything(records) == {
         "k": "does not take window; causal only; does not take softcap"}
+
+
+def test_no_problem_is_a_pass_only_where_every_check_ran():
+    """summary.md said "every kernel expected to pass passed" under --no-leak-probe (a cold
+    review): with checks not run, or tensors the probe could not compare, it says so."""
+    from harness.judge.record import Record
+    from harness.views.markdown import NONE_BAD, NONE_BAD_NOT_RUN, none_bad
+    where = dict(kernel="k", case_id=CASE.id, layout=CASE.layout, row=0, segment=1)
+    ok = Record(check="out", verdict="pass", expected="pass", outcome="ok", ratio=0.1, **where)
+    not_run = Record(check="leak", verdict="not run", expected="pass", outcome="not run",
+                     **where)
+    unprobed = Record(check="leak", verdict="pass", expected="pass", outcome="ok",
+                      probed=["out"], unprobed=["dk"], **where)
+    assert none_bad([ok]) == NONE_BAD
+    assert none_bad([ok, not_run]) == none_bad([ok, unprobed]) == NONE_BAD_NOT_RUN

@@ -12,7 +12,7 @@ import jinja2
 from harness.judge import judging, tallies
 from harness.judge import vocabulary as v
 from harness.views.markdown import (
-    NONE_BAD,
+    none_bad,
     NONE_BAD_UNFINISHED,
     env_line,
     process_lines,
@@ -222,7 +222,7 @@ def write_html(path: Path, header: dict, records: list, traces: list) -> None:
     path.write_text(_TEMPLATE.render(
         header=header, env_line=env_line(header.get("environment", {})),
         run_line=run_line(header, marked=False), unfinished=unfinished(header),
-        none_bad=NONE_BAD_UNFINISHED if unfinished(header) else NONE_BAD,
+        none_bad=NONE_BAD_UNFINISHED if unfinished(header) else none_bad(records),
         counts=outcome_text(records), heatmap=_heatmap(records), bad=_problem_rows(records),
         nothing=tallies.judged_nothing(records), plots=plots, dropped=dropped,
         not_judged=not_judged_lines(records), known=known_lines(records),

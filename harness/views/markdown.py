@@ -309,8 +309,17 @@ def _grid(records: list[Record]) -> list[str]:
 
 
 NONE_BAD = "None: every kernel expected to pass passed, every expected failure was caught."
+NONE_BAD_NOT_RUN = ("None among the checks that ran: some did not run, or the leak probe could "
+                    "not compare some tensors (listed below); those are no pass.")
 NONE_BAD_UNFINISHED = ("None among the pairs here; the report is incomplete (the run did not "
                        "finish, or shards are missing), so it is not a pass.")
+
+
+def none_bad(records: list[Record]) -> str:
+    """What "no problem" says: a pass only where every check ran (--no-leak-probe, or tensors
+    the probe could not compare: "every kernel expected to pass passed" overstated it)."""
+    return NONE_BAD_NOT_RUN if tallies.not_run(records) or tallies.unprobed(records) \
+        else NONE_BAD
 
 
 def _problems(records: list[Record], header: dict | None = None) -> list[str]:
@@ -327,7 +336,7 @@ def _problems(records: list[Record], header: dict | None = None) -> list[str]:
             if unfinished(header or {}):
                 out.append(NONE_BAD_UNFINISHED)
             elif not idle:
-                out.append(NONE_BAD)
+                out.append(none_bad(records))
             return out
     digest = digest_lines(records)
     if digest:
