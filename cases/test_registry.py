@@ -44,6 +44,21 @@ def test_a_kernel_that_raises_is_an_error_not_a_skip():
     assert records[0].outcome == "error" and "cuDNN said no" in records[0].message
 
 
+def test_an_error_record_says_where_in_the_kernel_it_was_raised():
+    """A kernel calling np.asarray on a traced array: jax's message names only the harness's
+    oracle module (where the traced function lives), which read as the reference failing (a
+    cold review). The record's first line ends with the kernel's own file and line."""
+    import numpy as np
+
+    def concretizes(q, k, v, seg, *, causal, scale):
+        return q * np.asarray(seg).max()
+    record = run_kernel_case(Kernel("concretizes", concretizes), CASE, Platform("cpu")).records[0]
+    first = record.message.splitlines()[0]
+    assert record.outcome == "error" and "TracerArrayConversionError" in first, record.message
+    line = concretizes.__code__.co_firstlineno + 1
+    assert first.endswith(f"(raised at cases/test_registry.py:{line})"), first
+
+
 def test_an_empty_expected_error_is_refused_not_a_licence_for_every_crash():
     """An expected error is the text its message holds: "" is in every message, so an
     expect_error of "" (or a function returning it) made any crash known, green."""

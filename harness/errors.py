@@ -28,3 +28,33 @@ def _pytest_outcomes() -> tuple:
 # its library (it ended the whole run, or its worker without a word, with status 0), and
 # pytest's outcomes. An error, never a skip; KeyboardInterrupt still stops the run.
 USER_CODE_RAISED = (Exception, SystemExit, *_pytest_outcomes())
+
+
+def raised_at(exc: BaseException) -> str:
+    """' (raised at FILE:LINE)': where a kernel's error was raised, the innermost frame outside
+    the harness and jax (the kernel's own code, or its library's), for its error record: a
+    kernel calling np.asarray on a traced array read as if the harness's oracle module had
+    failed (the only place jax's message names). '' where no such frame is known (an error
+    handed over from another process keeps no traceback). Paths under the working folder are
+    relative to it; a library's from its package on."""
+    import os
+    import traceback
+    if exc.__traceback__ is None:
+        return ""
+    import jax
+    skip = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                 for m in (jax, __import__("harness")))
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(skip) or frame.filename.startswith("<"):
+            continue
+        here = os.path.relpath(path)
+        shown = here if not here.startswith("..") else path.split("site-packages" + os.sep)[-1]
+        return f" (raised at {shown}:{frame.lineno})"
+    return ""
+
+
+def located(message: str, exc: BaseException) -> str:
+    """`message` with raised_at(exc) at the end of its first line (the line every view shows)."""
+    first, newline, rest = message.partition("\n")
+    return first + raised_at(exc) + newline + rest

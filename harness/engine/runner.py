@@ -33,7 +33,7 @@ from harness.engine.programs import (
 )
 from harness.engine import diagnosis, refusal
 from harness.engine.memory import device_memory_bytes, requested_bytes
-from harness.errors import USER_CODE_RAISED
+from harness.errors import USER_CODE_RAISED, located
 from harness.judge import judging, leak_probe
 from harness.judge.metrics import read_token_errors, stacked_token_errors, token_errors
 from harness.judge.oracle import (
@@ -114,7 +114,7 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
         return KernelCaseResult([judging.oracle_error_record(kernel, case, str(exc),
                                                              _traceback())])
     except USER_CODE_RAISED as exc:  # a kernel that raises is an error, never a skip
-        message = judging.error_message(exc)
+        message = located(judging.error_message(exc), exc)
         # Raised while tracing, naming a feature the case handed over: refused before any
         # computing, which a path may always do (judging.refused_feature).
         feature = judging.refused_feature(case, programs.get(kernel, case, DEFAULT).trace_error)
@@ -186,7 +186,7 @@ def _jvp_records(kernel, case, programs, inputs) -> tuple[list[Record], tuple | 
         tangent = program(*args, poison_unwritten=programs.poisons_unwritten)
         program.require_markers()
     except USER_CODE_RAISED as exc:  # declared and raising: an error, never a skip
-        message = judging.error_message(exc)
+        message = located(judging.error_message(exc), exc)
         if feature := judging.refused_feature(case, programs.get(kernel, case, FORWARD)
                                               .trace_error):   # refused before computing
             return [judging.refused_record(kernel, case, feature, message, JVP.name)], None
