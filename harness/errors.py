@@ -42,8 +42,8 @@ def raised_at(exc: BaseException) -> str:
     if exc.__traceback__ is None:
         return ""
     import jax
-    skip = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                 for m in (jax, __import__("harness")))
+    here = os.path.dirname(os.path.abspath(__file__))   # the harness package
+    skip = (os.path.dirname(os.path.abspath(jax.__file__)) + os.sep, here + os.sep)
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         path = os.path.abspath(frame.filename)
         if path.startswith(skip) or frame.filename.startswith("<"):
