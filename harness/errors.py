@@ -31,25 +31,36 @@ USER_CODE_RAISED = (Exception, SystemExit, *_pytest_outcomes())
 
 
 def raised_at(exc: BaseException) -> str:
-    """' (raised at FILE:LINE)': where a kernel's error was raised, the innermost frame outside
-    the harness and jax (the kernel's own code, or its library's), for its error record: a
-    kernel calling np.asarray on a traced array read as if the harness's oracle module had
-    failed (the only place jax's message names). '' where no such frame is known (an error
-    handed over from another process keeps no traceback). Paths under the working folder are
-    relative to it; a library's from its package on."""
+    """' (raised at FILE:LINE)': where a user's kernel raised its error, the innermost frame in
+    a file of the user's own (not the harness's, jax's, Python's or an installed package's),
+    for its error record: a kernel calling np.asarray on a traced array read as if the
+    harness's oracle module had failed (the only place jax's message names). '' where there is
+    none (a built-in adapter's or a library's error keeps its words as they were, the same on
+    every machine; an error handed over from another process keeps no traceback). The path is
+    relative to the working folder where it is under it, else the file's name."""
     import os
+    import site
+    import sysconfig
     import traceback
     if exc.__traceback__ is None:
         return ""
     import jax
-    here = os.path.dirname(os.path.abspath(__file__))   # the harness package
-    skip = (os.path.dirname(os.path.abspath(jax.__file__)) + os.sep, here + os.sep)
+    paths = sysconfig.get_paths()
+    skip = tuple(os.path.abspath(p) + os.sep for p in (
+        os.path.dirname(os.path.abspath(__file__)),            # the harness package
+        os.path.dirname(os.path.abspath(jax.__file__)), paths["stdlib"], paths["platstdlib"],
+        paths["purelib"], paths["platlib"], *site.getsitepackages()))
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         path = os.path.abspath(frame.filename)
-        if path.startswith(skip) or frame.filename.startswith("<"):
+        if frame.filename.startswith("<") or path.startswith(skip) or \
+                f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path:
             continue
-        here = os.path.relpath(path)
-        shown = here if not here.startswith("..") else path.split("site-packages" + os.sep)[-1]
+        try:
+            shown = os.path.relpath(path)
+        except (ValueError, OSError):   # another drive, or no working folder any more
+            shown = ".."
+        if shown.startswith(".."):
+            shown = os.path.basename(path)
         return f" (raised at {shown}:{frame.lineno})"
     return ""
 

@@ -2,7 +2,7 @@
 
 A segment's output and gradients may depend only on its own queries, keys, values and output
 cotangent. So the kernel runs again with the inputs of everything else redrawn, in groups: the
-segments by colour (segment number + row modulo two, like a checkerboard; where a row holds
+segments by colour (segment number + the row's offset modulo two, like a checkerboard; where a row holds
 three segments or more, modulo six in four groups, so that reads up to five segments away are
 seen too), and the padding (the masks: harness.judge.probe_groups). Each segment is untouched
 in the other colours' runs and the padding's, and there its out, dq, dk and dv must be bitwise

@@ -44,9 +44,9 @@ def shared_groups(case: Case, convention: str = "segment") -> tuple[tuple[str, n
     """(name, [B, T] bool tokens to redraw) for each perturbation: the segments of one colour and
     of the other (2 colours), or the four groups of six colours (SIX_COLOURS); then the
     padding; then, where the case has a window or chunks, blocks inside the segments
-    (feature_groups). Neighbours in a row fall in different colours, and so do the single
-    segments of consecutive unpacked rows, so that a segment alone in its row is still compared
-    while the other rows are redrawn (a leak across the batch)."""
+    (feature_groups). Neighbours in a row fall in different colours; across rows the colours
+    follow row_offsets, so a segment alone in its row is compared while some other rows are
+    redrawn (a leak across the batch), not all of them."""
     seg = case.segment_ids
     n = colours(seg)
     colour = segment_colours(seg, n)
@@ -74,8 +74,12 @@ def row_offsets(rows: int) -> np.ndarray:
     number itself as the offset, segment s + 1 of every row took the colour of segment s of
     the next: a kernel flattening its rows with ids row + id (not row * segments + id) read
     there, and was never seen (a cold review), nor, in two colours, were reads two rows
-    away. Now a read of one fixed shape across the batch shares its colour on some row pairs
-    at most, and is seen on the others."""
+    away. Now those are seen on some row pairs. Not every read across the batch is: in two
+    colours, three rows or more of one segment each always put two rows in one colour (at
+    four rows, rows 0 and 3, and rows 1 and 2, share theirs: a read three rows away, or of the
+    batch reversed, is not seen, where the row number as the offset saw both). Separating
+    every pair of rows takes runs of their own (the rows whose index has bit b set), not
+    done."""
     r = np.arange(rows)
     return r * (r + 1) // 2
 

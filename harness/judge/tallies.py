@@ -60,6 +60,8 @@ def named_idle(records: Iterable[Record], header: dict | None) -> dict[str, str]
     (GPU kernels on a CPU); a single shard is not held to it (its cases may be ones the kernel
     skips), the shards merged are."""
     header = header or {}
+    if header.get("source") == "census":   # the part's kernels, not a user's naming
+        return {}
     named = (header.get("selection") or {}).get("kernels")
     shard = header.get("shard")
     if not named or (isinstance(shard, str) and not shard.endswith("/1")):

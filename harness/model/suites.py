@@ -150,6 +150,8 @@ def suite_cases(name: str, pattern=None, seeds: int = 1, features=None) -> list[
         exact, why = _exact(g)
         if exact is not None and kept(exact):
             mine += [exact.with_seed(exact.seed + i) for i in range(seeds)]
+        if not mine and exact is not None:   # a case id, without the features asked for
+            raise UsageError(f"--cases: {g!r} has none of --features {','.join(features)}")
         if not mine:
             unmatched.append(f"{g!r}" + (f" ({why})" if why else ""))
         chosen += mine
