@@ -39,17 +39,16 @@ def raised_at(exc: BaseException) -> str:
     every machine; an error handed over from another process keeps no traceback). The path is
     relative to the working folder where it is under it, else the file's name."""
     import os
-    import site
     import sysconfig
     import traceback
     if exc.__traceback__ is None:
         return ""
     import jax
     paths = sysconfig.get_paths()
+    # Installed packages are left by their folder's name below (site- or dist-packages).
     skip = tuple(os.path.abspath(p) + os.sep for p in (
         os.path.dirname(os.path.abspath(__file__)),            # the harness package
-        os.path.dirname(os.path.abspath(jax.__file__)), paths["stdlib"], paths["platstdlib"],
-        paths["purelib"], paths["platlib"], *site.getsitepackages()))
+        os.path.dirname(os.path.abspath(jax.__file__)), paths["stdlib"], paths["platstdlib"]))
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         path = os.path.abspath(frame.filename)
         if frame.filename.startswith("<") or path.startswith(skip) or \

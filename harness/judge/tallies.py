@@ -297,8 +297,7 @@ def cell(rows: list[Record]) -> Cell:
             status = v.CELL_SKIP
         else:
             status = v.CELL_NEAR if has_ratio and judging.near(worst) else v.CELL_OK
-    per_case = sorted({r.check for r in rows if r.measured and not r.segment
-                       and judging.failed(r)})
+    per_case = sorted({r.check for r in rows if not r.segment and judging.failed(r)})
     unprobed = {t for r in rows if r.check == v.LEAK.name for t in r.unprobed or ()}
     return Cell(status, len(seg_fail), sum(seg_fail.values()), worst, has_ratio,
                 tuple(per_case), tuple(sorted(unprobed, key=list(v.CHECKS).index)))

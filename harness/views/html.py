@@ -13,14 +13,12 @@ from harness.judge import judging, tallies
 from harness.judge import vocabulary as v
 from harness.views.markdown import (
     none_bad,
-    NONE_BAD_UNFINISHED,
     env_line,
     process_lines,
     run_line,
     timed_kernels,
 )
 from harness.views.summary import (
-    named_idle_text,
     coverage_lines,
     fmt,
     digest_lines,
@@ -223,9 +221,7 @@ def write_html(path: Path, header: dict, records: list, traces: list) -> None:
     path.write_text(_TEMPLATE.render(
         header=header, env_line=env_line(header.get("environment", {})),
         run_line=run_line(header, marked=False), unfinished=unfinished(header),
-        none_bad=NONE_BAD_UNFINISHED if unfinished(header) else (
-            named_idle_text(idle) if (idle := tallies.named_idle(records, header))
-            else none_bad(records)),
+        none_bad=none_bad(records, header),
         counts=outcome_text(records), heatmap=_heatmap(records), bad=_problem_rows(records),
         nothing=tallies.judged_nothing(records), plots=plots, dropped=dropped,
         not_judged=not_judged_lines(records), known=known_lines(records),

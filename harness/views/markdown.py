@@ -315,9 +315,15 @@ NONE_BAD_UNFINISHED = ("None among the pairs here; the report is incomplete (the
                        "finish, or shards are missing), so it is not a pass.")
 
 
-def none_bad(records: list[Record]) -> str:
-    """What "no problem" says: a pass only where every check ran (--no-leak-probe, or tensors
-    the probe could not compare: "every kernel expected to pass passed" overstated it)."""
+def none_bad(records: list[Record], header: dict | None = None) -> str:
+    """What "no problem" says, in summary.md and report.html alike: incomplete where the run
+    did not finish; not a pass where a kernel the run named judged nothing (tallies.
+    named_idle); a pass only where every check ran (--no-leak-probe, or tensors the probe
+    could not compare: "every kernel expected to pass passed" overstated it)."""
+    if unfinished(header or {}):
+        return NONE_BAD_UNFINISHED
+    if idle := tallies.named_idle(records, header):
+        return named_idle_text(idle)
     return NONE_BAD_NOT_RUN if tallies.not_run(records) or tallies.unprobed(records) \
         else NONE_BAD
 
@@ -330,13 +336,11 @@ def _problems(records: list[Record], header: dict | None = None) -> list[str]:
                    "skipped, or the run stopped before the first finished). This run is not a "
                    "pass.")
     else:
-        if idle := tallies.named_idle(records, header):
+        if idle := tallies.named_idle(records, header):   # said beside the problems too
             out.append(f"**{named_idle_text(idle)}**.")
         if not bad:
-            if unfinished(header or {}):
-                out.append(NONE_BAD_UNFINISHED)
-            elif not idle:
-                out.append(none_bad(records))
+            if not idle or unfinished(header or {}):
+                out.append(none_bad(records, header))
             return out
     digest = digest_lines(records)
     if digest:

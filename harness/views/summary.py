@@ -244,9 +244,10 @@ def print_console(records: list[Record], header: dict | None = None, console=Non
     console.print(f"outcomes: {outcome_text(records)}", highlight=False)
     if (notice := unfinished(header)) is not None:
         console.print(f"[bold red]{notice}[/]", highlight=False)
-    if (idle := tallies.named_idle(records, header)) and not tallies.judged_nothing(records):
+    nothing = tallies.judged_nothing(records)
+    if (idle := tallies.named_idle(records, header)) and not nothing:
         console.print(f"[bold red]{named_idle_text(idle)}[/]", highlight=False)
-    if tallies.judged_nothing(records):
+    if nothing:
         console.print("[bold red]nothing was judged: no check measured anything (every kernel x "
                       "case skipped or refused its features, or none finished; summary.md "
                       "lists the skips and refusals and why); "
