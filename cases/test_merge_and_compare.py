@@ -154,3 +154,79 @@ def test_merge_refuses_shards_of_two_runs_and_counts_no_empty_shard_missing(tmp_
     assert out.returncode == 0 and "INCOMPLETE" not in out.stdout, out.stdout[-2000:]
     from harness.store import report_file as rec
     assert "shards_missing" not in rec.read_header(tmp_path / "whole")
+
+
+def test_a_merge_of_a_merge_is_held_to_its_shards(tmp_path):
+    """From an adversarial review: a merge of shards 1/3 and 2/3, merged again with 3/3 of
+    another selection or with a shard 2/2, joined green (a merged source's shards were never
+    checked), and its compare with the whole listed the lost pairs beside 'no regression'; a
+    two-step merge, merged again, said its first shards were missing (the header nested
+    them); a shard of another commit stood in for today's."""
+    import pytest
+    from harness.errors import UsageError
+    parts = [_write(tmp_path / f"p{i}", [_record("k", CASE_IDS[0], "ok")], shard=f"{i}/3")
+             for i in (1, 2)]
+    engine.merge(tmp_path / "m12", parts)
+    other = _write(tmp_path / "other", [_record("j", CASE_IDS[1], "ok")], shard="3/3",
+                   selection={**SELECTION, "cases": "x*", "shard": "3/3"})
+    halves = _write(tmp_path / "half", [_record("j", CASE_IDS[1], "ok")], shard="2/2")
+    for wrong, why in ((other, "their selections differ"), (halves, "2 shards against 3")):
+        with pytest.raises(UsageError, match=why):
+            engine.merge(tmp_path / "bad", [tmp_path / "m12", wrong])
+    last = _write(tmp_path / "p3", [_record("j", CASE_IDS[1], "ok")], shard="3/3")
+    status, _, header, _ = engine.merge(tmp_path / "whole", [tmp_path / "m12", last])
+    assert status == 0 and header["shard"] == ["1/3", "2/3", "3/3"], header["shard"]
+    assert header["selection"] == {**SELECTION, "shard": None}
+    status, _, header, _ = engine.merge(tmp_path / "again", [tmp_path / "whole"])
+    assert status == 0 and "shards_missing" not in header
+    # The same shard 3/3 from another commit: refused, naming the commit.
+    stale = tmp_path / "stale"
+    rec.write_report(stale / rec.RECORDS_FILE, {"platform": "cpu", "git_commit": "0" * 40},
+                     [_record("j", CASE_IDS[1], "ok")], suite="t", kernels=["k", "j"],
+                     cases=2, state="finished", shard="3/3", selection={**SELECTION,
+                                                                         "shard": "3/3"})
+    with pytest.raises(UsageError, match="git_commit '0000"):
+        engine.merge(tmp_path / "bad2", [*parts, stale])
+
+
+def test_a_baseline_cut_short_or_spelled_otherwise_is_no_pass(tmp_path):
+    """From an adversarial review: a baseline cut at a line (its header intact) compared
+    'no regression' with a run whose pairs it had lost; the same selection with its kernels
+    in another order turned the missing-pair rule off."""
+    both = [_record(k, c, "ok") for k in ("k", "j") for c in CASE_IDS]
+    base = _write(tmp_path / "base", both, pairs_selected=4)
+    cut = _write(tmp_path / "cut", both[:2], pairs_selected=4)
+    grown = _write(tmp_path / "new", [*both[:2], *[_record(r.kernel, r.case_id, "ok", ratio=0.9)
+                                                   for r in both[2:]]], pairs_selected=4)
+    status, text = _compare(grown, cut)
+    assert status == 1 and "INCOMPLETE BASELINE: it holds 2 of the 4" in text, text
+    status, text = _compare(cut, base)
+    assert status == 1 and "INCOMPLETE: the new report is incomplete (it holds 2" in text, text
+    status, text = _compare(_write(tmp_path / "same", both, pairs_selected=4), base)
+    assert status == 0, text
+    # The kernels named in another order select alike: a pair lost is a regression.
+    reordered = _write(tmp_path / "reordered", both[:3],
+                       selection={**SELECTION, "kernels": "j,k", "shard": None})
+    status, text = _compare(reordered, base)
+    assert status == 1 and "missing now (the same cases were selected)" in text, text
+
+
+def test_an_exact_check_is_not_regressed_by_rounding():
+    """From an adversarial review: a check at error 0 in the baseline (the oracle's own sums),
+    at 1e-7 now (ratio 0.027), was a regression; past the noise share of its tolerance it
+    still is."""
+    from harness.judge.regression import NOISE_RATIO, grew
+
+    def check(err, ratio, runs=None):
+        r = _record("k", CASE_IDS[0], "ok", ratio=ratio)
+        r.max_abs_err = err
+        if runs:
+            r.extra["err_range"] = runs
+        return r
+    for runs in (None, [0.0, 0.0, 2]):
+        base = check(0.0, 0.0, runs)
+        assert not grew(base, check(1e-7, 0.027), 2.0)
+        assert grew(base, check(0.01, NOISE_RATIO * 2), 2.0)
+        assert grew(base, check(None, None), 2.0)
+    # Away from zero, as before: a bitwise-stable check regresses past its growth.
+    assert grew(check(1e-7, 0.027, [1e-7, 1e-7, 2]), check(3e-7, 0.08), 2.0)

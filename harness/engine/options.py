@@ -199,7 +199,8 @@ OPTIONS = (
     Option("baseline", "--baseline", "a baseline report (folder or file) to compare the run "
            "with at its end", check_path("--baseline"), metavar="PATH"),
     Option("growth", "--growth", "an error grown by more than this factor beyond its measured "
-           "spread is a regression (harness/judge/regression.py)", check_growth,
+           "spread is a regression (a baseline of one run, which measured no spread: past "
+           "5x, or above half the tolerance; harness/judge/regression.py)", check_growth,
            metavar="FACTOR"),
     Option("leak_probe", "--no-leak-probe", "tolerance checks only: the views say the probe "
            "did not run, and the checks only it could judge are shown as not run",

@@ -72,44 +72,94 @@ def merge_cache(headers: list[dict]) -> dict | None:
     return out
 
 
+def shards_of(header: dict) -> list[str]:
+    """The shard texts "I/N" a report holds: its own, or a merged report's (flat, however many
+    merges deep; older merged headers nested them)."""
+    out: list[str] = []
+    stack = [header.get("shard")]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, list):
+            stack.extend(x)
+        elif x is not None:
+            out.append(x)
+    return sorted(set(out))
+
+
+def merged_shards(headers: list[dict]):
+    """The joined header's `shard`: the one shard its sources share, the sorted list of their
+    shards, or None."""
+    shards = sorted({s for h in headers for s in shards_of(h)})
+    return None if not shards else shards[0] if len(shards) == 1 else shards
+
+
+def _unsharded(selection: dict | None) -> dict | None:
+    return None if selection is None else {k: x for k, x in selection.items() if k != "shard"}
+
+
 def merged_selection(headers: list[dict]) -> dict | None:
     """What the joined report selected: the sources' common selection; where they are the
-    shards I/N of one selection, that selection unsharded (a shard that never reported then
-    leaves pairs missing, which a comparison with a baseline of the whole suite counts as
-    regressions)."""
+    shards I/N of one selection (sources that are merges of shards included), that selection
+    unsharded (a shard that never reported then leaves pairs missing, which a comparison with
+    a baseline of the whole suite counts as regressions)."""
     chosen = [h.get("selection") for h in headers]
     if not chosen or any(c is None for c in chosen):
         return None
-    rest = [{k: x for k, x in c.items() if k != "shard"} for c in chosen]
+    rest = [_unsharded(c) for c in chosen]
     if any(r != rest[0] for r in rest):
         return None
-    shards = {c.get("shard") for c in chosen}
-    if len(shards) == 1:
+    shards = {s for h in headers for s in shards_of(h)}
+    if len(shards) <= 1 and len({c.get("shard") for c in chosen}) == 1:
         return chosen[0]
     parts = [rec.shard_part(x) for x in shards]
-    if None not in parts and len({n for _, n in parts}) == 1:
+    if shards and None not in parts and len({n for _, n in parts}) == 1:
         return {**rest[0], "shard": None}
     return None
 
 
+# What shards of one run share in their environment: the code and what it ran on (not the
+# host, the start time, or how many devices each runner had).
+NOT_SHARED = ("time_utc", "host", "device_count")
+
+
 def check_shards(headers: list[dict], names: list[str]) -> None:
-    """`harness merge` of shards: those of one selection, dealt out into one N, or a
-    UsageError naming the first that is not (shards of 1/3 and 2/2 merged as whole, or of
-    two selections, lost the pairs between them without a word)."""
+    """`harness merge` of shards: those of one selection, dealt out into one N, run by the
+    same code on the same kind of device, or a UsageError naming the first that is not
+    (shards of 1/3 and 2/2 merged as whole, of two selections, or a stale shard of another
+    commit, lost or mixed pairs without a word). A source that is itself a merge of shards is
+    held to the same, through each of its shards."""
     from harness.errors import UsageError
     first = None
     for name, h in zip(names, headers):
-        part = rec.shard_part(h.get("shard")) if not isinstance(h.get("shard"), list) else None
-        if part is None:
+        parts = [p for s in shards_of(h) if (p := rec.shard_part(s)) is not None]
+        if not parts:
             continue
-        rest = {k: x for k, x in (h.get("selection") or {}).items() if k != "shard"}
+        if h.get("selection") is None:
+            raise UsageError(f"harness merge: {name} holds shards ({', '.join(shards_of(h))}) "
+                             "but records no selection (a merge of unlike parts, or an older "
+                             "harness): its shards cannot be checked against the others")
+        counts = sorted({n for _, n in parts})
+        if len(counts) > 1:
+            raise UsageError(f"harness merge: {name} holds shards of {counts[0]} and "
+                             f"{counts[1]}; shards merge into one report only from one sharded "
+                             "run")
+        env = {k: x for k, x in (h.get("environment") or {}).items() if k not in NOT_SHARED}
+        this = (name, counts[0], _unsharded(h["selection"]), env)
         if first is None:
-            first = (name, part[1], rest)
-        elif part[1] != first[1] or rest != first[2]:
-            why = (f"{part[1]} shards against {first[1]}" if part[1] != first[1] else
-                   "their selections differ: suite, cases, seeds, kernels or features")
+            first = this
+            continue
+        why = (f"{this[1]} shards against {first[1]}" if this[1] != first[1]
+               else "their selections differ: suite, cases, seeds, kernels or features"
+               if this[2] != first[2] else _env_differs(this[3], first[3]))
+        if why:
             raise UsageError(f"harness merge: {name} and {first[0]} are not shards of one run "
                              f"({why}); shards merge into one report only from one sharded run")
+
+
+def _env_differs(env: dict, first: dict) -> str | None:
+    """The environment facts two shards do not share, named (at most three), or None."""
+    keys = [k for k in dict.fromkeys([*first, *env]) if env.get(k) != first.get(k)]
+    return "; ".join(f"{k} {env.get(k)!r} vs {first.get(k)!r}" for k in keys[:3]) or None
 
 
 def missing_shards(headers: list[dict], whole: bool = False) -> list[str]:
@@ -119,10 +169,7 @@ def missing_shards(headers: list[dict], whole: bool = False) -> list[str]:
     are not in the joined report, which is therefore not a pass
     (harness.judge.tallies.unfinished). A run's own join of its workers' or lanes' parts, each
     of its one shard, leaves `whole` off."""
-    present = []
-    for h in headers:
-        shard = h.get("shard")
-        present += shard if isinstance(shard, list) else [shard]
+    present = [s for h in headers for s in shards_of(h)]
     # The sharded sources alone: an unsharded rerun beside them does not complete them.
     parts = [p for x in present if (p := rec.shard_part(x)) is not None]
     counts, have = {n for _, n in parts}, {i for i, _ in parts}
@@ -201,6 +248,7 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     facts = merged_environment([{k: h.get(k) for k in RUN_FACTS} for h in headers])
+    facts["shard"] = merged_shards(headers)
     states = {h.get("state") for h in headers}
     facts["state"] = next((s for s in (RUNNING, INTERRUPTED) if s in states), FINISHED)
     suites = sorted({h.get("suite") for h in headers}, key=str)

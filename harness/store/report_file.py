@@ -93,6 +93,14 @@ def narrowed(header: dict) -> bool:
     return bool(header.get("narrowed")) or (isinstance(n, int) and n < total)
 
 
+def pairs_expected(header: dict) -> int | None:
+    """How many kernel x case pairs a run's report holds when whole: the pairs its run
+    selected (`pairs_selected`; a finished run gives each selected pair a record, an error
+    where it wrote none); None where the header does not say (a merged report)."""
+    n = header.get("pairs_selected")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
 def shard_part(text) -> tuple[int, int] | None:
     """A selection's or header's shard text "I/N" as (I, N); None where it names no shard
     (--shard wrote it: harness.engine.options.check_shard)."""

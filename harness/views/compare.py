@@ -38,12 +38,30 @@ def incomplete(header: dict) -> str | None:
                               + ", ".join(header.get("shards_missing") or [])}[how]
 
 
+def cut_short(header: dict, records) -> str | None:
+    """Why a report's records are fewer than its header says (a file cut at a line, or pairs
+    deleted): the pairs it holds against those its run selected; None where they agree."""
+    n, held = rec.pairs_expected(header), len({r.pair for r in records})
+    if n is None or held >= n:
+        return None
+    return f"it holds {held} of the {n} kernel x case pairs its run selected: cut short or edited"
+
+
+def canonical(selection: dict | None) -> dict | None:
+    """A selection with its comma-separated lists (kernels, case globs, features) as sorted
+    sets: `--kernels a,b` and `--kernels b,a` select alike."""
+    if selection is None:
+        return None
+    return {k: (",".join(sorted(set(x.split(",")))) if k in ("kernels", "cases", "features")
+                and isinstance(x, str) else x) for k, x in selection.items()}
+
+
 def same_selection(new_header: dict, base_header: dict) -> bool:
     """Both runs selected the same cases (suite, case globs, seeds, shard, kernels), neither
     narrowed by pytest: then every pair of the baseline should be there, whether the new run
     ended or was interrupted. Reports without a selection (older harness versions, merged
     parts) are not assumed to match."""
-    new, base = new_header.get("selection"), base_header.get("selection")
+    new, base = canonical(new_header.get("selection")), canonical(base_header.get("selection"))
     return (new is not None and new == base
             and not narrowed(new_header) and not narrowed(base_header))
 
@@ -91,7 +109,12 @@ def check_baseline_sources(sources) -> None:
         headers[key] = (src, header)
     (first, h0), *rest = headers.values()
     for src, header in rest:
-        if header.get("selection") != h0.get("selection") or \
+        if header.get("selection") is None or h0.get("selection") is None:
+            missing = src if header.get("selection") is None else first
+            raise UsageError(f"baseline: {missing} records no selection (a merge of unlike "
+                             "parts, or an older harness); a baseline of several runs is made "
+                             "of runs of one selection")
+        if canonical(header.get("selection")) != canonical(h0.get("selection")) or \
                 header.get("suite") != h0.get("suite"):
             raise UsageError(f"baseline: {src} selected other cases than {first} "
                              f"({header.get('selection')} vs {h0.get('selection')}); a baseline "
@@ -117,6 +140,10 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
     if (why := incomplete(base_header)) is not None:
         print(f"  warning: the baseline is incomplete ({why}): the pairs it lacks are new "
               "here, not compared")
+    base_short = cut_short(base_header, base)
+    if base_short:
+        print(f"INCOMPLETE BASELINE: {base_short}; the pairs it lacks are not compared, so "
+              "this is not a pass")
     result = regression.compare(new, base, growth, same_selection(new_header, base_header))
     if narrowed(new_header):
         print("  note: the new run was narrowed by pytest (-k, --deselect or test ids): the "
@@ -135,7 +162,7 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
         _listed("run again in a fresh worker, judged on that run (the first failure)",
                 [f"{a['kernel']} on {a['case_id']}: {' '.join(str(a.get('why', '')).split())[:200]}"
                  for a in again])
-    unfinished = incomplete(new_header)
+    unfinished = incomplete(new_header) or cut_short(new_header, new)
     if unfinished:
         print(f"INCOMPLETE: the new report is incomplete ({unfinished}); it is not a pass, "
               "whatever it compares")
@@ -151,8 +178,9 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
         if len(result.regressions) > 60:
             print(f"  ... and {len(result.regressions) - 60} more")
         return 1
-    print("no regression among the pairs compared" if unfinished else "no regression")
-    return 1 if unfinished else 0
+    print("no regression among the pairs compared" if unfinished or base_short
+          else "no regression")
+    return 1 if unfinished or base_short else 0
 
 
 def write_baseline(out_path, sources) -> int:
