@@ -134,6 +134,20 @@ def test_a_kernel_module_that_exits_while_imported_is_named(tmp_path):
     (["run", "--shard", "01/3"], "--shard '01/3': expected I/N"),
     (["run", "--shard", "0/3"], "--shard '0/3': I must be between 1 and N"),
     (["run", "--seeds", "10000000000", "--cases", "nope*"], "--seeds 10000000000: must be 1 to"),
+    # From an adversarial review of bad input: each was run as another value, read as all,
+    # or answered with argparse's usage block or a traceback.
+    (["run", "--seeds", "1_0"], "--seeds '1_0': not a whole number"),
+    (["run", "--seeds", " 2"], "--seeds ' 2': not a whole number"),
+    (["compare", "a", "b", "--growth", "1_000"], "--growth '1_000': not a number"),
+    (["bench", "--repeats", "abc"], "--repeats 'abc': not a whole number"),
+    (["census", "--without", ""], "--without '': names no kernel glob"),
+    (["census", "--without", "te:*,,fa4:*"], "an empty name between commas"),
+    (["repro", "", ONE_CASE], "an empty name"),
+    (["merge", "", "x"], "merge '': an empty path"),
+    (["report", " "], "report ' ': an empty path"),
+    (["compare", "", "x"], "report '': an empty path"),
+    (["baseline", "out.txt", "x"], "ending .jsonl or .jsonl.gz"),
+    (["compare", "x"], "python -m harness compare: the following arguments are required"),
 ])
 def test_smaller_mistakes_are_refused_not_read_as_all(args, needle):
     _refused(_run(*args), needle)
@@ -162,8 +176,8 @@ def test_a_broken_report_line_is_named(report, tmp_path):
     lines = (report / "report.jsonl").read_text().splitlines(keepends=True)
     broken = tmp_path / "report.jsonl"
     broken.write_text("".join(lines[:2]) + lines[2][:40] + "\n" + "".join(lines[3:]))
-    with pytest.raises(UsageError, match=r"report\.jsonl: not a harness report \(line 3: "
-                                         r"JSONDecodeError\)"):
+    with pytest.raises(UsageError, match=r"report\.jsonl: not a harness report \(line 3 is "
+                                         r"not JSON: .* at column"):
         report_file.read(broken)
 
 
@@ -205,3 +219,55 @@ def test_an_edited_report_is_refused_in_one_line(report, tmp_path):
         (edited / "report.jsonl").write_text(
             "\n".join([*lines[:at], json.dumps(row), *lines[at + 1:]]) + "\n")
         _refused(_run("report", str(edited)), f"report.jsonl:{at + 1}:", "(edited?)")
+
+
+def test_a_mistake_argparse_finds_is_one_line():
+    out = _run("run", "--no-such-option")
+    _refused(out, "unrecognized arguments: --no-such-option")
+    assert len((out.stdout + out.stderr).strip().splitlines()) == 1, out.stderr
+
+
+def test_register_kernel_refuses_a_name_no_selection_reaches_and_a_fn_it_cannot_call():
+    import harness
+    for name in ("", "a,b", " spaced "):
+        with pytest.raises(ValueError, match="a name is non-empty text without commas"):
+            harness.register_kernel(name, dot_product)
+    with pytest.raises(ValueError, match="kernel 'nc': fn 42 is not callable"):
+        harness.register_kernel("nc", 42)
+
+
+def test_a_report_it_cannot_read_or_write_is_named(report, tmp_path):
+    """From an adversarial review: a header without its environment ended in a traceback in
+    merge, report and compare; a folder with report.jsonl and report.jsonl.gz read one of them
+    without a word; `harness report` of a folder it cannot write in raised OSError."""
+    import gzip
+    import json
+    lines = (report / "report.jsonl").read_text().splitlines()
+    for env in (None, "x"):
+        edited = tmp_path / f"env-{env}"
+        shutil.copytree(report, edited)
+        head = {**json.loads(lines[0]), "environment": env}
+        (edited / "report.jsonl").write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+        for args in (["report", str(edited)], ["compare", str(edited), str(report)],
+                     ["merge", str(tmp_path / f"m-{env}"), str(edited)]):
+            _refused(_run(*args), "report.jsonl:1: its header")
+    both = tmp_path / "both"
+    shutil.copytree(report, both)
+    with gzip.open(both / "report.jsonl.gz", "wt") as f:
+        f.write((report / "report.jsonl").read_text())
+    _refused(_run("compare", str(both), str(report)), "holds both report.jsonl and "
+             "report.jsonl.gz")
+    _refused(_run("baseline", str(report / "report.jsonl.gz"), str(tmp_path / "env-x")),
+             "a report folder's second report file")
+
+
+def test_report_of_a_folder_it_cannot_write_in_is_refused(report, tmp_path, monkeypatch,
+                                                         capsys):
+    from harness import cli
+    ro = tmp_path / "ro"
+    shutil.copytree(report, ro)
+    # Root writes anywhere: the write test is made to fail where it would be written.
+    monkeypatch.setattr(os, "getpid", lambda: 4242)
+    (ro / ".write-test-4242").mkdir()
+    assert cli.main(["report", str(ro)]) == 2
+    assert "the folder is not writable" in capsys.readouterr().err

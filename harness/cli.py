@@ -50,6 +50,8 @@ def cmd_report(args) -> int:
     from harness.store import report_file as rec
     from harness.views.report_dir import write_views
     from harness.views.summary import print_console
+    if not args.report_dir.strip():
+        raise _usage(f"report {args.report_dir!r}: an empty path; give a report folder")
     folder = Path(args.report_dir)
     if folder.is_file():
         raise _usage(f"report {args.report_dir}: a file; give the report's folder (the views "
@@ -59,6 +61,7 @@ def cmd_report(args) -> int:
     if not any((folder / n).is_file() for n in (rec.RECORDS_FILE, rec.RECORDS_FILE + ".gz")):
         raise _usage(f"report {args.report_dir}: no report.jsonl in it: not a report folder (a "
                      "run writes one where --report-dir says)")
+    rec.check_writable(folder, option="report")   # its views are written there
     from harness.store.writer import check_not_being_written
     check_not_being_written(folder, "report")   # not a folder a run is writing now
     header, records = write_views(folder)
@@ -71,6 +74,9 @@ def cmd_merge(args) -> int:
     from harness.store import report_file as rec
     from harness.views.summary import print_console
     from harness.store.writer import FolderLock
+    if not args.out.strip():
+        raise _usage(f"merge {args.out!r}: an empty path; give the folder the merged report "
+                     "goes to")
     out = Path(args.out)
     seen = {}
     for source in args.sources:
@@ -113,9 +119,18 @@ def cmd_baseline(args) -> int:
     from harness.store import report_file as rec
     from harness.views.compare import check_baseline_sources, write_baseline
     out = Path(args.out)
+    if not args.out.endswith((".jsonl", ".jsonl.gz")):
+        raise _usage(f"baseline {args.out!r}: give the baseline's file name, ending .jsonl or "
+                     ".jsonl.gz")
     if out.is_dir():
         raise _usage(f"baseline {args.out}: a folder; give the baseline's file name "
                      "(.jsonl or .jsonl.gz)")
+    if out.name.startswith("report.jsonl") and any(
+            (out.parent / n).exists() for n in ("report.jsonl", "report.jsonl.gz")
+            if n != out.name):
+        raise _usage(f"baseline {args.out}: a report folder's second report file (it has "
+                     f"{'report.jsonl' if out.name.endswith('.gz') else 'report.jsonl.gz'}); "
+                     "give another file name")
     rec.check_writable(out.parent, option="baseline OUT")
     from harness.store.writer import check_not_being_written
     check_not_being_written(out.parent, "baseline OUT")
@@ -159,9 +174,9 @@ def cmd_bench(args) -> int:
     from harness.tools.bench import main as bench_main
     _load_modules(args.kernel_module)
     _cache(args)  # compilation is not timed; XLA's memory analysis reads a cached program too
-    if args.repeats < 1:
-        raise _usage(f"--repeats {args.repeats}: must be at least 1")
-    return bench_main(shapes=args.shapes, repeats=args.repeats,
+    from harness.tools.census.options import positive
+    repeats = positive("--repeats")(args.repeats)
+    return bench_main(shapes=args.shapes, repeats=repeats,
                       output=_output_file(args.output), kernels=args.kernels)
 
 
@@ -193,8 +208,16 @@ def _usage(message: str):
     return UsageError(message)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its mistakes in one line, as every other mistake here (its own print the
+    usage block before them): the command, what is wrong, where the help is."""
+
+    def error(self, message):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__,
+    parser = Parser(prog="python -m harness", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run the kernel x case matrix and write a report")
@@ -256,7 +279,7 @@ def _tool_parsers(sub) -> None:
                             "(8x2048, 1x8192, 1x32768, short segments; 32/8 heads, head_dim "
                             "128: GPUs; refused with one line where nothing fits) or census "
                             "(the seed shape and 1x8192 of hopper) (default %(default)s)")
-    bench.add_argument("--repeats", type=int, default=10,
+    bench.add_argument("--repeats", default=10,
                        help="timed calls per entry (median, min, spread; default %(default)s)")
     bench.add_argument("--output", help="write the results and goal checks as JSON here")
     bench.add_argument("--kernels", help="comma-separated bench entries, or any registered "

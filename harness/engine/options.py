@@ -66,10 +66,12 @@ def check_features(text):
 
 
 def _whole_number(flag: str, value) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{flag} {value!r}: not a whole number") from None
+    # Plain digits: int() would take "1_0" or " 2", and run another number than was written.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if not isinstance(value, str) or not re.fullmatch(r"-?[0-9]+", value):
+        raise UsageError(f"{flag} {value!r}: not a whole number")
+    return int(value)
 
 
 # More seeds than this is a mistake (each case is built once per seed before any glob is
@@ -108,6 +110,10 @@ def check_shard(text) -> str | None:
 
 
 def check_growth(value) -> float:
+    if isinstance(value, str) and not re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)"
+                                                   r"([eE][+-]?[0-9]+)?|[+-]?(nan|inf)", value,
+                                                   re.IGNORECASE):
+        raise UsageError(f"--growth {value!r}: not a number")
     try:
         growth = float(value)
     except (TypeError, ValueError):
@@ -150,6 +156,9 @@ def check_modules(values) -> tuple[str, ...]:
     for v in values or ():
         if not str(v).strip():
             raise UsageError(f"--kernel-module {v!r}: an empty path")
+        same = [o for o in out if os.path.realpath(o) == os.path.realpath(str(v))]
+        if same:
+            raise UsageError(f"--kernel-module {v}: given twice (as {same[0]} too)")
         out.append(str(v))
     return tuple(out)
 

@@ -30,6 +30,11 @@ def _builtins() -> dict[str, Kernel]:
 def register_kernel(name: str, fn: Callable, *, replace: bool = False, **capabilities) -> Kernel:
     """Adds a kernel to the matrix. Capabilities are the fields of
     `harness.kernels.kernel.Kernel`."""
+    if not isinstance(name, str) or not name or name != name.strip() or "," in name:
+        raise ValueError(f"kernel name {name!r}: a name is non-empty text without commas or "
+                         "surrounding spaces (--kernels selects it by that name)")
+    if not callable(fn):
+        raise ValueError(f"kernel {name!r}: fn {fn!r} is not callable")
     if not replace and (name in _USER or name in _builtins()):
         raise ValueError(f"kernel {name!r} is already registered")
     dtypes = capabilities.get("dtypes")
@@ -158,8 +163,9 @@ def select_kernels(names: str | list[str] | None = None) -> list[Kernel]:
     kernels = all_kernels()
     if not names:
         return list(kernels.values())
-    wanted = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)
-              if n.strip()]
+    wanted = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)]
+    if not all(wanted):
+        raise UsageError(f"kernel names {','.join(wanted)!r}: an empty name")
     unknown = [n for n in wanted if n not in kernels]
     if unknown:
         raise UsageError(f"unknown kernel{'s' if len(unknown) > 1 else ''} "

@@ -113,11 +113,18 @@ def shard_part(text) -> tuple[int, int] | None:
 def resolve(path: str | Path, what: str = "report") -> Path:
     """A report file, or a report folder holding report.jsonl (or .jsonl.gz); a UsageError
     naming the path when there is none."""
+    if not str(path).strip():
+        raise UsageError(f"{what} {str(path)!r}: an empty path; give a report folder or a "
+                         "report.jsonl(.gz) file")
     p = Path(path)
     if p.is_dir():
-        for name in (RECORDS_FILE, RECORDS_FILE + ".gz"):
-            if (p / name).is_file():
-                return p / name
+        found = [p / name for name in (RECORDS_FILE, RECORDS_FILE + ".gz")
+                 if (p / name).is_file()]
+        if len(found) == 2:
+            raise UsageError(f"{what} {path}: holds both {RECORDS_FILE} and {RECORDS_FILE}.gz; "
+                             "which is the report? Give the file, or move one away")
+        if found:
+            return found[0]
         raise UsageError(f"{what} {path}: a folder without {RECORDS_FILE}; give a report folder "
                          "or a report.jsonl(.gz) file")
     if not p.is_file():
@@ -159,6 +166,16 @@ def _read(path: str | Path, what: str, with_records: bool, as_lines: bool = Fals
                     if row.get("schema") not in READABLE:
                         raise UsageError(f"{what} {path}:{n}: report schema {row.get('schema')}, "
                                          f"this harness reads {READABLE}")
+                    if header is None:
+                        for field in ("environment", "selection"):
+                            if row.get(field) is not None and not isinstance(row[field], dict):
+                                raise UsageError(f"{what} {path}:{n}: its header's {field} is "
+                                                 "not a mapping; not a report as the harness "
+                                                 "wrote it (edited?)")
+                        if not isinstance(row.get("environment"), dict):
+                            raise UsageError(f"{what} {path}:{n}: its header has no "
+                                             "environment; not a report as the harness wrote "
+                                             "it (edited?)")
                     header = header or row
                     if not with_records:
                         break
@@ -174,11 +191,27 @@ def _read(path: str | Path, what: str, with_records: bool, as_lines: bool = Fals
         # A line's own error names it; a decoding error comes from a chunk read ahead, whose
         # line the loop has not reached.
         line_of = n and not isinstance(exc, (UnicodeDecodeError, gzip.BadGzipFile, EOFError))
-        where = f" (line {n}: {type(exc).__name__})" if line_of else f" ({type(exc).__name__})"
-        raise UsageError(f"{what} {path}: not a harness report{where}") from None
+        raise UsageError(f"{what} {path}: not a harness report ({_why_unread(exc, n, line_of)})"
+                         ) from None
     if header is None:
         raise UsageError(f"{what} {path}: no run header line; not a harness report")
     return header, records
+
+
+def _why_unread(exc: Exception, n: int, line_of) -> str:
+    """What was wrong where a report could not be read, in words."""
+    if isinstance(exc, gzip.BadGzipFile):
+        return "not gzip data, though its name ends .gz"
+    if isinstance(exc, EOFError):
+        return "its gzip data ends early: cut short"
+    if isinstance(exc, UnicodeDecodeError):
+        return "not text"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"line {n} is not JSON: {exc.msg} at column {exc.colno}"
+    if isinstance(exc, KeyError):
+        return f"line {n}: a record without its field {exc.args[0]!r}"
+    return (f"line {n}: a line that is not a JSON object with the fields a record has" if line_of
+            else type(exc).__name__)
 
 
 def cut_short(line: str) -> bool:

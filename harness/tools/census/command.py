@@ -27,12 +27,14 @@ def select(census, run) -> list:
     import fnmatch
 
     from harness.engine.registry import all_kernels, select_kernels
+    from harness.engine.options import check_names
+    without = check_names("--without", census.without, "kernel glob")
     if run.kernels:
-        if census.without:
+        if without is not None:
             raise UsageError("--kernels and --without: give one of them")
         return select_kernels(list(run.kernels))
     names = census_names(all_kernels())
-    globs = [g.strip() for g in (census.without or "").split(",") if g.strip()]
+    globs = list(without or ())
     unmatched = [g for g in globs if not any(fnmatch.fnmatchcase(n, g) for n in names)]
     if unmatched:
         raise UsageError(f"--without {', '.join(unmatched)}: no kernel of the census set "

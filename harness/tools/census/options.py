@@ -54,10 +54,13 @@ def part_name(text: str) -> str:
 
 def positive(flag: str):
     def check(value) -> int:
-        try:
+        import re
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        elif isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value):
             n = int(value)
-        except (TypeError, ValueError):
-            raise UsageError(f"{flag} {value!r}: not a whole number") from None
+        else:
+            raise UsageError(f"{flag} {value!r}: not a whole number")
         if n < 1:
             raise UsageError(f"{flag} {value}: must be at least 1")
         return n
