@@ -119,12 +119,12 @@ def cmd_baseline(args) -> int:
     from harness.store import report_file as rec
     from harness.views.compare import check_baseline_sources, write_baseline
     out = Path(args.out)
-    if not args.out.endswith((".jsonl", ".jsonl.gz")):
-        raise _usage(f"baseline {args.out!r}: give the baseline's file name, ending .jsonl or "
-                     ".jsonl.gz")
     if out.is_dir():
         raise _usage(f"baseline {args.out}: a folder; give the baseline's file name "
                      "(.jsonl or .jsonl.gz)")
+    if not args.out.endswith((".jsonl", ".jsonl.gz")):
+        raise _usage(f"baseline {args.out!r}: give the baseline's file name, ending .jsonl or "
+                     ".jsonl.gz")
     if out.name.startswith("report.jsonl") and any(
             (out.parent / n).exists() for n in ("report.jsonl", "report.jsonl.gz")
             if n != out.name):
