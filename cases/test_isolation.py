@@ -1132,3 +1132,63 @@ def test_a_worker_ends_at_once_its_hooks_run_and_its_output_flushed():
     assert out.returncode == 7, out.stderr[-2000:]
     assert out.stderr == "bye" and out.stdout and "never" not in out.stdout
     assert not Path(out.stdout).exists(), out.stdout
+
+
+EXITS = """
+import os
+import harness
+from harness.sut.dot_product import dot_product
+
+
+def ends_the_process(q, k, v, segment_ids, *, causal, scale):
+    os._exit(0)
+
+
+harness.register_kernel("ends_the_process", ends_the_process, dtypes=("float32",))
+"""
+
+
+def test_a_kernel_calling_os_exit_in_the_runs_own_process_is_its_error(tmp_path):
+    """From an adversarial review: a kernel calling os._exit(0) while traced, in the run's own
+    process (the CLI's and pytest's on CPUs), ended the run with status 0 and its report
+    unwritten: green. Now its error, the run red, and the report whole."""
+    out = _run_module(tmp_path, EXITS, "ends_the_process,dot_product", ONE)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    header, records = _records(tmp_path / "r")
+    assert header["state"] == "finished"
+    ended = [r for r in records if r["kernel"] == "ends_the_process"]
+    assert [r["outcome"] for r in ended] == ["error"]
+    assert "the kernel called os._exit(0)" in ended[0]["message"], ended[0]["message"]
+    assert {r["outcome"] for r in records if r["kernel"] == "dot_product"} <= {"ok", "not run"}
+    module = tmp_path / "kernels.py"
+    pyt = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-p", "no:xdist", str(ROOT / "cases" / "test_matrix.py"),
+                          "--kernel-module", str(module), "--kernels", "ends_the_process",
+                          "--cases", ONE, "--no-leak-probe", "--report-dir", str(tmp_path / "p")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert pyt.returncode == 1 and "os._exit(0)" in pyt.stdout, pyt.stdout[-3000:]
+    # Every matrix test deselected: the folder holding that report is said to be left as is.
+    pyt = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-p", "no:xdist", str(ROOT / "cases" / "test_matrix.py"),
+                          "--kernel-module", str(module), "--kernels", "ends_the_process",
+                          "--cases", ONE, "-k", "not ends_the_process",
+                          "--report-dir", str(tmp_path / "p")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert "every matrix test deselected" in pyt.stdout and "not written" in pyt.stdout, \
+        pyt.stdout[-3000:]
+
+
+def test_a_declaration_that_exits_or_skips_is_its_authors_mistake():
+    """From an adversarial review: constraints calling sys.exit(0) ended the CLI's run with
+    status 0 (a wrong kernel's failures unwritten); expect calling pytest.skip read '2 skipped'
+    in pytest. Both are a mistake of one line naming the kernel and the declaration."""
+    import pytest as pt
+    from harness.errors import UsageError
+    from harness.kernels.kernel import Kernel
+    from harness.model.suites import suite_cases
+    from harness.sut.dot_product import dot_product
+    case = suite_cases("smoke")[0]
+    for how in (lambda *a: sys.exit(0), lambda *a: pt.skip("x")):
+        kernel = Kernel("declares", dot_product, constraints=how)
+        with pt.raises(UsageError, match="kernel declares: constraints"):
+            kernel._reasons(kernel.constraints, "constraints(case, platform)", case, None)

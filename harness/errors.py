@@ -1,6 +1,11 @@
 """A user's mistake (a path, a name, a glob, a module, a baseline, a shape too big for the
 device): one line that names the problem and the fix, caught before any work starts. The CLI
 prints it and exits 2; the pytest plugin turns it into a usage error. Never a traceback."""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
 
 
 class UsageError(Exception):
@@ -68,3 +73,36 @@ def located(message: str, exc: BaseException) -> str:
     """`message` with raised_at(exc) at the end of its first line (the line every view shows)."""
     first, newline, rest = message.partition("\n")
     return first + raised_at(exc) + newline + rest
+
+
+class ProcessExitCalled(RuntimeError):
+    """A kernel's code called os._exit while the harness traced it: in the run's own process
+    that would end the run with the kernel's status (0: a green exit, no report written)."""
+
+
+_IN_KERNEL = threading.local()
+_REAL_EXIT = None
+
+
+def _guarded_exit(code):
+    if getattr(_IN_KERNEL, "depth", 0):
+        raise ProcessExitCalled(f"the kernel called os._exit({code!r}), which would have ended "
+                                f"the run's process with status {code!r}: an error of the "
+                                "kernel")
+    _REAL_EXIT(code)
+
+
+@contextlib.contextmanager
+def kernel_code():
+    """While a kernel's own Python runs (traced, in this thread): os._exit there raises
+    ProcessExitCalled, which the run records as the kernel's error (an in-process run, the
+    CLI's or pytest's on CPUs, exited 0 with its report unwritten). Elsewhere, and in other
+    threads (pytest-xdist's, the harness's own end), os._exit is as it was."""
+    global _REAL_EXIT
+    if os._exit is not _guarded_exit:
+        _REAL_EXIT, os._exit = os._exit, _guarded_exit
+    _IN_KERNEL.depth = getattr(_IN_KERNEL, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _IN_KERNEL.depth -= 1

@@ -12,11 +12,9 @@ Where an NVIDIA GPU is visible (or with --ahead), the matrix's pairs run ahead o
 the engine's worker lanes (harness.engine.lanes: worker processes compiling ahead on every
 core, one lane per GPU with --gpu-per-worker), and each test waits for its pair's records and
 judges them; elsewhere (or with --in-test) each pair runs inside its test. Each xdist worker
-appends its records to DIR/parts/<run>/<worker>/ as it goes; at the end the controller joins
-the parts and finishes the report with the engine's one finish (views, status, baseline), so a
-worker that crashes loses only the test it was running, and a pytest started inside another
-(the harness's own tests do) never touches the outer run's parts.
-"""
+appends its records to DIR/parts/<run>/<worker>/ as it goes; the controller joins them and
+finishes the report with the engine's one finish (views, status, baseline): a crashed worker
+loses only its test, and a pytest inside another never touches the outer run's parts."""
 from __future__ import annotations
 
 import contextlib
@@ -52,12 +50,8 @@ def _is_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
-def _options(config):
-    return config._harness_options
-
-
 def _report_dir(config) -> Path:
-    return Path(_options(config).report_dir).resolve()
+    return Path(config._harness_options.report_dir).resolve()
 
 
 def _parts(config) -> Path:
@@ -220,7 +214,7 @@ def programs(request):
     """This process's compiled programs. Each test traces and compiles its own kernel's
     programs (see run_case): no program of another test is traced ahead."""
     from harness.engine.programs import Programs
-    progs = Programs(deterministic_probe=_options(request.config).deterministic_probe)
+    progs = Programs(deterministic_probe=request.config._harness_options.deterministic_probe)
     request.config._harness_programs = progs
     yield progs
     progs.close()
@@ -267,7 +261,7 @@ def _run_in_test(request, kernel, case):
     if workers.clashes_here(kernel):
         # Its library cannot share this process with one already loaded here (the same FFI
         # targets): the pair runs in a worker of its own.
-        result = workers.run_pair_in_worker(kernel, case, _options(config),
+        result = workers.run_pair_in_worker(kernel, case, config._harness_options,
                                             _parts(config) / "isolated" / uuid.uuid4().hex)
     else:
         moved_to(config, case)
@@ -275,7 +269,7 @@ def _run_in_test(request, kernel, case):
             workers.mark_loaded(kernel)   # its library loads only where it runs
             programs.prefetch([(kernel, case)])
         result = run_kernel_case(kernel, case, platform, programs,
-                                 leak=_options(config).leak_probe)
+                                 leak=config._harness_options.leak_probe)
     programs.timing[kernel.name].wall_s += time.perf_counter() - start
     return result
 
@@ -306,10 +300,8 @@ def _selected_pairs(config, nodeids) -> list:
 
 
 def _whole_matrix_named(config) -> bool:
-    """Whether this run names cases/test_matrix.py as a whole and nothing narrows the tests it
-    collects (-k, -m, --deselect, --lf, --sw): then every pair of the matrix is selected, and
-    the lanes can start before collection (pytest's start, xdist's workers and their
-    collection take seconds on a GPU runner, which the lanes' own start then overlaps)."""
+    """This run names cases/test_matrix.py whole, nothing narrowing it (-k, -m, --deselect,
+    --lf, --sw): every pair is selected, and the lanes start before collection (seconds)."""
     o = config.option
     if o.keyword or o.markexpr or getattr(o, "deselect", None) or getattr(o, "lf", False) \
             or getattr(o, "stepwise", False) or getattr(o, "failedfirst", False):
@@ -320,9 +312,8 @@ def _whole_matrix_named(config) -> bool:
 
 
 def _begin(config, pairs) -> None:
-    """Controller, once matrix tests are selected: the report folder is this run's (its lock;
-    another run writing it is a usage error) and its header says the run is running, until
-    the end's finish (a pytest killed hard leaves a report that says it is incomplete)."""
+    """Controller, matrix tests selected: the report folder is this run's (locked), its header
+    says running until the end's finish (a pytest killed hard leaves it incomplete)."""
     if getattr(config, "_harness_lock", None) is not None or not pairs \
             or config.option.collectonly:
         return
@@ -336,7 +327,7 @@ def _begin(config, pairs) -> None:
     except UsageError as exc:
         pytest.exit(f"error: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
     begin(_report_dir(config), describe_host(),
-          **engine.run_info(_options(config), config._harness_selection))
+          **engine.run_info(config._harness_options, config._harness_selection))
     with contextlib.suppress(ValueError):   # SIGTERM as the CLI takes it: interrupted
         signal.signal(signal.SIGTERM, engine.interrupt)
 
@@ -358,7 +349,7 @@ def _start_lanes(config, pairs) -> None:
     if config.getoption("--gpu-per-worker") and ids:
         workers = config.getoption("numprocesses", None)
         gpus = ids[:workers] if isinstance(workers, int) and workers > 0 else ids
-    config._harness_lanes = Lanes(_lanes_dir(config), _options(config), gpus)
+    config._harness_lanes = Lanes(_lanes_dir(config), config._harness_options, gpus)
     config._harness_lanes.start(pairs)
 
 
@@ -382,6 +373,12 @@ def pytest_collection_finish(session):
         pairs = _selected_pairs(config, [item.nodeid for item in session.items])
         _begin(config, pairs)
         _start_lanes(config, pairs)
+
+
+def pytest_deselected(items):
+    """Where every matrix test was deselected, the end says so."""
+    if any(MATRIX_TEST in item.nodeid for item in items):
+        items[0].config._harness_deselected = True
 
 
 def _stop_lanes(config, finished: bool) -> tuple[list[dict], list[dict]]:
@@ -410,23 +407,22 @@ def record_sink(request):
         if writer is None:
             from harness.engine.environment import describe
             writer = ReportWriter(_parts(request.config) / worker, describe(),
-                                  suite=_options(request.config).suite)
+                                  suite=request.config._harness_options.suite)
         writer.add(result)
     yield sink
     if writer is not None:
         from harness.engine.compilation_cache import cache_stats
         programs = getattr(request.config, "_harness_programs", None)
-        # A part whose tests all took their records from the lanes names no probe mode.
         writer.close(probe_mode=programs.probe_mode if programs else None,
                      timing=programs.report() if programs else {},
-                     compilation_cache={"dir": _options(request.config).cache_dir,
+                     compilation_cache={"dir": request.config._harness_options.cache_dir,
                                         **cache_stats()})
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
-    """The report joined before xdist waits for its workers to exit (seconds after their last
-    test): each part was closed before its worker finished. Not on Ctrl-C (still in a test)."""
+    """The report joined before xdist waits for its workers to exit (each part was closed
+    before its worker finished); on Ctrl-C after (still in a test)."""
     if not (stopped := exitstatus == pytest.ExitCode.INTERRUPTED):
         _session_finish(session, exitstatus)
     yield
@@ -439,8 +435,7 @@ def _session_finish(session, exitstatus):
     if getattr(config, "_harness_matrix", None) is None or _is_worker(config):
         return  # configuration failed (nothing ran), or a worker (its part is written)
     parts = _parts(config)
-    # Stopped early: by the user, or by -x / --maxfail (shouldfail) before every selected test
-    # ran: the report says interrupted, not finished, and the lanes are not waited for.
+    # Stopped early (the user, -x / --maxfail): interrupted, and the lanes are not waited for.
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop is not False \
         or session.shouldfail is not False
     lanes = _stop_lanes(config, not interrupted and exitstatus in (pytest.ExitCode.OK,
@@ -450,6 +445,9 @@ def _session_finish(session, exitstatus):
     try:
         if sources or lock is not None:   # no source: begun, but no matrix test ran
             _finish(config, session, interrupted, sources, *lanes)
+        elif getattr(config, "_harness_deselected", False):   # it may hold an earlier report
+            config.pluginmanager.get_plugin("terminalreporter").write_line(
+                f"harness: every matrix test deselected: {_report_dir(config)} not written")
     finally:
         shutil.rmtree(parts, ignore_errors=True)
         if lock is not None:   # holding the folder: parts/ too, unless a run killed left some
@@ -464,7 +462,7 @@ def _finish(config, session, interrupted, sources, lane_runs, lane_workers) -> N
     from harness.store import report_file as rec
     from harness.store.merge import merge_cache, merge_reports, merge_timing, probe_modes
     from harness.store.writer import FINISHED, INTERRUPTED
-    options = _options(config)
+    options = config._harness_options
     # Headers alone: reading the parts' records (and the joined report's) took seconds of the
     # H200 nightly's pytest wall time; the merge copies lines (harness.store.merge).
     runs = [rec.read_header(s) for s in sources] + lane_runs

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from harness.errors import BrokenContract
+from harness.errors import BrokenContract, kernel_code
 from harness.judge.oracle import gradient_inputs, with_gradients, with_tangents
 from harness.kernels.kernel import Kernel
 from harness.model.case import Case
@@ -51,9 +51,13 @@ def kernel_fn(kernel: Kernel, case: Case, mode: str = DEFAULT):
                                  "query's, with the value's head dim)")
         return out
 
-    if mode == FORWARD:
-        return with_tangents(fn, bool(case.features.sinks))
-    return with_gradients(fn, kernel.backward, gradient_inputs(case))
+    program = (with_tangents(fn, bool(case.features.sinks)) if mode == FORWARD else
+               with_gradients(fn, kernel.backward, gradient_inputs(case)))
+
+    def traced(*args):   # the kernel's code, forward and backward, as the harness traces it
+        with kernel_code():
+            return program(*args)
+    return traced
 
 
 def argument_shapes(case: Case, mode: str = DEFAULT) -> tuple:

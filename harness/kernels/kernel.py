@@ -274,10 +274,10 @@ class Kernel:
         """One of the kernel's own declarations called on a case (constraints, forward_limits,
         expect, expect_padding, expect_error): one that raises is its author's mistake, one
         line naming the kernel, the function and the case."""
-        from harness.errors import UsageError
+        from harness.errors import USER_CODE_RAISED, UsageError
         try:
             return fn(case, *more)
-        except Exception as exc:
+        except USER_CODE_RAISED as exc:   # sys.exit and pytest.skip too: not a clean exit
             raise UsageError(f"kernel {self.name}: {call} raised on {case.id}: "
                              f"{type(exc).__name__}: {exc}") from None
 
