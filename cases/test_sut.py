@@ -1,5 +1,7 @@
 """The system under test: config rules, the packed lowering, bad segment ids in and out of jit,
 the GQA offsets workaround, and the emulator's API contract."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,18 +31,35 @@ def cfg(**kw):
     ({"hardware": "cpu"}, "runs on NVIDIA GPUs only"),
     ({"max_segments_per_seq": None}, "needs max_segments_per_seq"),
     ({"attention": "cudnn_flash_te", "max_segments_per_seq": None}, "needs max_segments_per_seq"),
-    ({"max_segments_per_seq": 0}, "must be >= 1"),
+    ({"max_segments_per_seq": 0}, "must be a whole number >= 1"),
     ({"attention": "cudnn_flash_te", "compute_capability": 8.0}, "needs compute capability >= 9.0"),
     ({"attention": "cudnn_flash_te", "cudnn_backend": "emulator"}, "has no emulator"),
     ({"model_mode": "decode"}, "packed rows are a training layout"),
     ({"dropout_rate": 0.1, "compute_capability": 7.5}, "XLA fallback has no attention dropout"),
     ({"dropout_rate": 0.1, "attention": "dot_product"}, "dot_product has no attention dropout"),
     ({"dropout_rate": 0.1, "cudnn_backend": "emulator"}, "emulator has no dropout"),
-    ({"dropout_rate": 1.0}, "not in [0, 1)"),
+    ({"dropout_rate": 1.0}, "not a number in [0, 1)"),
     ({"segment_check": "ignore"}, "segment_check"),
+    # From an adversarial review of the op: each was taken as it came (a window of 2.5 keys
+    # ran as 2 on one path and 3 on another; an infinite cap made every output NaN) or
+    # raised a TypeError that named no field.
+    ({"window": (2.5, 0)}, "window=(2.5, 0) must be (left, right), two whole numbers"),
+    ({"window": 4}, "window=4 must be (left, right)"),
+    ({"window": ("2", 0)}, "window=('2', 0) must be"),
+    ({"logits_soft_cap": float("inf")}, "logits_soft_cap=inf must be a finite number above 0"),
+    ({"logits_soft_cap": "1"}, "logits_soft_cap='1' must be"),
+    ({"chunk_size": 2.5}, "chunk_size=2.5 must be a whole number"),
+    ({"max_segments_per_seq": 3.5}, "max_segments_per_seq=3.5 must be a whole number"),
+    ({"max_segments_per_seq": "4"}, "max_segments_per_seq='4' must be"),
+    ({"dropout_rate": None}, "dropout_rate=None is not a number"),
+    ({"packing": "no"}, "packing='no' must be True or False"),
+    ({"force_fallback": 1}, "force_fallback=1 must be True or False"),
+    ({"window": (2, 3)}, "window=(2, 3), which reads 3 keys ahead"),
+    ({"attention": "cudnn_flash_auto", "window": (2, 3), "compute_capability": 8.0},
+     "cudnn_flash_auto with window=(2, 3) (reads ahead) needs"),
 ])
 def test_config_rules(overrides, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         cfg(**overrides).validate()
 
 
@@ -395,3 +414,26 @@ def test_the_op_refuses_mixed_dtypes():
     with pytest.raises(ValueError, match="must share a dtype; got bfloat16, float32, float32"):
         op(x.query, x.key.astype(np.float32), x.value.astype(np.float32), x.segment_ids,
            scale=case.scale)
+
+
+@pytest.mark.parametrize("window", [(1, 0), (3, 0)])
+def test_one_sequence_per_row_honours_the_window(window):
+    """From an adversarial review of the op: with packing=False the cuDNN path took the
+    window and dropped it (per-row lengths, no sliding_window_length): off by 3.2 on valid
+    tokens, no error. The harness's matrix catches it too (sut:cudnn_flash_jax:rows:emulated on
+    the smoke suite's unpacked window case)."""
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 8, 2, 8)), jnp.bfloat16) for _ in range(3))
+    seg = jnp.asarray([[1] * 6 + [0] * 2])
+    rows = AttentionOp(AttentionConfig(attention="cudnn_flash_jax", cudnn_backend="emulator",
+                                       hardware="cpu", packing=False, window=window))
+    ref = AttentionOp(AttentionConfig(attention="dot_product", hardware="cpu", window=window))
+    got, want = rows(q, k, v, seg, scale=0.35), ref(q, k, v, seg, scale=0.35)
+    assert float(jnp.abs(got - want)[:, :6].max()) < 0.05
+
+
+def test_sinks_that_are_not_an_array_are_named():
+    op = AttentionOp(AttentionConfig(attention="dot_product", hardware="cpu", sinks=True))
+    q = jnp.zeros((1, 8, 2, 8), jnp.float32)
+    with pytest.raises(ValueError, match="sinks list: an array of shape"):
+        op(q, q, q, jnp.ones((1, 8), jnp.int32), scale=1.0, sinks=[0.0, 0.0])

@@ -24,7 +24,8 @@ def op_kernel(query, key, value, segment_ids, *, causal, scale, max_segments, wi
     """The op configured as a model configures it: its features in the config (the op
     refuses, at configuration, what its path cannot honour), the sinks at the call."""
     config.setdefault("hardware", _hardware())
-    op = AttentionOp(AttentionConfig(packing=True, max_segments_per_seq=max_segments,
+    config.setdefault("packing", True)
+    op = AttentionOp(AttentionConfig(max_segments_per_seq=max_segments,
                                      window=window, logits_soft_cap=softcap, chunk_size=chunk,
                                      sinks=sinks is not None, **config))
     return op(query, key, value, segment_ids, scale=scale, causal=causal, sinks=sinks)
@@ -85,6 +86,18 @@ KERNELS = [
            takes_max_segments=True, features=OP_FEATURES, dtypes=CUDNN, head_dims=CUDNN_HEAD_DIMS, devices=("cpu",),
            materializes_scores=True,
            description="the fixed op's packed lowering through the cuDNN API emulator"),
+    # packing=False: one sequence per row, then padding (per-row lengths, no offsets).
+    Kernel("sut:cudnn_flash_jax:rows", _op(attention="cudnn_flash_jax", packing=False),
+           takes_max_segments=True, packed=False, features=OP_FEATURES, dtypes=CUDNN,
+           head_dims=CUDNN_HEAD_DIMS, devices=("gpu",), min_compute_capability=9.0,
+           hlo_markers=CUDNN_MARKER,
+           description="the fixed op with packing=False: one sequence per row, per-row lengths "
+                       "(real cuDNN)"),
+    Kernel("sut:cudnn_flash_jax:rows:emulated",
+           _op(attention="cudnn_flash_jax", packing=False, cudnn_backend="emulator"),
+           takes_max_segments=True, packed=False, features=OP_FEATURES, dtypes=CUDNN,
+           head_dims=CUDNN_HEAD_DIMS, devices=("cpu",), materializes_scores=True,
+           description="the fixed op with packing=False through the cuDNN API emulator"),
     Kernel("sut:cudnn_flash_jax:emulated-sm80",
            _op(attention="cudnn_flash_jax", cudnn_backend="emulator", compute_capability=8.0),
            takes_max_segments=True, features=OP_FEATURES, dtypes=CUDNN, head_dims=tuple(range(8, 129, 8)),

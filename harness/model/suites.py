@@ -72,6 +72,10 @@ def smoke() -> list[Case]:
                           features=features))
     cases.append(Case("packed/random", 4, 256, 4, 4, 64, "float16", seed=6,
                       features=Features(window=(15, 0))))
+    # One sequence per row (the op's packing=False path takes it alone: it dropped the window
+    # there, green on every case above, from an adversarial review of the op).
+    cases.append(Case("unpacked/pad-tail", 4, 256, 4, 2, 64, "bfloat16", seed=6,
+                      features=Features(window=(15, 0))))
     return cases
 
 

@@ -129,6 +129,9 @@ class AttentionOp:
         if (sinks is not None) != self.config.sinks:
             raise ConfigError(f"sinks={'given' if sinks is not None else 'missing'} but the "
                               f"config has sinks={self.config.sinks}")
+        if sinks is not None and not hasattr(sinks, "shape"):
+            raise ValueError(f"sinks {type(sinks).__name__}: an array of shape [heads] = "
+                             f"({query.shape[2]},), float32")
         if sinks is not None and sinks.shape != (query.shape[2],):
             raise ValueError(f"sinks {sinks.shape} must be [heads] = ({query.shape[2]},)")
         limit = self.max_segments if self.config.attention != "dot_product" else None
@@ -194,13 +197,17 @@ class AttentionOp:
     def _cudnn_rows(self, query, key, value, segment_ids, ok, scale, causal):
         # One sequence per row, then padding: plain per-row lengths, no packed offsets. A row
         # that is not one (ok False; poisoned by the guard) is computed over its full length.
+        # The window (left, 0), causal (feature_problem refuses others): cuDNN's sliding window
+        # over the row's positions, which are the sequence's.
         sdpa, mask_type = self._sdpa()
         lengths = jnp.where(ok, (segment_ids > 0).sum(axis=1), segment_ids.shape[1])
         lengths = lengths.astype(jnp.int32)
+        window = self.config.window
+        extra = {} if window is None else {"sliding_window_length": int(window[0]) + 1}
         return sdpa(query, key, value, q_seqlen=lengths, kv_seqlen=lengths, scale=scale,
                     dropout_rate=self.config.dropout_rate,
                     mask_type=mask_type.PADDING_CAUSAL if causal else mask_type.PADDING,
-                    qkv_layout="BTNH")
+                    qkv_layout="BTNH", **extra)
 
     def _cudnn_packed(self, query, key, value, seqlen, offsets, scale, causal):
         sdpa, mask_type = self._sdpa()

@@ -1,6 +1,8 @@
 """The attention op's configuration and the rules that keep it from corrupting training silently."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 KERNELS = ("dot_product", "cudnn_flash_jax", "cudnn_flash_te", "cudnn_flash_auto")
@@ -21,6 +23,15 @@ CUDNN_MIN_CC = 8.0
 # max_segments_per_seq (the average room per segment).
 AUTO_TE_MIN_SEQ_LEN = 16384
 AUTO_TE_MAX_TOKENS_PER_SEGMENT = 256
+
+
+def _whole(x) -> bool:
+    """A plain whole number (not a bool, not a float that happens to be whole)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and not math.isnan(x)
 
 
 class ConfigError(ValueError):
@@ -97,10 +108,12 @@ class AttentionConfig:
             asked.append(f"chunk_size={self.chunk_size}")
         if self.sinks and path != "te_thd":
             asked.append("sinks")
-        if self.window is not None and path == "cudnn_packed" and (
-                self.window[1] > 0 or not causal):
-            asked.append(f"window={self.window} without the causal mask (cuDNN's sliding window "
-                         "has a left bound only)")
+        if self.window is not None and path == "cudnn_packed" and self.window[1] > 0:
+            asked.append(f"window={tuple(self.window)}, which reads {self.window[1]} keys ahead "
+                         "(cuDNN's sliding window has a left bound only)")
+        elif self.window is not None and path == "cudnn_packed" and not causal:
+            asked.append(f"window={tuple(self.window)} without the causal mask (cuDNN's sliding "
+                         "window has a left bound only)")
         if not asked:
             return None
         names = {"cudnn_packed": "cuDNN's packed layout", "cudnn_mask": "cuDNN with a mask",
@@ -132,19 +145,31 @@ class AttentionConfig:
              f"cudnn_backend={self.cudnn_backend!r} is not one of {CUDNN_BACKENDS}")
         need(self.segment_check in SEGMENT_CHECKS,
              f"segment_check={self.segment_check!r} is not one of {SEGMENT_CHECKS}")
-        need(0.0 <= self.dropout_rate < 1.0, f"dropout_rate={self.dropout_rate} is not in [0, 1)")
-        need(self.max_segments_per_seq is None or self.max_segments_per_seq >= 1,
-             f"max_segments_per_seq={self.max_segments_per_seq} must be >= 1")
-        need(self.window is None or (len(self.window) == 2 and min(self.window) >= 0),
-             f"window={self.window} must be (left, right), both >= 0")
-        need(self.logits_soft_cap is None or self.logits_soft_cap > 0,
-             f"logits_soft_cap={self.logits_soft_cap} must be above 0")
-        need(self.chunk_size is None or self.chunk_size >= 1,
-             f"chunk_size={self.chunk_size} must be at least 1")
+        for flag in ("packing", "force_fallback", "sinks"):
+            need(isinstance(getattr(self, flag), bool),
+                 f"{flag}={getattr(self, flag)!r} must be True or False")
+        need(_real(self.dropout_rate) and 0.0 <= self.dropout_rate < 1.0,
+             f"dropout_rate={self.dropout_rate!r} is not a number in [0, 1)")
+        need(self.max_segments_per_seq is None or (_whole(self.max_segments_per_seq)
+                                                   and self.max_segments_per_seq >= 1),
+             f"max_segments_per_seq={self.max_segments_per_seq!r} must be a whole number >= 1")
+        need(self.window is None or (isinstance(self.window, (tuple, list))
+                                     and len(self.window) == 2
+                                     and all(_whole(x) and x >= 0 for x in self.window)),
+             f"window={self.window!r} must be (left, right), two whole numbers >= 0")
+        need(self.logits_soft_cap is None or (_real(self.logits_soft_cap)
+                                              and 0 < self.logits_soft_cap < math.inf),
+             f"logits_soft_cap={self.logits_soft_cap!r} must be a finite number above 0")
+        need(self.chunk_size is None or (_whole(self.chunk_size) and self.chunk_size >= 1),
+             f"chunk_size={self.chunk_size!r} must be a whole number >= 1")
         if self.attention == "cudnn_flash_auto" and self.needs_te and (
                 self.compute_capability or 0) < PACKED_MIN_CC:
-            need(False, f"attention=cudnn_flash_auto with sinks or a window that reads ahead "
-                 f"needs Transformer Engine's THD path (compute capability >= {PACKED_MIN_CC})")
+            asked = (["sinks=True"] if self.sinks else []) + (
+                [f"window={tuple(self.window)} (reads ahead)"]
+                if self.window is not None and self.window[1] > 0 else [])
+            need(False, f"attention=cudnn_flash_auto with {' and '.join(asked)} needs "
+                 f"Transformer Engine's THD path (compute capability >= {PACKED_MIN_CC}); "
+                 f"compute_capability={self.compute_capability}")
         if self.attention != "cudnn_flash_auto":
             # The path is known now (auto's depends on the row length: checked per call).
             problem = self.feature_problem(self.path(), causal=self.window is None
