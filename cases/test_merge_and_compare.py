@@ -176,17 +176,20 @@ def test_a_merge_of_a_merge_is_held_to_its_shards(tmp_path):
     last = _write(tmp_path / "p3", [_record("j", CASE_IDS[1], "ok")], shard="3/3")
     status, _, header, _ = engine.merge(tmp_path / "whole", [tmp_path / "m12", last])
     assert status == 0 and header["shard"] == ["1/3", "2/3", "3/3"], header["shard"]
-    assert header["selection"] == {**SELECTION, "shard": None}
+    assert header["selection"] == rec.canonical({**SELECTION, "shard": None})
     status, _, header, _ = engine.merge(tmp_path / "again", [tmp_path / "whole"])
     assert status == 0 and "shards_missing" not in header
     # The same shard 3/3 from another commit: refused, naming the commit.
-    stale = tmp_path / "stale"
-    rec.write_report(stale / rec.RECORDS_FILE, {"platform": "cpu", "git_commit": "0" * 40},
-                     [_record("j", CASE_IDS[1], "ok")], suite="t", kernels=["k", "j"],
-                     cases=2, state="finished", shard="3/3", selection={**SELECTION,
-                                                                         "shard": "3/3"})
+    def shard(name, part, commit):
+        rec.write_report(tmp_path / name / rec.RECORDS_FILE,
+                         {"platform": "cpu", "git_commit": commit},
+                         [_record("j", CASE_IDS[1], "ok")], suite="t", kernels=["k", "j"],
+                         cases=2, state="finished", shard=part,
+                         selection={**SELECTION, "shard": part})
+        return tmp_path / name
     with pytest.raises(UsageError, match="git_commit '0000"):
-        engine.merge(tmp_path / "bad2", [*parts, stale])
+        engine.merge(tmp_path / "bad2", [shard("today", "1/3", "1" * 40),
+                                         shard("stale", "3/3", "0" * 40)])
 
 
 def test_a_baseline_cut_short_or_spelled_otherwise_is_no_pass(tmp_path):
@@ -230,3 +233,63 @@ def test_an_exact_check_is_not_regressed_by_rounding():
         assert grew(base, check(None, None), 2.0)
     # Away from zero, as before: a bitwise-stable check regresses past its growth.
     assert grew(check(1e-7, 0.027, [1e-7, 1e-7, 2]), check(3e-7, 0.08), 2.0)
+
+
+def test_the_cut_short_rule_reads_older_headers_merges_and_baselines(tmp_path):
+    """From a cold read: the committed baseline and merged reports carry no pairs_selected,
+    so a copy of them cut short compared green; shards of runners with another Python or
+    without Transformer Engine were refused; a run folder with report.jsonl beside its gzip
+    copy (scripts/gpu.sh keeps both) was refused."""
+    import gzip
+    import shutil
+    from harness.store import merge
+    both = [_record(k, c, "ok") for k in ("k", "j") for c in CASE_IDS]
+    old = _write(tmp_path / "old", both)          # no pairs_selected: kernels x cases
+    assert rec.pairs_expected(rec.read_header(old)) == 4
+    status, text = _compare(_write(tmp_path / "new", both), _write(tmp_path / "cut", both[:3]))
+    assert status == 1 and "INCOMPLETE BASELINE: it holds 3 of the 4" in text, text
+    parts = [_write(tmp_path / f"p{i}", both[2 * (i - 1):2 * i], shard=f"{i}/2",
+                    pairs_selected=2) for i in (1, 2)]
+    engine.merge(tmp_path / "m", parts)
+    assert rec.read_header(tmp_path / "m")["pairs_selected"] == 4
+    # Runners that differ in what the shards need not share merge; another jax does not.
+    heads = [{"shard": f"{i}/2", "selection": {**SELECTION, "shard": f"{i}/2"},
+              "environment": {"python": py, "transformer_engine": te, "git_dirty": dirty,
+                              "jax": "0.11.2", "host": f"h{i}"}}
+             for i, py, te, dirty in ((1, "3.11.7", None, None), (2, "3.12.3", "2.4.0", False))]
+    merge.check_shards(heads, ["a", "b"])
+    heads[1]["environment"]["jax"] = "0.10.2"
+    import pytest
+    from harness.errors import UsageError
+    with pytest.raises(UsageError, match="jax '0.10.2' vs '0.11.2'"):
+        merge.check_shards(heads, ["a", "b"])
+    # report.jsonl beside its gzip copy reads; beside another report it does not.
+    copy = tmp_path / "copy"
+    shutil.copytree(old, copy)
+    with gzip.open(copy / "report.jsonl.gz", "wb") as f:
+        f.write((copy / "report.jsonl").read_bytes())
+    assert rec.resolve(copy).name == "report.jsonl"
+    with gzip.open(copy / "report.jsonl.gz", "wb") as f:
+        f.write((tmp_path / "cut" / "report.jsonl").read_bytes())
+    with pytest.raises(UsageError, match="which differ"):
+        rec.resolve(copy)
+
+
+def test_the_exit_guard_leaves_a_forked_childs_exit_alone():
+    """From a cold read: a child forked inside a kernel's traced code kept the guard, and its
+    multiprocessing exit raised there (the parent read status 0 for the child's 3)."""
+    import multiprocessing
+    import sys
+    from harness.errors import ProcessExitCalled, kernel_code
+
+    def child():
+        sys.exit(3)
+    with kernel_code():
+        proc = multiprocessing.get_context("fork").Process(target=child)
+        proc.start()
+        proc.join(60)
+        assert proc.exitcode == 3
+        import os
+        import pytest
+        with pytest.raises(ProcessExitCalled):
+            os._exit(0)

@@ -253,10 +253,10 @@ def test_a_report_it_cannot_read_or_write_is_named(report, tmp_path):
             _refused(_run(*args), "report.jsonl:1: its header")
     both = tmp_path / "both"
     shutil.copytree(report, both)
-    with gzip.open(both / "report.jsonl.gz", "wt") as f:
-        f.write((report / "report.jsonl").read_text())
+    with gzip.open(both / "report.jsonl.gz", "wt") as f:   # another report than the plain one
+        f.write((tmp_path / "env-x" / "report.jsonl").read_text())
     _refused(_run("compare", str(both), str(report)), "holds both report.jsonl and "
-             "report.jsonl.gz")
+             "report.jsonl.gz, which differ")
     _refused(_run("baseline", str(report / "report.jsonl.gz"), str(tmp_path / "env-x")),
              "a report folder's second report file")
 

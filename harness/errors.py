@@ -85,7 +85,8 @@ _REAL_EXIT = None
 
 
 def _guarded_exit(code):
-    if getattr(_IN_KERNEL, "depth", 0):
+    # A child the kernel forked keeps this thread's depth: its own exit is not the run's.
+    if getattr(_IN_KERNEL, "depth", 0) and getattr(_IN_KERNEL, "pid", None) == os.getpid():
         raise ProcessExitCalled(f"the kernel called os._exit({code!r}), which would have ended "
                                 f"the run's process with status {code!r}: an error of the "
                                 "kernel")
@@ -102,6 +103,7 @@ def kernel_code():
     if os._exit is not _guarded_exit:
         _REAL_EXIT, os._exit = os._exit, _guarded_exit
     _IN_KERNEL.depth = getattr(_IN_KERNEL, "depth", 0) + 1
+    _IN_KERNEL.pid = os.getpid()
     try:
         yield
     finally:

@@ -375,10 +375,11 @@ def pytest_collection_finish(session):
         _start_lanes(config, pairs)
 
 
-def pytest_deselected(items):
-    """Where every matrix test was deselected, the end says so."""
-    if any(MATRIX_TEST in item.nodeid for item in items):
-        items[0].config._harness_deselected = True
+def _matrix_asked(config) -> bool:
+    """The command line names cases/test_matrix.py, a test of it, or a folder holding it."""
+    matrix = (Path(config.rootpath) / "cases" / "test_matrix.py").resolve()
+    paths = [(config.invocation_params.dir / a.split("::")[0]).resolve() for a in config.args]
+    return any(p == matrix or p in matrix.parents for p in paths)
 
 
 def _stop_lanes(config, finished: bool) -> tuple[list[dict], list[dict]]:
@@ -445,7 +446,7 @@ def _session_finish(session, exitstatus):
     try:
         if sources or lock is not None:   # no source: begun, but no matrix test ran
             _finish(config, session, interrupted, sources, *lanes)
-        elif getattr(config, "_harness_deselected", False):   # it may hold an earlier report
+        elif _matrix_asked(config):   # none of its tests selected: the folder is as it was
             config.pluginmanager.get_plugin("terminalreporter").write_line(
                 f"harness: every matrix test deselected: {_report_dir(config)} not written")
     finally:

@@ -101,6 +101,18 @@ def nightly() -> list[Case]:
         for layout in _FEATURE_LAYOUTS:
             cases.append(Case(layout, 4, 2048, 8, 2, 128, "bfloat16", seed=6, causal=causal,
                               features=features))
+    # Each feature where the set above does not hand it over (as in the smoke suite): without
+    # the causal mask, in float16 MHA, and one sequence per row with a window (the op's
+    # packing=False path). Held on the H200 at 329f7c8 (reports/nightly-h200-329f7c8/).
+    for features in (Features(softcap=2.0), Features(sinks=True), Features(head_dim_v=64)):
+        cases.append(Case("packed/random", 4, 2048, 8, 2, 128, "bfloat16", seed=6, causal=False,
+                          features=features))
+    for features, causal in (feature_set(window=255, ahead=128, chunk=512, head_dim_v=64)[2:6]
+                             + [(Features(window=(255, 0)), True)]):
+        cases.append(Case("packed/random", 4, 2048, 8, 8, 128, "float16", seed=6, causal=causal,
+                          features=features))
+    cases.append(Case("unpacked/pad-tail", 4, 2048, 8, 2, 128, "bfloat16", seed=6,
+                      features=Features(window=(255, 0))))
     return cases
 
 

@@ -94,7 +94,9 @@ def merged_shards(headers: list[dict]):
 
 
 def _unsharded(selection: dict | None) -> dict | None:
-    return None if selection is None else {k: x for k, x in selection.items() if k != "shard"}
+    """A selection without its shard, its lists in one order (report_file.canonical)."""
+    return None if selection is None else {k: x for k, x in rec.canonical(selection).items()
+                                           if k != "shard"}
 
 
 def merged_selection(headers: list[dict]) -> dict | None:
@@ -117,9 +119,11 @@ def merged_selection(headers: list[dict]) -> dict | None:
     return None
 
 
-# What shards of one run share in their environment: the code and what it ran on (not the
-# host, the start time, or how many devices each runner had).
-NOT_SHARED = ("time_utc", "host", "device_count")
+# What shards of one run share in their environment: the code and what it ran on. Not the
+# host, the start time, the Python or optional libraries each runner has (the workflow asks
+# for Python >= 3.11, Transformer Engine where it installs), and unknown (None) on either side
+# is not a difference.
+SHARED = ("git_commit", "jax", "jaxlib", "platform", "device_kind", "compute_capability")
 
 
 def check_shards(headers: list[dict], names: list[str]) -> None:
@@ -143,7 +147,7 @@ def check_shards(headers: list[dict], names: list[str]) -> None:
             raise UsageError(f"harness merge: {name} holds shards of {counts[0]} and "
                              f"{counts[1]}; shards merge into one report only from one sharded "
                              "run")
-        env = {k: x for k, x in (h.get("environment") or {}).items() if k not in NOT_SHARED}
+        env = {k: (h.get("environment") or {}).get(k) for k in SHARED}
         this = (name, counts[0], _unsharded(h["selection"]), env)
         if first is None:
             first = this
@@ -158,7 +162,8 @@ def check_shards(headers: list[dict], names: list[str]) -> None:
 
 def _env_differs(env: dict, first: dict) -> str | None:
     """The environment facts two shards do not share, named (at most three), or None."""
-    keys = [k for k in dict.fromkeys([*first, *env]) if env.get(k) != first.get(k)]
+    keys = [k for k in SHARED if None not in (env.get(k), first.get(k))
+            and env.get(k) != first.get(k)]
     return "; ".join(f"{k} {env.get(k)!r} vs {first.get(k)!r}" for k in keys[:3]) or None
 
 
@@ -221,7 +226,7 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
     records of them, kept) for each source that overlapped an earlier one."""
     by_case: dict[tuple, list] = {}
     traces: dict[tuple, list] = {}
-    headers, overlaps = [], []
+    headers, overlaps, short = [], [], []   # short: pairs each source lacks of its selection
     for src in sources:
         # Each record's line as its source wrote it, where nothing rewrites them.
         if transform is None:
@@ -233,6 +238,8 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
         fresh: dict[tuple, list] = {}
         for pair, row in rows:
             fresh.setdefault(pair, []).append(row)
+        expected = rec.pairs_expected(head)
+        short.append(None if expected is None else max(0, expected - len(fresh)))
         overlap = set(fresh) & set(by_case)
         kept = {p for p in overlap if _only_skipped(fresh[p]) and not _only_skipped(by_case[p])}
         if overlap:
@@ -259,6 +266,9 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                         "timing": merge_timing([h.get("timing") for h in headers]),
                         "compilation_cache": merge_cache(headers),
                         "selection": merged_selection(headers),
+                        # What the sources selected (a source cut short stays short here).
+                        **({"pairs_selected": len(by_case) + sum(short)}
+                           if short and None not in short else {}),
                         **({"shards_missing": missing} if (missing := missing_shards(headers, whole))
                            else {}),
                         **({"narrowed": True} if any(rec.narrowed(h) for h in headers) else {}),

@@ -98,7 +98,21 @@ def pairs_expected(header: dict) -> int | None:
     selected (`pairs_selected`; a finished run gives each selected pair a record, an error
     where it wrote none); None where the header does not say (a merged report)."""
     n = header.get("pairs_selected")
-    return n if isinstance(n, int) and not isinstance(n, bool) else None
+    if isinstance(n, int) and not isinstance(n, bool):
+        return n
+    kernels, cases = header.get("kernels"), header.get("cases")
+    if isinstance(kernels, list) and isinstance(cases, int) and not narrowed(header):
+        return len(kernels) * cases          # older headers: every kernel on every case
+    return None
+
+
+def canonical(selection: dict | None) -> dict | None:
+    """A selection with its comma-separated lists (kernels, case globs, features) as sorted
+    sets: `--kernels a,b` and `--kernels b,a` select alike."""
+    if selection is None:
+        return None
+    return {k: (",".join(sorted(set(x.split(",")))) if k in ("kernels", "cases", "features")
+                and isinstance(x, str) else x) for k, x in selection.items()}
 
 
 def shard_part(text) -> tuple[int, int] | None:
@@ -108,6 +122,14 @@ def shard_part(text) -> tuple[int, int] | None:
         return None
     index, count = text.split("/", 1)
     return (int(index), int(count)) if index.isdigit() and count.isdigit() else None
+
+
+def _text(path: Path) -> bytes | None:
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as f:
+            return f.read()
+    except (OSError, EOFError):
+        return None
 
 
 def resolve(path: str | Path, what: str = "report") -> Path:
@@ -120,9 +142,12 @@ def resolve(path: str | Path, what: str = "report") -> Path:
     if p.is_dir():
         found = [p / name for name in (RECORDS_FILE, RECORDS_FILE + ".gz")
                  if (p / name).is_file()]
+        if len(found) == 2 and _text(found[0]) == _text(found[1]):
+            return found[0]   # report.jsonl and its gzip copy (scripts/gpu.sh keeps both)
         if len(found) == 2:
-            raise UsageError(f"{what} {path}: holds both {RECORDS_FILE} and {RECORDS_FILE}.gz; "
-                             "which is the report? Give the file, or move one away")
+            raise UsageError(f"{what} {path}: holds both {RECORDS_FILE} and {RECORDS_FILE}.gz, "
+                             "which differ; which is the report? Give the file, or move one "
+                             "away")
         if found:
             return found[0]
         raise UsageError(f"{what} {path}: a folder without {RECORDS_FILE}; give a report folder "

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import math
-import numbers
+import operator
 from dataclasses import dataclass
+
+import numpy as np
 
 KERNELS = ("dot_product", "cudnn_flash_jax", "cudnn_flash_te", "cudnn_flash_auto")
 HARDWARE = ("gpu", "cpu", "tpu")
@@ -25,13 +27,28 @@ AUTO_TE_MIN_SEQ_LEN = 16384
 AUTO_TE_MAX_TOKENS_PER_SEGMENT = 256
 
 
+def _flag(x) -> bool:
+    return isinstance(x, (bool, np.bool_))
+
+
 def _whole(x) -> bool:
-    """A plain whole number (not a bool, not a float that happens to be whole)."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+    """A whole number: Python's, numpy's or a concrete 0-d integer array's (not a bool, not a
+    float that happens to be whole)."""
+    if _flag(x) or getattr(x, "dtype", np.dtype(int)).kind not in "iu":
+        return False
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
 
 
 def _real(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and not math.isnan(x)
+    """A number that is not NaN: Python's, numpy's or a concrete 0-d array's (not a bool)."""
+    if _flag(x) or isinstance(x, (str, bytes)) or np.ndim(x) != 0 \
+            or np.asarray(x).dtype.kind not in "iuf":
+        return False
+    return not math.isnan(float(x))
 
 
 class ConfigError(ValueError):
@@ -146,7 +163,7 @@ class AttentionConfig:
         need(self.segment_check in SEGMENT_CHECKS,
              f"segment_check={self.segment_check!r} is not one of {SEGMENT_CHECKS}")
         for flag in ("packing", "force_fallback", "sinks"):
-            need(isinstance(getattr(self, flag), bool),
+            need(_flag(getattr(self, flag)),
                  f"{flag}={getattr(self, flag)!r} must be True or False")
         need(_real(self.dropout_rate) and 0.0 <= self.dropout_rate < 1.0,
              f"dropout_rate={self.dropout_rate!r} is not a number in [0, 1)")

@@ -8,7 +8,7 @@ from harness.judge import regression
 from harness.store import report_file as rec
 from harness.judge import tallies
 from harness.judge import vocabulary as v
-from harness.store.report_file import narrowed
+from harness.store.report_file import canonical, narrowed
 
 SHOWN = 40
 
@@ -45,15 +45,6 @@ def cut_short(header: dict, records) -> str | None:
     if n is None or held >= n:
         return None
     return f"it holds {held} of the {n} kernel x case pairs its run selected: cut short or edited"
-
-
-def canonical(selection: dict | None) -> dict | None:
-    """A selection with its comma-separated lists (kernels, case globs, features) as sorted
-    sets: `--kernels a,b` and `--kernels b,a` select alike."""
-    if selection is None:
-        return None
-    return {k: (",".join(sorted(set(x.split(",")))) if k in ("kernels", "cases", "features")
-                and isinstance(x, str) else x) for k, x in selection.items()}
 
 
 def same_selection(new_header: dict, base_header: dict) -> bool:
@@ -201,6 +192,9 @@ def write_baseline(out_path, sources) -> int:
     header["baseline_of"] = [{"path": str(s), "environment": h.get("environment"),
                               "wall_s": h.get("wall_s")} for s, h in zip(sources, headers)]
     header["baseline_fields"] = list(regression.BASELINE_FIELDS)
+    # The pairs its runs selected: a baseline cut short later is then seen (cut_short).
+    known = [n for h in headers if (n := rec.pairs_expected(h)) is not None]
+    header["pairs_selected"] = known[0] if known else len({r.pair for r in records})
     rec.write_report(out_path, headers[0].get("environment", {}), records,
                      keep_fields=regression.BASELINE_FIELDS, **header)
     print(f"baseline of {len(sources)} runs: {len(records)} records -> {out_path}")
