@@ -82,6 +82,9 @@ class ProcessExitCalled(RuntimeError):
 
 _IN_KERNEL = threading.local()
 _REAL_EXIT = None
+# Off in the engine's worker processes: a worker ended by its kernel is the controller's to
+# judge (the pair is blamed, run again alone where it may be another's: workers.py).
+GUARD = {"exits": True}
 
 
 def _guarded_exit(code):
@@ -98,8 +101,12 @@ def kernel_code():
     """While a kernel's own Python runs (traced, in this thread): os._exit there raises
     ProcessExitCalled, which the run records as the kernel's error (an in-process run, the
     CLI's or pytest's on CPUs, exited 0 with its report unwritten). Elsewhere, and in other
-    threads (pytest-xdist's, the harness's own end), os._exit is as it was."""
+    threads (pytest-xdist's, the harness's own end), in a child the kernel forked, and in the
+    engine's workers (GUARD), os._exit is as it was."""
     global _REAL_EXIT
+    if not GUARD["exits"]:
+        yield
+        return
     if os._exit is not _guarded_exit:
         _REAL_EXIT, os._exit = os._exit, _guarded_exit
     _IN_KERNEL.depth = getattr(_IN_KERNEL, "depth", 0) + 1

@@ -154,7 +154,8 @@ def device_lost(message: str) -> bool:
 
 def main(argv: list[str]) -> int:
     from harness.engine.capture import CAPTURE_BROKEN, CaptureBroken, capture_excerpt
-    from harness.errors import UsageError
+    from harness.errors import GUARD, UsageError
+    GUARD["exits"] = False   # a kernel ending this worker is the controller's to judge
     if len(argv) != 1:
         print("usage: python -m harness.engine.worker SPEC.json (started by the engine)",
               file=sys.stderr)
