@@ -115,7 +115,7 @@ def merged_selection(headers: list[dict]) -> dict | None:
         return chosen[0]
     parts = [rec.shard_part(x) for x in shards]
     if shards and None not in parts and len({n for _, n in parts}) == 1:
-        return {**rest[0], "shard": None}
+        return {**chosen[0], "shard": None}   # as the first source wrote it
     return None
 
 
