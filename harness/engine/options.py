@@ -65,7 +65,7 @@ def check_features(text):
     return names
 
 
-def _whole_number(flag: str, value) -> int:
+def whole_number(flag: str, value) -> int:
     # Plain digits: int() would take "1_0" or " 2", and run another number than was written.
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -80,7 +80,7 @@ MAX_SEEDS = 1000
 
 
 def check_seeds(value) -> int:
-    seeds = _whole_number("--seeds", value)
+    seeds = whole_number("--seeds", value)
     if not 1 <= seeds <= MAX_SEEDS:
         raise UsageError(f"--seeds {value}: must be 1 to {MAX_SEEDS}")
     return seeds
@@ -90,7 +90,7 @@ MAIN_WORKERS = 1      # --main-workers' default (harness.engine.main_parts)
 
 
 def check_main_workers(value) -> int:
-    n = _whole_number("--main-workers", value)
+    n = whole_number("--main-workers", value)
     if not 1 <= n <= 8:
         raise UsageError(f"--main-workers {value}: must be 1 to 8")
     return n

@@ -88,9 +88,15 @@ def narrowed(header: dict) -> bool:
     """Whether pytest's -k, --deselect or test ids ran fewer pairs than the header's kernels x
     cases (its `pairs_selected`), or a source of a merged report was so narrowed (`narrowed`):
     which pairs, the header does not say."""
-    kernels, cases, n = header.get("kernels"), header.get("cases"), header.get("pairs_selected")
-    total = len(kernels) * cases if isinstance(kernels, list) and isinstance(cases, int) else 0
-    return bool(header.get("narrowed")) or (isinstance(n, int) and n < total)
+    n = header.get("pairs_selected")
+    return bool(header.get("narrowed")) or (isinstance(n, int) and n < (all_pairs(header) or 0))
+
+
+def all_pairs(header: dict) -> int | None:
+    """Every kernel x case pair of a run's selection (its header's kernels x cases), before
+    pytest's narrowing; None where the header does not list them (a merged report)."""
+    kernels, cases = header.get("kernels"), header.get("cases")
+    return len(kernels) * cases if isinstance(kernels, list) and isinstance(cases, int) else None
 
 
 def pairs_expected(header: dict) -> int | None:
@@ -100,10 +106,7 @@ def pairs_expected(header: dict) -> int | None:
     n = header.get("pairs_selected")
     if isinstance(n, int) and not isinstance(n, bool):
         return n
-    kernels, cases = header.get("kernels"), header.get("cases")
-    if isinstance(kernels, list) and isinstance(cases, int) and not narrowed(header):
-        return len(kernels) * cases          # older headers: every kernel on every case
-    return None
+    return None if narrowed(header) else all_pairs(header)   # older headers: every pair
 
 
 def canonical(selection: dict | None) -> dict | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from harness.judge import judging, tallies
 from harness.judge import vocabulary as v
 from harness.judge.record import Record
-from harness.store.report_file import narrowed
+from harness.store.report_file import all_pairs, narrowed
 from harness.views.summary import (
     coverage_lines,
     digest_lines,
@@ -75,8 +75,7 @@ def run_line(header: dict, marked: bool = True) -> str:
         parts.append(f"leak probe: {header['probe_mode']} build")
     if header.get("shard"):
         parts.append(f"shard {header['shard']}")
-    kernels, cases = header.get("kernels"), header.get("cases")
-    total = len(kernels) * cases if isinstance(kernels, list) and isinstance(cases, int) else 0
+    total = all_pairs(header) or 0
     if narrowed(header):
         n = header.get("pairs_selected")
         parts.append(f"{n} of its {total} kernel x case pairs selected (pytest's -k, --deselect "

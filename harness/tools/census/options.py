@@ -54,13 +54,8 @@ def part_name(text: str) -> str:
 
 def positive(flag: str):
     def check(value) -> int:
-        import re
-        if isinstance(value, int) and not isinstance(value, bool):
-            n = value
-        elif isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value):
-            n = int(value)
-        else:
-            raise UsageError(f"{flag} {value!r}: not a whole number")
+        from harness.engine.options import whole_number
+        n = whole_number(flag, value)
         if n < 1:
             raise UsageError(f"{flag} {value}: must be at least 1")
         return n
