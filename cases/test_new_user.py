@@ -63,6 +63,25 @@ def test_a_kernel_that_calls_sys_exit_is_an_error_in_its_worker_and_here(tmp_pat
         assert "SystemExit" in errors[0].message or "status 0" in errors[0].message
 
 
+def test_a_kernel_raising_asyncio_cancelled_is_an_error_not_a_traceback(tmp_path):
+    """asyncio.CancelledError derives from BaseException: a kernel whose library's event loop
+    raised it gave the CLI a traceback and no report. Now it is the kernel's error record."""
+    module = tmp_path / "cancels.py"
+    module.write_text(
+        "import asyncio, harness\n"
+        "def cancels(q, k, v, seg, *, causal, scale):\n"
+        "    raise asyncio.CancelledError('the loop went away')\n"
+        "harness.register_kernel('cancels', cancels, dtypes=('bfloat16',), gqa=True)\n")
+    from harness.store import report_file as rec
+    report = tmp_path / "r"
+    out = _run("-m", "harness", "run", "--kernel-module", str(module), "--kernels", "cancels",
+               "--cases", ONE_CASE, "--no-leak-probe", "--report-dir", str(report))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    _, records = rec.read(report)
+    assert [r.outcome for r in records] == ["error"]
+    assert "CancelledError" in records[0].message and "the loop went away" in records[0].message
+
+
 def test_pytest_says_when_a_check_did_not_run(tmp_path):
     """pytest's terminal read '1 passed' and nothing else for a pair whose leak check did not
     run (--no-leak-probe), where the CLI shows `not run`; JUnit counted it nowhere."""

@@ -3,6 +3,7 @@ device): one line that names the problem and the fix, caught before any work sta
 prints it and exits 2; the pytest plugin turns it into a usage error. Never a traceback."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import threading
@@ -30,9 +31,11 @@ def _pytest_outcomes() -> tuple:
 
 
 # What a kernel's code (or its module's, while imported) may raise: any error, a sys.exit() of
-# its library (it ended the whole run, or its worker without a word, with status 0), and
-# pytest's outcomes. An error, never a skip; KeyboardInterrupt still stops the run.
-USER_CODE_RAISED = (Exception, SystemExit, *_pytest_outcomes())
+# its library (it ended the whole run, or its worker without a word, with status 0), asyncio's
+# CancelledError (a BaseException: a library's event loop cancelled under the kernel had given
+# the CLI a traceback), and pytest's outcomes. An error, never a skip; KeyboardInterrupt still
+# stops the run.
+USER_CODE_RAISED = (Exception, SystemExit, asyncio.CancelledError, *_pytest_outcomes())
 
 
 def raised_at(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ merge copies each line as its source wrote it (read_lines, harness.store.merge).
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -127,12 +128,27 @@ def shard_part(text) -> tuple[int, int] | None:
     return (int(index), int(count)) if index.isdigit() and count.isdigit() else None
 
 
-def _text(path: Path) -> bytes | None:
+def _stat_key(path: Path) -> tuple:
+    st = path.stat()
+    return (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@functools.lru_cache(maxsize=64)
+def _same_text(plain: tuple, packed: tuple) -> bool:
+    """Whether report.jsonl and report.jsonl.gz (their _stat_key: a file rewritten since is
+    compared again) hold the same bytes, read side by side in blocks: a nightly's copies
+    are tens of MB, and a command resolves a folder several times. Unreadable: not the same."""
+    block = 1 << 20
     try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as f:
-            return f.read()
+        with Path(plain[0]).open("rb") as a, gzip.open(packed[0], "rb") as b:
+            while True:
+                x, y = a.read(block), b.read(block)
+                if x != y:
+                    return False
+                if not x:
+                    return True
     except (OSError, EOFError):
-        return None
+        return False
 
 
 def resolve(path: str | Path, what: str = "report") -> Path:
@@ -145,7 +161,7 @@ def resolve(path: str | Path, what: str = "report") -> Path:
     if p.is_dir():
         found = [p / name for name in (RECORDS_FILE, RECORDS_FILE + ".gz")
                  if (p / name).is_file()]
-        if len(found) == 2 and _text(found[0]) == _text(found[1]):
+        if len(found) == 2 and _same_text(_stat_key(found[0]), _stat_key(found[1])):
             return found[0]   # report.jsonl and its gzip copy (scripts/gpu.sh keeps both)
         if len(found) == 2:
             raise UsageError(f"{what} {path}: holds both {RECORDS_FILE} and {RECORDS_FILE}.gz, "
