@@ -60,13 +60,35 @@ def test_a_glob_over_a_cases_own_id_takes_every_seed():
 def test_the_smoke_suite_hands_each_feature_over_without_the_causal_mask_and_in_each_dtype():
     """A cold review's kernels read the bidirectional mask as causal whenever a soft cap, sinks
     or a value head dim was on, or dropped a feature at float16 only, and were green on every
-    case of the suite: each feature (chunks: causal only) now comes both ways and in each
-    dtype."""
+    case of the suite: each feature now comes both ways and in each dtype."""
     cases = suite_cases("smoke")
     for name in ("window", "softcap", "chunk", "sinks", "head_dim_v"):
         have = [c for c in cases if name in c.features.names]
         assert {c.dtype for c in have} == {"float32", "bfloat16", "float16"}, name
-        assert {c.causal for c in have} == ({True} if name == "chunk" else {True, False}), name
+        assert {c.causal for c in have} == {True, False}, name
+
+
+@pytest.mark.parametrize("suite", ["smoke", "nightly"])
+def test_each_feature_reaches_every_kind_of_kernel_the_review_found_it_missed(suite):
+    """An adversarial review's kernels dropped a feature only where no feature case went: one
+    sequence per row (`packed=False` kernels took the causal window alone), MHA without the
+    causal mask (`gqa=False` kernels), one kv head, head dim 256; each was green on every case
+    of the suite. Each feature now reaches a kernel of one sequence per row and of MHA alone
+    (both masks where the feature has both), and a window and soft cap reach MQA at head dim
+    256."""
+    cases = suite_cases(suite)
+    rows = [c for c in cases if c.layout == "unpacked/pad-tail"]
+    mha = [c for c in cases if c.heads == c.kv_heads]
+    for name in ("window", "softcap", "chunk", "sinks", "head_dim_v"):
+        assert any(name in c.features.names for c in rows), name
+        assert {c.causal for c in mha if name in c.features.names} >= (
+            {True} if suite == "nightly" else {True, False}), name
+    for name in ("window", "softcap"):
+        assert any(name in c.features.names and c.kv_heads == 1 and c.head_dim == 256
+                   for c in cases), name
+    assert any(c.features.window and not c.causal for c in rows)
+    if suite == "nightly":
+        assert any(c.features.window and c.seq_len > 2048 for c in cases)
 
 
 def test_an_exact_case_id_outside_the_suite_is_that_case_and_a_bad_one_says_why():

@@ -569,6 +569,26 @@ def test_jaxs_tracer_error_naming_the_windows_argument_is_no_refusal():
     assert refused_feature(feature_case(CAUSAL_WINDOW), info.value) is None
 
 
+def test_jaxs_vmap_error_naming_the_sinks_argument_is_no_refusal():
+    """vmap's inconsistent sizes are a ValueError naming each argument ("axis 0 of argument
+    sinks"): a kernel mapping its sinks over the batch read `refused sinks` and the run was
+    green (an adversarial review's kernel). It is that kernel's error."""
+    from harness.judge.judging import refused_feature
+
+    def per_row(query, key, value, segment_ids, *, causal, scale, sinks):
+        one = lambda q, k, v, s, sink: q * sink.sum()   # noqa: E731 - sinks mapped by mistake
+        return jax.vmap(one)(query, key, value, segment_ids, sinks)
+    case = feature_case(Features(sinks=True))
+    with pytest.raises(ValueError) as info:
+        jax.vmap(lambda q, sinks: q * sinks.sum())(jnp.ones((case.batch, 3)),
+                                                  jnp.ones((case.heads + 1,)))
+    assert "argument sinks" in str(info.value)
+    assert refused_feature(case, info.value) is None
+    kernel = Kernel("cpu:maps_its_sinks", per_row, devices=("cpu",), features=("sinks",))
+    records = judged(kernel, case)
+    assert [(r.verdict, r.message.split(":")[0]) for r in records] == [("error", "ValueError")]
+
+
 def test_a_kernel_that_crashes_while_traced_on_a_feature_is_an_error_not_a_refusal():
     """A kernel that takes windows and value head dims, whose trace crashes on them with words
     that once read as refusals (UnboundLocalError's "local ... value", a ValueError): errors."""

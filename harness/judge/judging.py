@@ -227,11 +227,11 @@ def refused_feature(case, error: BaseException | None) -> str | None:
     """The feature a kernel refused: an error raised while it was traced (before anything
     computed) whose message names one of the features the case handed over (their patterns:
     harness.model.features.REFUSALS). None: no refusal (an error is an error), and never for an
-    error that is a program's bug (features.BUG_ERRORS), whatever its message says."""
-    from harness.model.features import ASSERTED_REFUSAL, BUG_ERRORS, REFUSALS
-    if error is None or not case.features or isinstance(error, BUG_ERRORS):
+    error that is a program's bug (features.BUG_ERRORS, BUG_MESSAGES), whatever else it says."""
+    from harness.model.features import ASSERTED_REFUSAL, BUG_ERRORS, BUG_MESSAGES, REFUSALS
+    text = "" if error is None else str(error)
+    if not text or not case.features or isinstance(error, BUG_ERRORS) or BUG_MESSAGES.search(text):
         return None
-    text = str(error)
     if isinstance(error, AssertionError) and not ASSERTED_REFUSAL.search(text):
         return None   # a kernel's own invariant, not a refusal (features.ASSERTED_REFUSAL)
     # The feature named first: a refusal names what it refuses before any advice it gives.

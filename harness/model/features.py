@@ -71,6 +71,13 @@ ASSERTED_REFUSAL = re.compile(r"support|\bcannot\b|can'?t\b|can not|not implemen
 BUG_ERRORS = (NameError, AttributeError, LookupError, ArithmeticError, RecursionError,
               SyntaxError, ImportError, MemoryError, TypeError, BrokenContract)
 
+# jax's own words for a program's shape bug, whatever type it raises them as: vmap's are
+# ValueErrors naming each argument ("axis 0 of argument sinks of type float32[8]"), which read
+# as a refusal of the sinks (an adversarial review's kernel, mapping its sinks over the batch:
+# `refused`, the run green).
+BUG_MESSAGES = re.compile(r"vmap got inconsistent sizes|vmap was requested to map"
+                          r"|vmap in_axes|incompatible shapes for broadcasting", re.IGNORECASE)
+
 # What a feature's drop looks like, for the diagnosis of a failing record.
 WITHOUT = {WINDOW: "the window", SOFTCAP: "the soft cap", CHUNK: "the chunks",
            SINKS: "the sinks", HEAD_DIM_V: "the value head dim"}
