@@ -432,6 +432,15 @@ def test_one_sequence_per_row_honours_the_window(window):
     assert float(jnp.abs(got - want)[:, :6].max()) < 0.05
 
 
+def test_a_refusal_with_packing_off_names_that_path():
+    """The op with packing=False refusing a soft cap named "cuDNN's packed layout", the path
+    it was not on."""
+    with pytest.raises(ConfigError, match=r"\(cuDNN with packing=False, one sequence per row\) "
+                                          r"cannot honour logits_soft_cap=2.0"):
+        AttentionConfig(attention="cudnn_flash_jax", hardware="cpu", packing=False,
+                        logits_soft_cap=2.0).validate()
+
+
 def test_sinks_that_are_not_an_array_are_named():
     op = AttentionOp(AttentionConfig(attention="dot_product", hardware="cpu", sinks=True))
     q = jnp.zeros((1, 8, 2, 8), jnp.float32)

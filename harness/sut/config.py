@@ -133,7 +133,8 @@ class AttentionConfig:
                          "window has a left bound only)")
         if not asked:
             return None
-        names = {"cudnn_packed": "cuDNN's packed layout", "cudnn_mask": "cuDNN with a mask",
+        names = {"cudnn_packed": "cuDNN's packed layout" if self.packing else
+                 "cuDNN with packing=False, one sequence per row", "cudnn_mask": "cuDNN with a mask",
                  "te_thd": "Transformer Engine's THD fused attention"}
         return (f"attention={self.attention} ({names.get(path, path)}) cannot honour "
                 f"{', '.join(asked)}; use attention=dot_product (every feature), or "
