@@ -171,11 +171,18 @@ _noisy = _noisy_by(1.0)  # run-to-run noise as large as the values: nothing to c
 
 
 def test_a_segment_no_run_leaves_untouched_is_not_compared_not_passed():
-    """One unpacked row and no padding: nothing else to redraw, nothing compared."""
-    alone = Case("unpacked/full", 1, 64, 2, 2, 16, "float32", 0)
+    """One unpacked row and no padding: nothing else to redraw, nothing compared (without the
+    causal mask). Causal, its tail from a cut is redrawn: out and dq of the queries before it
+    are compared, dk and dv of no key (each depends on a later query), and the record says so."""
+    alone = Case("unpacked/full", 1, 64, 2, 2, 16, "float32", 0, causal=False)
     leak = [r for r in _run_measured(Kernel("dp", dot_product), alone) if r.check == "leak"]
     assert [r.verdict for r in leak] == ["unprobed"] and leak[0].outcome == "unjudged"
     assert "not compared" in leak[0].message
+    causal = Case("unpacked/full", 1, 64, 2, 2, 16, "float32", 0)
+    leak = [r for r in _run_measured(Kernel("dp", dot_product), causal) if r.check == "leak"]
+    assert [(r.verdict, r.probed, r.unprobed) for r in leak] == \
+        [("pass", ["out", "dq"], ["dk", "dv"])]
+    assert "not compared here: dk, dv" in leak[0].message
     # Two unpacked rows: each is compared while the other row is redrawn (a leak across rows).
     two = Case("unpacked/full", 2, 64, 2, 2, 16, "float32", 0)
     leak = [r for r in _run_measured(Kernel("dp", dot_product), two) if r.check == "leak"]
@@ -194,7 +201,7 @@ def test_leak_probe_lists_what_is_not_reproducible_as_unprobed():
 def test_a_probe_that_compared_no_token_still_reruns_to_say_what_is_not_reproducible():
     """One unpacked row without padding: no run leaves a token untouched, so nothing moving
     says nothing of the kernel's noise; the reruns are made and name it, as on a packed row."""
-    alone = Case("unpacked/full", 1, 64, 2, 2, 16, "float32", 0)
+    alone = Case("unpacked/full", 1, 64, 2, 2, 16, "float32", 0, causal=False)
     leak = [r for r in _run_measured(Kernel("noisy_alone", _noisy), alone) if r.check == "leak"]
     assert [r.verdict for r in leak] == ["unprobed"] and "not compared" in leak[0].message
     assert leak[0].unprobed == ["out"] and leak[0].probed == ["dq", "dk", "dv"]

@@ -342,3 +342,48 @@ def test_a_leak_across_the_batch_is_probed_whatever_its_shape(shift, layout):
     assert leak and any(r.verdict == "fail" for r in leak), [r.message for r in leak][:3]
     rows = {r.row for r in leak if r.verdict == "fail"}
     assert len(rows) >= 2, rows
+
+
+def _reads_next_key_from(onset: int):
+    """Dense causal attention whose queries at position `onset` of their segment and later
+    also read the next key of their own segment, at full weight (the causal mask off by one
+    from there on)."""
+    from harness.judge.oracle import segment_positions
+
+    def kernel(q, k, v, seg, *, causal, scale):
+        i = jnp.arange(seg.shape[1])
+        same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] > 0)
+        pos = segment_positions(seg)
+        allowed = same & (i[None, None, :] <= i[None, :, None])
+        ahead = (i[None, None, :] == i[None, :, None] + 1) & (pos >= onset)[:, :, None]
+        mask = allowed | (ahead & same)
+        kk = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2).astype(jnp.float32)
+        vv = jnp.repeat(v, q.shape[2] // v.shape[2], axis=2).astype(jnp.float32)
+        s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32) * scale, kk)
+        p = jax.nn.softmax(jnp.where(mask[:, None], s, -1e30), axis=-1)
+        out = jnp.einsum("bhqk,bkhd->bqhd", p.astype(q.dtype).astype(jnp.float32), vv)
+        return jnp.where((seg > 0)[:, :, None, None], out, 0).astype(q.dtype)
+    return kernel
+
+
+def test_a_causal_mask_off_by_one_deep_in_long_segments_is_a_leak():
+    """An adversarial review's bfloat16 kernel read the next key of its own segment from
+    position 768 on: inside the tolerance of the long rows' outputs (ratio 0.4), and no probe
+    group redrew a key its segment's earlier queries must not read: green. Each segment's tail
+    from a cut (probe_groups.causal_tails) now is such a group."""
+    case = Case.from_id("unaligned/long-edges-b4-t1152-h2kv1-d32-bf16-s0")
+    tails = probe_groups.causal_tails(case)
+    assert any(tails[s.row, s.stop - 1] and not tails[s.row, s.stop - 2]
+               for s in case.segments), "some segment is cut at its last token"
+    kernel = Kernel("reads_next_from_768", _reads_next_key_from(768), dtypes=("bfloat16",),
+                    padding_anywhere=True)
+    records = run_kernel_case(kernel, case, CPU).records
+    long = {(s.row, s.number) for s in case.segments if s.length > 770}
+    failed = {(r.row, r.segment) for r in records if r.check == "leak" and r.verdict == "fail"}
+    assert long and failed and failed <= long, (long, failed)
+    assert all(r.verdict == "pass" for r in records if r.check == "out"), \
+        "the tolerance alone does not see it (the probe must)"
+    right = Kernel("reads_next_from_never", _reads_next_key_from(10**6), dtypes=("bfloat16",),
+                   padding_anywhere=True)
+    leak = [r for r in run_kernel_case(right, case, CPU).records if r.check == "leak"]
+    assert leak and all(r.verdict == "pass" for r in leak), [r.message for r in leak][:2]

@@ -467,6 +467,7 @@ def test_a_leak_script_counts_a_number_against_nan_as_an_infinite_change(tmp_pat
     ("packed/random-b2-t128-h2kv1-d8-f32-s0-ch16-dv4", "row"),             # chunks from the row
     ("unaligned/odd-b2-t200-h2kv1-d8-f32-s5-bidir-w2.0-ch7", "row"),
     ("extremes/single-tokens-b2-t64-h2kv1-d8-f32-s0-w0.0", "segment"),
+    ("packed/random-b2-t128-h2kv1-d8-bf16-s1", "segment"),                # causal: tails cut
 ])
 def test_a_leak_scripts_groups_dependencies_and_draws_are_the_probes(tmp_path, case_id,
                                                                        convention):

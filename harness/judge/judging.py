@@ -378,8 +378,7 @@ def cover_unjudged(records: list[Record], probed: bool = True) -> list[Record]:
                               message="left unjudged by the expectation, and the leak probe did "
                                       "not judge this segment")
             elif r.check in (probe.unprobed or ()):
-                # The probe compared the segment, but not this tensor (its run-to-run noise
-                # left nothing to compare): it judged nothing of this check either.
+                # The probe compared the segment, not this tensor (noise, or no token left).
                 r = r.replace(judged_by=f"leak:{r.check} not compared (unprobed)")
             else:
                 r = r.replace(judged_by=f"leak:{probe.outcome}")
@@ -439,6 +438,7 @@ def leak_message(leak, found, note: str) -> tuple[str, str]:
         from harness.judge.noise import POWERLESS
         message += (f"; not probed (its largest run-to-run change at least {POWERLESS:.0%} "
                     f"of its largest value): {', '.join(found.unprobed)}")
+    message += f"; not compared here: {', '.join(leak.uncompared)}" if leak.uncompared else ""
     return verdict, message + (f"; {note}" if note else "")
 
 
@@ -453,7 +453,7 @@ def leak_records(kernel, case, found, mode: str, note: str = "") -> list[Record]
             **segment_fields(leak.segment), max_abs_err=leak.max_change,
             worst_token=leak.first_token, tolerance=0.0, ratio=None, verdict=verdict,
             expected=expected, outcome=outcome(verdict, expected), message=message, mode=mode,
-            probed=found.probed, unprobed=found.unprobed,
+            **leak.tensors(found),
             gated={t: float(f"{x:.3g}") for t, x in found.gated.items()} or None,
             detectable=found.detectable or None,
             false_alarm=found.false_alarm if found.gated else None,

@@ -149,6 +149,17 @@ class SegmentLeak:
     # Tensor -> largest change between reruns of the unchanged inputs on the segment (where
     # reruns ran: judging.reruns_within_tolerance).
     rerun_change: dict = field(default_factory=dict)
+    # Tensors no run compared on this segment though it compared others: a causal segment
+    # alone in its batch, whose keys' dk and dv depend on every later query, so each causal
+    # tail run touches them all (probe_groups.causal_tails). Not probed here, and said so.
+    uncompared: list[str] = field(default_factory=list)
+
+    def tensors(self, found) -> dict:
+        """The segment's record's probed and unprobed tensors: the probe's (a ProbeResult),
+        less those it did not compare here."""
+        return {"probed": [t for t in found.probed if t not in self.uncompared],
+                "unprobed": found.unprobed + [t for t in self.uncompared
+                                              if t not in found.unprobed]}
 
 
 @dataclass
@@ -251,11 +262,12 @@ def _segment_leaks(case: Case, runs: list, names: list[str], nonfinite: np.ndarr
     leaks = []
     for seg in case.segments:
         sl = (seg.row, slice(seg.start, seg.stop))
-        leaked, firsts, biggest, by, compared = set(), [], 0.0, [], False
+        leaked, firsts, biggest, by, compared, classes = set(), [], 0.0, [], False, set()
         for (group, _, changes), must in zip(runs, still):
             if not any(m[sl].any() for m in must.values()):
                 continue  # no token of this segment was left untouched in that run
             compared = True
+            classes.update(c for c, m in must.items() if m[sl].any())
             moved = False
             for i, (flags, change) in changes.items():
                 kept = must[TENSOR_CLASS[names[i]]][sl]
@@ -269,7 +281,9 @@ def _segment_leaks(case: Case, runs: list, names: list[str], nonfinite: np.ndarr
                 by.append(group)
         bad = [n for i, n in enumerate(names) if nonfinite[i][sl].any()]
         leaks.append(SegmentLeak(seg, [n for n in names if n in leaked], min(firsts, default=None),
-                                 biggest, by, compared, bad))
+                                 biggest, by, compared, bad, uncompared=[
+                                     n for n in names if compared
+                                     and TENSOR_CLASS[n] not in classes]))
     return leaks
 
 

@@ -106,7 +106,8 @@ def feature_groups(case: Case, convention: str = "segment") -> list[tuple[str, n
       right), at two phases; between two blocks, the queries whose window reaches no redrawn
       key are compared, the first of them reading exactly from the block's end (a window off by
       one reads the redrawn token before it), and the keys no query of theirs reads beyond;
-    - chunks: every other chunk redrawn (by the kernel's convention), then the others."""
+    - chunks: every other chunk redrawn (by the kernel's convention), then the others;
+    - the causal mask (without a window, whose blocks probe it): causal_tails."""
     f = case.features
     valid = case.segment_ids > 0
     pos = positions(case.segment_ids)
@@ -123,6 +124,32 @@ def feature_groups(case: Case, convention: str = "segment") -> list[tuple[str, n
         for parity, name in ((1, "odd"), (0, "even")):
             out.append((f"the {name} chunks of each segment ({convention} convention)",
                         valid & ((at // f.chunk) % 2 == parity)))
+    if case.causal and f.window is None:
+        out.append(("each segment's tail from a cut (causal)", causal_tails(case)))
+    return out
+
+
+def tail_cut(index: int, length: int) -> int:
+    """Where segment number `index` of a case (in case.segments' order) of `length` tokens is
+    cut (causal_tails): every other segment at its last token (a read ahead from any position
+    on reaches it), the others at a half, a quarter and three quarters in turn."""
+    return min(length - 1, max(1, (length - 1, length // 2, length - 1, length // 4,
+                                   length - 1, 3 * length // 4)[index % 6]))
+
+
+def causal_tails(case: Case) -> np.ndarray:
+    """[B, T] bool: each segment of two tokens or more from its cut (tail_cut) to its end.
+    Under the causal mask the queries before a cut read nothing after it, so their out and dq
+    must not move: a kernel reading a key ahead there is seen (an adversarial review's bfloat16
+    kernel read the next key from position 768 of each segment on, inside the tolerance of the
+    long rows' outputs, and no group redrew a token its own segment's earlier queries must not
+    read). One cut per segment per run (a query after it reads the redrawn keys), where
+    tail_cut puts it: a read ahead at one position only is seen where a cut falls just after
+    it, not everywhere."""
+    out = np.zeros(case.segment_ids.shape, bool)
+    for n, s in enumerate(case.segments):
+        if s.length >= 2:
+            out[s.row, s.start + tail_cut(n, s.length):s.stop] = True
     return out
 
 

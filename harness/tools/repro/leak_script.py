@@ -44,8 +44,9 @@ def redrawn_groups():
     """(name, [batch, seq] tokens redrawn) for each run, as the harness's probe groups them:
     segments by colour (number + r (r + 1) / 2 for row r, modulo COLOURS: 2, or 6 in the four groups of
     GROUPS_OF_COLOUR), the padding, then with WINDOW blocks of left + right + 1 tokens inside
-    each segment every 3 (left + right + 1) positions, at two phases, and with CHUNK every other
-    chunk of each segment, then the others."""
+    each segment every 3 (left + right + 1) positions, at two phases, with CHUNK every other
+    chunk of each segment, then the others, and CAUSAL without WINDOW each segment from a cut
+    to its end."""
     valid = SEGMENT_IDS > 0
     rows = np.arange(SEGMENT_IDS.shape[0])
     colour = (SEGMENT_IDS + (rows * (rows + 1) // 2)[:, None]) % COLOURS
@@ -71,6 +72,17 @@ def redrawn_groups():
         for parity, name in ((1, "odd"), (0, "even")):
             groups.append((f"the {name} chunks of each segment ({CHUNKS_FROM} convention)",
                            valid & ((at // CHUNK) % 2 == parity)))
+    if CAUSAL and WINDOW is None:
+        # Each segment from a cut on: every other one at its last token, the others at a half,
+        # a quarter and three quarters in turn.
+        tails = np.zeros(SEGMENT_IDS.shape, bool)
+        for n, (row, _, start, stop, _) in enumerate(SEGMENTS):
+            length = stop - start
+            if length >= 2:
+                cut = min(length - 1, max(1, (length - 1, length // 2, length - 1,
+                                              length // 4, length - 1, 3 * length // 4)[n % 6]))
+                tails[row, start + cut:stop] = True
+        groups.append(("each segment's tail from a cut (causal)", tails))
     return [g for g in groups if g[1].any()]
 
 
