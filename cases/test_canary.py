@@ -546,3 +546,27 @@ def test_a_probe_that_raises_is_an_error_of_the_leak_check_with_its_traceback(mo
     assert [(r.verdict, r.message) for r in leak] == \
         [("error", "leak probe: RuntimeError: the probe's own failure")]
     assert "in broken" in leak[0].traceback and "the probe's own failure" in leak[0].traceback
+
+
+@pytest.mark.parametrize("written,fails", [("max", True), ("mean", False)])
+def test_a_huge_finite_output_at_padding_fails_and_a_weighting_of_values_passes(written, fails):
+    """An adversarial review's kernel wrote the dtype's largest finite number at padding:
+    finite, so green, though the next residual add makes it inf and a zero cotangent times inf
+    makes NaN in the weight gradients. A padding output past PADDING_OUTPUT_BOUND times the
+    reference's largest valid |out| fails; one that is a weighting of value rows (each padding
+    query reading every key alike) passes."""
+    def kernel(q, k, v, seg, *, causal, scale):
+        out = dot_product(q, k, v, seg, causal=causal, scale=scale)
+        kv = jnp.repeat(v, q.shape[2] // v.shape[2], axis=2).mean(axis=1, keepdims=True)
+        at_padding = (jnp.full_like(out, jnp.finfo(out.dtype).max) if written == "max"
+                      else jnp.broadcast_to(kv, out.shape).astype(out.dtype))
+        return jnp.where((seg > 0)[:, :, None, None], out, at_padding)
+    case = Case("padded/between", 2, 256, 2, 2, 16, "bfloat16", 0)
+    records = run_kernel_case(Kernel(f"pad_{written}", kernel, padding_anywhere=True), case,
+                              CPU, leak=False).records
+    padding = [r for r in records if r.check == "padding"]
+    assert padding and all((r.verdict == "fail") == fails for r in padding), \
+        [r.message for r in padding]
+    if fails:
+        assert all(r.message.startswith("out beyond 1000x the largest valid |out|")
+                   for r in padding), [r.message for r in padding]

@@ -144,7 +144,7 @@ def run_kernel_case(kernel: Kernel, case: Case, platform: Platform,
         out.records += records
         if tangent_err is not None:
             padding[JVP.name] = tangent_err
-    out.records += judging.padding_records(kernel, case, padding)
+    out.records += judging.padding_records(kernel, case, padding, ref.scale)
     if leak:
         out.records += _leak_records(kernel, case, programs, inputs, results[:len(TENSORS)],
                                      _disagreement(kernel, case, ref, out.records))

@@ -464,7 +464,7 @@ def leak_records(kernel, case, found, mode: str, note: str = "") -> list[Record]
 
 # ----- padding hygiene ------------------------------------------------------------------------
 
-def padding_records(kernel, case, errors_by_tensor: dict) -> list[Record]:
+def padding_records(kernel, case, errors_by_tensor: dict, scales=None) -> list[Record]:
     """One record per row with padding: what the kernel wrote there reaches training (dq/dk/dv
     enter the projections' weight gradients; a NaN output poisons the next layer's p @ v)."""
     records = []
@@ -477,7 +477,7 @@ def padding_records(kernel, case, errors_by_tensor: dict) -> list[Record]:
         pad = case.segment_ids[row] == 0
         if not pad.any():
             continue
-        found = padding_violations(errors_by_tensor, row, pad, convention)
+        found = padding_violations(errors_by_tensor, row, pad, convention, scales)
         verdict = v.FAIL if found else v.PASS
         expected, reason = kernel.expected_padding(case, row)
         if found:

@@ -78,12 +78,21 @@ def segment_error(errors, peer_token_err: np.ndarray, seg: Segment,
 OUTPUT_LIKE = (v.OUT.name, v.JVP.name)
 
 
-def padding_violations(errors_by_tensor: dict, row: int, pad: np.ndarray, convention: str
-                       ) -> dict:
+# How far past the truth's largest |out| over valid tokens a finite output at padding may go:
+# attention's output is a weighting of value rows, whatever a padding query reads, so a sane
+# kernel stays within the values' range; an adversarial review's kernel wrote the dtype's
+# largest finite number there (finite: green), which the next residual add makes inf and a
+# zero cotangent times inf makes NaN in the weight gradients.
+PADDING_OUTPUT_BOUND = 1000.0
+
+
+def padding_violations(errors_by_tensor: dict, row: int, pad: np.ndarray, convention: str,
+                       scales: dict | None = None) -> dict:
     """tensor -> {"kind", "count", "first", "max"} at a row's padding positions `pad` (bool
     [T]) from per-token errors against a truth that is zero there (harness.judge.oracle):
     gradients must be exactly zero, the output and its tangent (jvp) finite (and zero under
-    the zero convention; not looked at where the kernel declares them undefined)."""
+    the zero convention; not looked at where the kernel declares them undefined), the output
+    within PADDING_OUTPUT_BOUND times `scales["out"]` (the truth's largest |out|, if given)."""
     found = {}
     positions = np.flatnonzero(pad)
     for name, (tok_max, _, tok_bad) in errors_by_tensor.items():
@@ -101,4 +110,11 @@ def padding_violations(errors_by_tensor: dict, row: int, pad: np.ndarray, conven
             nz = size > 0
             found[name] = dict(kind="non-zero", count=int(nz.sum()), first=int(positions[nz][0]),
                                max=float(f"{size.max():.3g}"))
+        elif name == "out" and (scales or {}).get("out") is not None:
+            bound = PADDING_OUTPUT_BOUND * scales["out"]
+            if (size > bound).any():
+                big = size > bound
+                found[name] = dict(kind=f"beyond {PADDING_OUTPUT_BOUND:g}x the largest valid "
+                                   "|out| of the reference", count=int(big.sum()),
+                                   first=int(positions[big][0]), max=float(f"{size.max():.3g}"))
     return found
