@@ -262,12 +262,12 @@ def _segment_leaks(case: Case, runs: list, names: list[str], nonfinite: np.ndarr
     leaks = []
     for seg in case.segments:
         sl = (seg.row, slice(seg.start, seg.stop))
-        leaked, firsts, biggest, by, compared, classes = set(), [], 0.0, [], False, set()
+        leaked, firsts, biggest, by, classes = set(), [], 0.0, [], set()
         for (group, _, changes), must in zip(runs, still):
-            if not any(m[sl].any() for m in must.values()):
+            kept_here = {c for c, m in must.items() if m[sl].any()}
+            if not kept_here:
                 continue  # no token of this segment was left untouched in that run
-            compared = True
-            classes.update(c for c, m in must.items() if m[sl].any())
+            classes |= kept_here
             moved = False
             for i, (flags, change) in changes.items():
                 kept = must[TENSOR_CLASS[names[i]]][sl]
@@ -281,8 +281,8 @@ def _segment_leaks(case: Case, runs: list, names: list[str], nonfinite: np.ndarr
                 by.append(group)
         bad = [n for i, n in enumerate(names) if nonfinite[i][sl].any()]
         leaks.append(SegmentLeak(seg, [n for n in names if n in leaked], min(firsts, default=None),
-                                 biggest, by, compared, bad, uncompared=[
-                                     n for n in names if compared
+                                 biggest, by, bool(classes), bad, uncompared=[
+                                     n for n in names if classes
                                      and TENSOR_CLASS[n] not in classes]))
     return leaks
 

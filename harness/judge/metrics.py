@@ -110,10 +110,9 @@ def padding_violations(errors_by_tensor: dict, row: int, pad: np.ndarray, conven
             nz = size > 0
             found[name] = dict(kind="non-zero", count=int(nz.sum()), first=int(positions[nz][0]),
                                max=float(f"{size.max():.3g}"))
-        elif name == "out" and (scales or {}).get("out") is not None:
-            bound = PADDING_OUTPUT_BOUND * scales["out"]
-            if (size > bound).any():
-                big = size > bound
+        elif name == v.OUT.name and (scales or {}).get(name) is not None:
+            big = size > PADDING_OUTPUT_BOUND * scales[name]
+            if big.any():
                 found[name] = dict(kind=f"beyond {PADDING_OUTPUT_BOUND:g}x the largest valid "
                                    "|out| of the reference", count=int(big.sum()),
                                    first=int(positions[big][0]), max=float(f"{size.max():.3g}"))

@@ -76,8 +76,8 @@ def smoke() -> list[Case]:
     # there, green on every case above, from an adversarial review of the op).
     cases.append(Case("unpacked/pad-tail", 4, 256, 4, 2, 64, "bfloat16", seed=6,
                       features=Features(window=(15, 0))))
-    cases += _coverage(feature_set(window=15, ahead=8, chunk=32, head_dim_v=32),
-                       (4, 256, 4, 2, 64, "bfloat16"), chunk=32)
+    cases += _coverage((4, 256, 4, 2, 64, "bfloat16"), window=15, ahead=8, chunk=32,
+                       head_dim_v=32)
     # MHA without the causal mask: a kernel of MHA alone (`gqa=False`) met the soft cap, chunks,
     # sinks and a value head dim only causal (an adversarial review's kernel read them as
     # causal).
@@ -92,16 +92,16 @@ def smoke() -> list[Case]:
     return cases
 
 
-def _coverage(features_set: list, shape: tuple, chunk: int) -> list[Case]:
+def _coverage(shape: tuple, **sizes) -> list[Case]:
     """Cases an adversarial review found no feature case of a suite held, at its GQA `shape`
     (batch, tokens, heads, kv heads, head dim, dtype): one sequence per row with every feature
-    of the set but the causal window (the op's packing=False path and per-row layouts take no
-    other case; the review's kernel dropped all of them there, green on every case of the
-    suite), and chunks without the causal mask."""
+    of feature_set(**sizes) but the causal window (the op's packing=False path and per-row
+    layouts take no other case; the review's kernel dropped all of them there, green on every
+    case of the suite), and chunks without the causal mask."""
     out = [Case("unpacked/pad-tail", *shape, seed=6, causal=causal, features=features)
-           for features, causal in features_set[1:6]]
+           for features, causal in feature_set(**sizes)[1:6]]
     out.append(Case("packed/random", *shape, seed=6, causal=False,
-                    features=Features(chunk=chunk)))
+                    features=Features(chunk=sizes["chunk"])))
     return out
 
 
@@ -141,8 +141,8 @@ def nightly() -> list[Case]:
                       features=Features(window=(255, 0))))
     # As in the smoke suite (_coverage); and MQA at head dim 256, and a row of 8192 tokens, each
     # with a window (no feature case had one kv head, head dim 256 or a row past 2048 tokens).
-    cases += _coverage(feature_set(window=255, ahead=128, chunk=512, head_dim_v=64),
-                       (4, 2048, 8, 2, 128, "bfloat16"), chunk=512)
+    cases += _coverage((4, 2048, 8, 2, 128, "bfloat16"), window=255, ahead=128, chunk=512,
+                       head_dim_v=64)
     cases.append(Case("packed/random", 2, 1024, 8, 1, 256, "bfloat16", seed=6,
                       features=Features(window=(255, 0), softcap=2.0)))
     cases.append(Case("packed/many", 1, 8192, 16, 4, 128, "bfloat16", seed=6,
