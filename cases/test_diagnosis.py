@@ -26,3 +26,20 @@ def test_a_kernel_counting_chunks_from_the_row_start_is_told_so():
     records = run_kernel_case(declared, case, Platform("cpu")).records
     assert not [r for r in records if r.outcome not in ("ok", "skip")], \
         [(r.check, r.outcome) for r in records if r.outcome != "ok"][:3]
+
+
+def test_a_kernel_dropping_two_features_is_told_both_were_dropped():
+    """A kernel that takes a window and a soft cap and computes neither: dropping either alone
+    does not match its results, dropping both does, and its failures say so."""
+    from harness.judge.oracle import dense_attention
+
+    def plain(query, key, value, segment_ids, *, causal, scale, window=None, softcap=None):
+        return dense_attention(query, key, value, segment_ids, scale=scale, causal=causal,
+                               truth=False).astype(query.dtype)
+    kernel = Kernel("cpu:drops_both", plain, devices=("cpu",), features=("window", "softcap"))
+    case = Case("packed/random", 2, 128, 4, 2, 32, "float32", 0,
+                features=Features(window=(15, 0), softcap=2.0))
+    failing = [r for r in run_kernel_case(kernel, case, Platform("cpu")).records
+               if r.check == "out" and r.outcome == "fail"]
+    assert failing and all(r.diagnosis == "matches the mask without the window and the soft "
+                           "cap: each was dropped" for r in failing), failing[:1]
