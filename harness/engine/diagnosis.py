@@ -1,7 +1,6 @@
 """What a kernel did where a feature case fails: each failing tolerance check held against the
 case without one feature at a time (and, where none alone matches, without them all), and,
-with chunks, against chunks counted from the other
-start. A check that passes there on every segment names it, in the record's diagnosis and
+with chunks, against chunks counted from the other start. A check that passes there on every segment names it, in the record's diagnosis and
 message: "matches the mask without the window: the window was dropped", or "matches chunks
 counted from the row's start" (a kernel whose library counts chunks from the row, judged by
 the harness's count from each segment's start)."""
