@@ -60,6 +60,43 @@ def test_shards_merged_are_one_run_and_a_lost_shard_regresses(tmp_path):
     assert "INCOMPLETE" in gone.stdout
 
 
+def _cut(src: Path, dst: Path, keep) -> Path:
+    """A copy of report folder `src` whose report.jsonl keeps the lines `keep(lines)` gives."""
+    import shutil
+    shutil.copytree(src, dst)
+    lines = (dst / "report.jsonl").read_text().splitlines(keepends=True)
+    (dst / "report.jsonl").write_text("".join(keep(lines)))
+    return dst
+
+
+def test_a_report_or_shard_cut_short_is_never_green(tmp_path):
+    """From an adversarial review: `report` and `merge` were green on a report cut inside a
+    pair (its dk, dv, padding and leak records gone) or without a whole pair; only `compare`
+    looked, and only at whole pairs."""
+    for i in (1, 2):
+        out = _harness("run", *SELECT, "--shard", f"{i}/2", "--report-dir", str(tmp_path / f"s{i}"))
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    inside = _cut(tmp_path / "s2", tmp_path / "inside",   # one dv record of a measured pair
+                  lambda lines: [x for i, x in enumerate(lines)
+                                 if i != next(j for j, y in enumerate(lines)
+                                              if '"check": "dv"' in y)])
+    seen = _harness("report", str(inside))
+    assert seen.returncode == 1 and "records its run wrote: cut short" in seen.stdout, \
+        seen.stdout[-2000:]
+    merged = _harness("merge", str(tmp_path / "m"), str(tmp_path / "s1"), str(inside))
+    assert merged.returncode == 1 and "INCOMPLETE" in merged.stdout, merged.stdout[-2000:]
+    assert "records its run wrote" in (tmp_path / "m" / "summary.md").read_text()
+    first = next(x for x in (tmp_path / "s1" / "report.jsonl").read_text().splitlines()[1:])
+    pair = '"case_id": ' + first.split('"case_id": ')[1].split(",")[0]
+    whole_pair = _cut(tmp_path / "s1", tmp_path / "pair",
+                      lambda lines: [x for x in lines if pair not in x or x.startswith('{"type": "run"')])
+    seen = _harness("report", str(whole_pair))
+    assert seen.returncode == 1 and "kernel x case pairs its run selected" in seen.stdout, \
+        seen.stdout[-2000:]
+    whole = _harness("merge", str(tmp_path / "ok"), str(tmp_path / "s1"), str(tmp_path / "s2"))
+    assert whole.returncode == 0, whole.stdout[-2000:]
+
+
 def test_rejudge_recomputes_expectations_but_keeps_a_kernel_it_cannot_load_here(
         tmp_path, monkeypatch, capsys):
     """`merge --rejudge` recomputes each record's expectation from the kernels as registered

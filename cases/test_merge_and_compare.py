@@ -27,6 +27,8 @@ def _record(kernel, case_id, outcome, check="out", ratio=0.1):
 
 
 def _write(folder, records, **header):
+    if header.get("shard") and "pairs_selected" not in header:   # as a shard's run writes it
+        header["pairs_selected"] = len({(r.kernel, r.case_id) for r in records})
     info = {"suite": "t", "kernels": ["k", "j"], "cases": len(CASE_IDS), "state": "finished",
             "selection": {**SELECTION, "shard": header.get("shard")}, **header}
     rec.write_report(folder / rec.RECORDS_FILE, {"platform": "cpu"}, records, **info)

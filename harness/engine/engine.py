@@ -387,6 +387,7 @@ def unreported(report_dir: Path, selected: list, records: list) -> bool:
                 lost.append(judging.status_record(k, c, v.ERROR, UNREPORTED))
     if lost:
         rec.append(report_dir / rec.RECORDS_FILE, lost)
+        rec.update_header(report_dir / rec.RECORDS_FILE)   # its count of records, these too
     return bool(lost)
 
 

@@ -80,9 +80,11 @@ def named_idle(records: Iterable[Record], header: dict | None) -> dict[str, str]
 
 def unfinished(header: dict | None) -> str | None:
     """How the run that wrote a report's header did not finish: RUNNING (killed before its
-    end: its header still says so), INTERRUPTED (stopped by the user) or SHARDS_MISSING (a
-    merge of shards without some: harness.store.merge.missing_shards); None where it finished
-    (or the header is older than the state field)."""
+    end: its header still says so), INTERRUPTED (stopped by the user), SHARDS_MISSING (a
+    merge of shards without some: harness.store.merge.missing_shards) or CUT_SHORT (it holds
+    fewer pairs or records than its header says, as reading it found:
+    harness.store.report_file.shortfall); None where it finished (or the header is older than
+    the state field)."""
     if not header:
         return None
     if header.get("state") == v.RUNNING:
@@ -91,6 +93,8 @@ def unfinished(header: dict | None) -> str | None:
         return v.INTERRUPTED
     if header.get("shards_missing"):
         return v.SHARDS_MISSING
+    if header.get("cut_short"):
+        return v.CUT_SHORT
     return None
 
 

@@ -272,6 +272,12 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                         **({"shards_missing": missing} if (missing := missing_shards(headers, whole))
                            else {}),
                         **({"narrowed": True} if any(rec.narrowed(h) for h in headers) else {}),
+                        # A source that holds fewer records than it wrote: so does the merge.
+                        **({rec.CUT_SHORT: "; ".join(f"{s}: {h[rec.CUT_SHORT]}" for s, h
+                                                     in zip(sources, headers)
+                                                     if h.get(rec.CUT_SHORT))}
+                           if any(h.get(rec.CUT_SHORT) for h in headers) else {}),
+                        rec.RECORDS_WRITTEN: len(rows),
                         **header})
     with (out_dir / rec.RECORDS_FILE).open("a") as f:
         f.writelines(rows)

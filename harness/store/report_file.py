@@ -45,9 +45,10 @@ def write_report(path: str | Path, environment: dict, records: list,
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if path.suffix == ".gz" else open
+    records = list(records)
     with opener(path, "wt") as f:
         f.write(json.dumps({"type": "run", "schema": SCHEMA, "environment": environment,
-                            **run_info}) + "\n")
+                            **run_info, RECORDS_WRITTEN: len(records)}) + "\n")
         for r in records:
             row = r.to_json()
             if keep_fields is not None:
@@ -57,16 +58,41 @@ def write_report(path: str | Path, environment: dict, records: list,
 
 
 def update_header(path: Path, **run_info) -> None:
-    """Adds fields to the header line of a finished report (wall time, timing)."""
+    """Adds fields to the header line of a finished report (wall time, timing), and the count
+    of its records (RECORDS_WRITTEN) as the file holds them now."""
     lines = path.read_text().splitlines(keepends=True)
     header = json.loads(lines[0])
     header.update(run_info)
+    header[RECORDS_WRITTEN] = sum(1 for x in lines[1:] if x.startswith(RECORD_PREFIX))
     lines[0] = json.dumps(header) + "\n"
     # A new file moved over the old one: a reader (harness.engine.lanes) sees the old file or
     # the new one, whole, never one half written.
     fresh = path.with_name(path.name + ".new")
     fresh.write_text("".join(lines))
     os.replace(fresh, path)
+
+
+# The header's count of the records its report holds, written where the report is finished
+# (update_header, a merge, write_report): a report that holds fewer was cut short or edited.
+RECORDS_WRITTEN = "records_written"
+RECORD_PREFIX = '{"type": "record"'   # how record_line begins a record's line
+# What reading a whole report adds to its header (never written by a run): why it holds fewer
+# records or pairs than its header says (shortfall); a merge writes its sources' reasons.
+CUT_SHORT = "cut_short"
+
+
+def shortfall(header: dict, pairs_held: int, records_held: int) -> str | None:
+    """Why a report holds fewer pairs than its run selected (pairs_expected) or fewer records
+    than its header counts (RECORDS_WRITTEN): a file cut at a line, or lines deleted; None
+    where they agree."""
+    n, written = pairs_expected(header), header.get(RECORDS_WRITTEN)
+    if n is not None and pairs_held < n:
+        return (f"it holds {pairs_held} of the {n} kernel x case pairs its run selected: cut "
+                "short or edited")
+    if isinstance(written, int) and records_held < written:
+        return (f"it holds {records_held} of the {written} records its run wrote: cut short or "
+                "edited")
+    return None
 
 
 def record_line(item, kind: str = "record") -> str:
@@ -239,6 +265,9 @@ def _read(path: str | Path, what: str, with_records: bool, as_lines: bool = Fals
                          ) from None
     if header is None:
         raise UsageError(f"{what} {path}: no run header line; not a harness report")
+    if with_records and header.get("state") != RUNNING and (why := shortfall(
+            header, len({r[0] if as_lines else r.pair for r in records}), len(records))):
+        header = {**header, CUT_SHORT: why}
     return header, records
 
 
