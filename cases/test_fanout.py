@@ -95,6 +95,14 @@ def test_a_report_or_shard_cut_short_is_never_green(tmp_path):
         seen.stdout[-2000:]
     whole = _harness("merge", str(tmp_path / "ok"), str(tmp_path / "s1"), str(tmp_path / "s2"))
     assert whole.returncode == 0, whole.stdout[-2000:]
+    # OUT forgotten: shard 1's own report would be replaced; refused, and it stays.
+    before = (tmp_path / "s1" / "report.jsonl").read_bytes()
+    forgot = _harness("merge", str(tmp_path / "s1"), str(tmp_path / "s2"))
+    assert forgot.returncode == 2 and "holds a run's own report (shard 1/2)" in forgot.stderr, \
+        forgot.stderr[-2000:]
+    assert (tmp_path / "s1" / "report.jsonl").read_bytes() == before
+    again = _harness("merge", str(tmp_path / "ok"), str(tmp_path / "s1"), str(tmp_path / "s2"))
+    assert again.returncode == 0, again.stdout[-2000:]   # a merge's own OUT, made again
 
 
 def test_rejudge_recomputes_expectations_but_keeps_a_kernel_it_cannot_load_here(

@@ -295,3 +295,41 @@ def test_the_exit_guard_leaves_a_forked_childs_exit_alone():
         import pytest
         with pytest.raises(ProcessExitCalled):
             os._exit(0)
+
+
+def test_a_merge_keeps_to_one_commit_and_the_shards_that_ran(tmp_path):
+    """From an adversarial review: an unsharded rerun from another commit merged beside the
+    night's shards replaced their records, green; a merge of merges of shards 1/3 and 2/3 (3/3
+    held no case and never ran) said shard 3/3 was missing; a lone shard whose cases the named
+    kernel all skips was red, though its merge with the others was green."""
+    import pytest
+    from harness.errors import UsageError
+    from harness.views.summary import NONE_BAD_SHARD_IDLE
+
+    def shard(name, part, records, commit="a" * 40, **extra):
+        rec.write_report(tmp_path / name / rec.RECORDS_FILE,
+                         {"platform": "cpu", "git_commit": commit}, records, suite="t",
+                         kernels=["k", "j"], cases=2, state="finished", shard=part,
+                         selection={**SELECTION, "shard": part},
+                         pairs_selected=len({r.pair for r in records}), **extra)
+        return tmp_path / name
+    ok = [_record("k", CASE_IDS[0], "ok")]
+    parts = [shard(f"p{i}", f"{i}/3", ok if i == 1 else [_record("j", CASE_IDS[1], "ok")],
+                   shards_filled=2) for i in (1, 2)]
+    rerun = shard("rerun", None, ok, commit="b" * 40)
+    with pytest.raises(UsageError, match="not run by the same code.*git_commit 'bbbb"):
+        engine.merge(tmp_path / "mixed", [*parts, rerun])
+    for i, p in enumerate(parts, 1):
+        engine.merge(tmp_path / f"m{i}", [p])
+    status, _, header, _ = engine.merge(tmp_path / "mm", [tmp_path / "m1", tmp_path / "m2"])
+    assert status == 0 and "shards_missing" not in header, header.get("shards_missing")
+    skips = [_record("k", CASE_IDS[1], "skip")]
+    idle = shard("idle", "2/2", skips)
+    header, records = rec.read(idle)
+    assert run_status(records, header) == 0
+    from harness.views.report_dir import write_views
+    write_views(idle)
+    assert NONE_BAD_SHARD_IDLE in (idle / "summary.md").read_text()
+    assert engine.merge(tmp_path / "alone", [idle])[0] == 1   # shard 1/2 missing
+    whole = shard("whole", "1/1", skips)
+    assert run_status(*reversed(rec.read(whole))) == 1

@@ -92,6 +92,14 @@ def cmd_merge(args) -> int:
         seen[path] = source
     rec.check_writable(args.out, option="merge OUT")
     with FolderLock(out, option="merge OUT"):   # not a folder a run is writing now
+        if out.is_dir() and any((out / n).is_file() for n in (rec.RECORDS_FILE,
+                                                             rec.RECORDS_FILE + ".gz")):
+            held = rec.read_header(out, what="merge OUT")
+            if held.get("joined_by") != engine.MERGE_COMMAND:   # a merge's OUT made again: fine
+                raise _usage(f"merge {args.out}: holds a run's own report"
+                             + (f" (shard {held['shard']})" if held.get("shard") else "")
+                             + ", which the merge would replace; give OUT first, a folder of its "
+                             "own: merge OUT SOURCE...")
         status, overlaps, header, records = engine.merge(
             out, [Path(s) for s in args.sources], rejudge=args.rejudge)
     print_console(records, header)

@@ -298,7 +298,7 @@ def finish(report_dir: Path, options: RunOptions, *, state: str = FINISHED,
         wall = header.get("wall_s")
         print(("" if wall is None else f"wall time {wall:.0f} s; ")
               + f"report: {report_dir}/ (report.jsonl, summary.md, report.html)")
-    elif tallies.judged_nothing(records):
+    elif tallies.judged_nothing(records, header):
         print("harness: nothing was judged (no check measured anything): not a pass")
     elif idle := tallies.named_idle(records, header):
         print("harness: " + named_idle_text(idle))
@@ -314,6 +314,11 @@ def finish(report_dir: Path, options: RunOptions, *, state: str = FINISHED,
         status |= compare_files(Path(report_dir) / rec.RECORDS_FILE, options.baseline,
                                 growth=options.growth)
     return status
+
+
+# A report `harness merge` wrote says so in its header (`joined_by`): a merge may write its OUT
+# again; a run's own report there it refuses to replace.
+MERGE_COMMAND = "harness merge"
 
 
 def merge(out: Path, sources: list[Path], rejudge: bool = False
@@ -348,7 +353,7 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
               "the merged report is no one suite's run, and compares pair for pair with neither",
               file=sys.stderr)
     overlaps = merge_reports(Path(out), [Path(s) for s in sources], transform, whole=True,
-                             rejudged=rejudge)
+                             rejudged=rejudge, joined_by=MERGE_COMMAND)
     if kept:   # the report says it too, not only the console
         from harness.views.summary import kept_text
         print(f"note: --rejudge {kept_text(kept)}", file=sys.stderr)

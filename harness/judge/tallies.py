@@ -46,10 +46,27 @@ def worst_outcome(records: Iterable[Record]) -> str | None:
     return next((o for o in v.SEVERITY if o in present), None)
 
 
-def judged_nothing(records: Iterable[Record]) -> bool:
+def lone_shard(header: dict | None) -> bool:
+    """A single shard I/N of N > 1 (its header's shard text; the shards merged list theirs)."""
+    shard = (header or {}).get("shard")
+    return isinstance(shard, str) and not shard.endswith("/1")
+
+
+def _measured_any(records: Iterable[Record]) -> bool:
+    return any(r.measured or r.verdict == v.ERROR for r in records)
+
+
+def judged_nothing(records: Iterable[Record], header: dict | None = None) -> bool:
     """No check measured anything (every pair skipped, or nothing ran): a run like that is never
-    green."""
-    return not any(r.measured or r.verdict == v.ERROR for r in records)
+    green. A lone shard is not held to it (every kernel may skip its cases: shard_idle), the
+    shards merged are."""
+    return not lone_shard(header) and not _measured_any(records)
+
+
+def shard_idle(records: Iterable[Record], header: dict | None) -> bool:
+    """A lone shard whose every pair skipped: not a failure of the shard (its merge is held to
+    judging something), and no pass of anything either; the views say which."""
+    return lone_shard(header) and not _measured_any(records)
 
 
 def named_idle(records: Iterable[Record], header: dict | None) -> dict[str, str]:
@@ -63,8 +80,7 @@ def named_idle(records: Iterable[Record], header: dict | None) -> dict[str, str]
     if header.get("source") == "census":   # the part's kernels, not a user's naming
         return {}
     named = (header.get("selection") or {}).get("kernels")
-    shard = header.get("shard")
-    if not named or (isinstance(shard, str) and not shard.endswith("/1")):
+    if not named or lone_shard(header):
         return {}
     named = set(named.split(","))
     why: dict[str, Counter] = defaultdict(Counter)
@@ -106,7 +122,8 @@ def run_status(records: Iterable[Record], header: dict | None = None) -> int:
     records = list(records)
     if unfinished(header):
         return 1
-    return 1 if bad(records) or judged_nothing(records) or named_idle(records, header) else 0
+    return 1 if bad(records) or judged_nothing(records, header) or named_idle(records, header) \
+        else 0
 
 
 def unjudged(records: Iterable[Record]) -> Counter:

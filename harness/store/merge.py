@@ -12,7 +12,8 @@ from harness.store import report_file as rec
 from harness.store.writer import FINISHED, INTERRUPTED, RUNNING
 
 # What a merged header keeps of its sources' (shared, or the list of their values).
-RUN_FACTS = ("seeds", "shard", "probe_mode", "leak_probe", "interrupted", "stopped_by")
+RUN_FACTS = ("seeds", "shard", "probe_mode", "leak_probe", "interrupted", "stopped_by",
+             "shards_filled")
 
 
 def merge_timing(timings: list[dict]) -> dict:
@@ -133,8 +134,17 @@ def check_shards(headers: list[dict], names: list[str]) -> None:
     commit, lost or mixed pairs without a word). A source that is itself a merge of shards is
     held to the same, through each of its shards."""
     from harness.errors import UsageError
-    first = None
+    first, code = None, None
     for name, h in zip(names, headers):
+        env = {k: (h.get("environment") or {}).get(k) for k in SHARED}
+        # Every source, sharded or not: an unsharded rerun of another commit beside the shards
+        # would replace their records with its own (a "fixed" rerun hiding the night's FAILs).
+        if code is None:
+            code = (name, env)
+        elif why := _env_differs(env, code[1]):
+            raise UsageError(f"harness merge: {name} and {code[0]} were not run by the same code "
+                             f"on the same kind of device ({why}); a merge joins reports of one "
+                             "commit and device")
         parts = [p for s in shards_of(h) if (p := rec.shard_part(s)) is not None]
         if not parts:
             continue
@@ -147,7 +157,6 @@ def check_shards(headers: list[dict], names: list[str]) -> None:
             raise UsageError(f"harness merge: {name} holds shards of {counts[0]} and "
                              f"{counts[1]}; shards merge into one report only from one sharded "
                              "run")
-        env = {k: (h.get("environment") or {}).get(k) for k in SHARED}
         this = (name, counts[0], _unsharded(h["selection"]), env)
         if first is None:
             first = this
@@ -182,7 +191,10 @@ def missing_shards(headers: list[dict], whole: bool = False) -> list[str]:
         return []
     n = counts.pop()
     # Shards past the selection's cases hold none and never ran (run_info's shards_filled).
-    filled = min([h["shards_filled"] for h in headers if h.get("shards_filled")] or [n])
+    # A merge of shards keeps theirs (RUN_FACTS): a list where its sources' differ.
+    filled = min([x for h in headers if h.get("shards_filled") for x in (
+        h["shards_filled"] if isinstance(h["shards_filled"], list) else [h["shards_filled"]])]
+        or [n])
     return [f"{i}/{n}" for i in range(1, filled + 1) if i not in have]
 
 

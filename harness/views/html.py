@@ -223,7 +223,7 @@ def write_html(path: Path, header: dict, records: list, traces: list) -> None:
         run_line=run_line(header, marked=False), unfinished=unfinished(header),
         none_bad=none_bad(records, header),
         counts=outcome_text(records), heatmap=_heatmap(records), bad=_problem_rows(records),
-        nothing=tallies.judged_nothing(records), plots=plots, dropped=dropped,
+        nothing=tallies.judged_nothing(records, header), plots=plots, dropped=dropped,
         not_judged=not_judged_lines(records), known=known_lines(records),
         digest=digest_lines(records), refused=refusal_lines(records),
         idle=skipped_kernel_lines(records),

@@ -15,6 +15,7 @@ from harness.views.summary import (
     digest_lines,
     fmt,
     kept_text,
+    NONE_BAD_SHARD_IDLE,
     named_idle_text,
     known_lines,
     refusal_lines,
@@ -323,6 +324,8 @@ def none_bad(records: list[Record], header: dict | None = None) -> str:
         return NONE_BAD_UNFINISHED
     if idle := tallies.named_idle(records, header):
         return named_idle_text(idle)
+    if tallies.shard_idle(records, header):
+        return NONE_BAD_SHARD_IDLE
     return NONE_BAD_NOT_RUN if tallies.not_run(records) or tallies.unprobed(records) \
         else NONE_BAD
 
@@ -330,7 +333,7 @@ def none_bad(records: list[Record], header: dict | None = None) -> str:
 def _problems(records: list[Record], header: dict | None = None) -> list[str]:
     bad = tallies.bad(records)
     out = ["", f"## Problems ({len(bad)})", ""]
-    if tallies.judged_nothing(records):
+    if tallies.judged_nothing(records, header):
         out.append("**Nothing was judged**: no check measured anything (every kernel x case "
                    "skipped, or the run stopped before the first finished). This run is not a "
                    "pass.")

@@ -185,6 +185,9 @@ STYLES = {v.CELL_OK: "green", v.CELL_NEAR: "yellow", v.CELL_CAUGHT: "cyan",
 
 INCOMPLETE = ("INCOMPLETE: the run that wrote this report never finished (killed before its "
               "end); only what it finished is here, and it is not a pass")
+NONE_BAD_SHARD_IDLE = ("None, and nothing judged: every kernel skips this shard's cases (listed "
+                       "below). A lone shard may; the merge of the shards is held to judging "
+                       "something.")
 INTERRUPTED_TEXT = "interrupted: only what finished is here, and it is not a pass"
 
 
@@ -247,7 +250,9 @@ def print_console(records: list[Record], header: dict | None = None, console=Non
     console.print(f"outcomes: {outcome_text(records)}", highlight=False)
     if (notice := unfinished(header)) is not None:
         console.print(f"[bold red]{notice}[/]", highlight=False)
-    nothing = tallies.judged_nothing(records)
+    nothing = tallies.judged_nothing(records, header)
+    if tallies.shard_idle(records, header):
+        console.print(f"[yellow]{NONE_BAD_SHARD_IDLE}[/]", highlight=False)
     if (idle := tallies.named_idle(records, header)) and not nothing:
         console.print(f"[bold red]{named_idle_text(idle)}[/]", highlight=False)
     if nothing:
