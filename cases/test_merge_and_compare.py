@@ -319,6 +319,20 @@ def test_a_merge_keeps_to_one_commit_and_the_shards_that_ran(tmp_path):
     rerun = shard("rerun", None, ok, commit="b" * 40)
     with pytest.raises(UsageError, match="not run by the same code.*git_commit 'bbbb"):
         engine.merge(tmp_path / "mixed", [*parts, rerun])
+    dirty = tmp_path / "dirty" / rec.RECORDS_FILE   # today's commit, edited and not committed
+    rec.write_report(dirty, {"platform": "cpu", "git_commit": "a" * 40, "git_dirty": True}, ok,
+                     suite="t", kernels=["k", "j"], cases=2, state="finished",
+                     selection={**SELECTION, "shard": None})
+    for p in parts:
+        rec.update_header(p / rec.RECORDS_FILE, environment={"platform": "cpu",
+                                                             "git_commit": "a" * 40,
+                                                             "git_dirty": False})
+    with pytest.raises(UsageError, match="git_dirty True vs False"):
+        engine.merge(tmp_path / "mixed", [*parts, dirty.parent])
+    # Without shards, reports of two devices merge as they are (a CPU run beside a GPU run).
+    gpu = shard("gpu", None, [_record("j", CASE_IDS[1], "ok")])
+    rec.update_header(gpu / rec.RECORDS_FILE, environment={"platform": "gpu"})
+    assert engine.merge(tmp_path / "devices", [rerun, gpu])[0] == 0
     for i, p in enumerate(parts, 1):
         engine.merge(tmp_path / f"m{i}", [p])
     status, _, header, _ = engine.merge(tmp_path / "mm", [tmp_path / "m1", tmp_path / "m2"])
@@ -333,3 +347,29 @@ def test_a_merge_keeps_to_one_commit_and_the_shards_that_ran(tmp_path):
     assert engine.merge(tmp_path / "alone", [idle])[0] == 1   # shard 1/2 missing
     whole = shard("whole", "1/1", skips)
     assert run_status(*reversed(rec.read(whole))) == 1
+    # The only shard holding cases is the whole selection; a merge of one shard is held too.
+    only = shard("only", "1/3", skips, shards_filled=1)
+    assert run_status(*reversed(rec.read(only))) == 1
+    assert engine.merge(tmp_path / "only-merged", [only])[0] == 1
+
+
+def test_a_baseline_of_a_cut_run_is_refused(tmp_path):
+    """From a cold read: `harness baseline` made a baseline of a run cut short, and copied the
+    reader's note of the cut into it (every compare against it then read INCOMPLETE), or not,
+    by the order of its sources."""
+    import pytest
+    from harness.errors import UsageError
+    from harness.views.compare import write_baseline
+    both = [_record(k, c, "ok", check=chk) for k in ("k", "j") for c in CASE_IDS
+            for chk in ("out", "dq")]
+    whole = _write(tmp_path / "whole", both, pairs_selected=4)
+    cut = _write(tmp_path / "cut", both, pairs_selected=4)
+    lines = (cut / rec.RECORDS_FILE).read_text().splitlines(keepends=True)
+    (cut / rec.RECORDS_FILE).write_text("".join(lines[:-1]))
+    for order in ([cut, whole], [whole, cut]):
+        with pytest.raises(UsageError, match="is incomplete .it holds 7 of the 8 records"):
+            write_baseline(tmp_path / "b.jsonl.gz", order)
+    again = _write(tmp_path / "again", both, pairs_selected=4)
+    write_baseline(tmp_path / "b.jsonl.gz", [whole, again])
+    header, _ = rec.read(tmp_path / "b.jsonl.gz")
+    assert rec.CUT_SHORT not in header and header[rec.RECORDS_WRITTEN] == 8

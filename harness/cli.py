@@ -71,6 +71,7 @@ def cmd_report(args) -> int:
 
 def cmd_merge(args) -> int:
     from harness.engine import engine
+    from harness.judge import tallies
     from harness.store import report_file as rec
     from harness.views.summary import print_console
     from harness.store.writer import FolderLock
@@ -95,7 +96,7 @@ def cmd_merge(args) -> int:
         if out.is_dir() and any((out / n).is_file() for n in (rec.RECORDS_FILE,
                                                              rec.RECORDS_FILE + ".gz")):
             held = rec.read_header(out, what="merge OUT")
-            if held.get("joined_by") != engine.MERGE_COMMAND:   # a merge's OUT made again: fine
+            if not tallies.made_by_merge(held):   # a merge's OUT made again: fine
                 raise _usage(f"merge {args.out}: holds a run's own report"
                              + (f" (shard {held['shard']})" if held.get("shard") else "")
                              + ", which the merge would replace; give OUT first, a folder of its "

@@ -1,12 +1,14 @@
 """What a kernel did where a feature case fails: each failing tolerance check held against the
-case without one feature at a time (and, where none alone matches, without them all), and,
-with chunks, against chunks counted from the other start. A check that passes there on every segment names it, in the record's diagnosis and
-message: "matches the mask without the window: the window was dropped", or "matches chunks
-counted from the row's start" (a kernel whose library counts chunks from the row, judged by
+case without one feature at a time (and, where none alone matches, without two or more at
+once, fewest first), and, with chunks, against chunks counted from the other start. A check
+that passes there on every segment names it, in the record's diagnosis and message: "matches
+the mask without the window: the window was dropped", or "matches chunks counted from the
+row's start" (a kernel whose library counts chunks from the row, judged by
 the harness's count from each segment's start)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 
 from harness.engine.program_functions import DEFAULT
@@ -16,9 +18,6 @@ from harness.judge.metrics import token_errors
 from harness.judge.record import Record
 from harness.judge.vocabulary import TENSORS
 from harness.model.features import CHUNK_CONVENTIONS, HEAD_DIM_V
-
-
-ALL = "every feature"   # matches' key for the case without all its droppable features
 
 
 def _convention_diagnosis(convention: str) -> str:
@@ -54,18 +53,26 @@ def diagnosed(kernel, case, results, records: list[Record], reference: Callable
     for name in droppable:
         held(name, dataclasses.replace(case, features=case.features.without(name)),
              kernel.chunk_convention)
-    if len(droppable) > 1:   # each feature dropped alone not matching: all of them at once
-        every = case.features
-        for name in droppable:
-            every = every.without(name)
-        held(ALL, dataclasses.replace(case, features=every), kernel.chunk_convention)
+    # Where no single feature's absence explains a failing check: two or more features at
+    # once, fewest first, until each failing check is explained (or none is left to try).
+    combos = [c for size in range(2, len(droppable) + 1)
+              for c in itertools.combinations(droppable, size)]
+    keys = [*droppable, *("+".join(c) for c in combos)]
+    for combo in combos:
+        if all(any(matches.get(chk, {}).get(k) for k in keys) for chk in failing):
+            break   # every failing check explained
+        without = case.features
+        for name in combo:
+            without = without.without(name)
+        held("+".join(combo), dataclasses.replace(case, features=without),
+             kernel.chunk_convention)
     for convention in others:
         held(convention, case, convention)
     out = []
     for r in records:
         found = matches.get(r.check, {}) if r.verdict == v.FAIL and r.check in failing else {}
         diagnosis = _drop_diagnosis({n: m for n, m in found.items() if n in droppable},
-                                    droppable if found.get(ALL) else ())
+                                    next((c for c in combos if found.get("+".join(c))), ()))
         if diagnosis is None and any(found.get(c) for c in others):
             diagnosis = _convention_diagnosis(next(c for c in others if found.get(c)))
         if diagnosis:
@@ -78,7 +85,7 @@ def diagnosed(kernel, case, results, records: list[Record], reference: Callable
 def _drop_diagnosis(dropped: dict[str, bool], together=()) -> str | None:
     """The diagnosis of a failing feature case from whether its results match the case without
     each feature within tolerance (feature -> matches): the first that matches was dropped;
-    where none does, `together`: the features whose dropping all at once matches."""
+    where none does, `together`: the fewest features whose dropping at once matches."""
     from harness.model.features import WITHOUT
     for name, matches in dropped.items():
         if matches:
@@ -86,6 +93,6 @@ def _drop_diagnosis(dropped: dict[str, bool], together=()) -> str | None:
             return (f"matches the mask without {WITHOUT[name]}: {WITHOUT[name]} "
                     f"{'were' if plural else 'was'} dropped")
     if together:
-        named = " and ".join(WITHOUT[n] for n in together)
-        return f"matches the mask without {named}: each was dropped"
+        *rest, last = [WITHOUT[n] for n in together]
+        return f"matches the mask without {', '.join(rest)} and {last}: each was dropped"
     return None

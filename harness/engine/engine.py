@@ -316,11 +316,6 @@ def finish(report_dir: Path, options: RunOptions, *, state: str = FINISHED,
     return status
 
 
-# A report `harness merge` wrote says so in its header (`joined_by`): a merge may write its OUT
-# again; a run's own report there it refuses to replace.
-MERGE_COMMAND = "harness merge"
-
-
 def merge(out: Path, sources: list[Path], rejudge: bool = False
           ) -> tuple[int, list, dict, list]:
     """`harness merge`: several reports (the shards of a suite) joined into one, optionally
@@ -353,7 +348,7 @@ def merge(out: Path, sources: list[Path], rejudge: bool = False
               "the merged report is no one suite's run, and compares pair for pair with neither",
               file=sys.stderr)
     overlaps = merge_reports(Path(out), [Path(s) for s in sources], transform, whole=True,
-                             rejudged=rejudge, joined_by=MERGE_COMMAND)
+                             rejudged=rejudge, joined_by=v.MERGE_COMMAND)
     if kept:   # the report says it too, not only the console
         from harness.views.summary import kept_text
         print(f"note: --rejudge {kept_text(kept)}", file=sys.stderr)

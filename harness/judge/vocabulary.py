@@ -102,6 +102,9 @@ SEVERITY = (ERROR, FAIL, MISSED, CAUGHT, KNOWN, REFUSED, UNJUDGED, NOT_RUN, OK, 
 RUNNING, FINISHED, INTERRUPTED = "running", "finished", "interrupted"
 # A merge of shards I/N that lacks some (its header's shards_missing): not a pass either.
 SHARDS_MISSING = "shards missing"
+# A report `harness merge` wrote says so in its header (`joined_by`); older ones, by the
+# `rejudged` fact every such merge has written (harness.judge.tallies.made_by_merge).
+MERGE_COMMAND = "harness merge"
 # A report holding fewer pairs or records than its header says (a file cut at a line, lines
 # deleted; harness.store.report_file.shortfall): not a pass.
 CUT_SHORT = "cut short"

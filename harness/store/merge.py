@@ -124,7 +124,8 @@ def merged_selection(headers: list[dict]) -> dict | None:
 # host, the start time, the Python or optional libraries each runner has (the workflow asks
 # for Python >= 3.11, Transformer Engine where it installs), and unknown (None) on either side
 # is not a difference.
-SHARED = ("git_commit", "jax", "jaxlib", "platform", "device_kind", "compute_capability")
+SHARED = ("git_commit", "git_dirty", "jax", "jaxlib", "platform", "device_kind",
+          "compute_capability")
 
 
 def check_shards(headers: list[dict], names: list[str]) -> None:
@@ -135,10 +136,14 @@ def check_shards(headers: list[dict], names: list[str]) -> None:
     held to the same, through each of its shards."""
     from harness.errors import UsageError
     first, code = None, None
+    sharded = any(rec.shard_part(s) is not None for h in headers for s in shards_of(h))
     for name, h in zip(names, headers):
         env = {k: (h.get("environment") or {}).get(k) for k in SHARED}
-        # Every source, sharded or not: an unsharded rerun of another commit beside the shards
-        # would replace their records with its own (a "fixed" rerun hiding the night's FAILs).
+        # Beside shards, every source, sharded or not: an unsharded rerun of another commit (or
+        # a dirty tree) would replace their records with its own (a "fixed" rerun hiding the
+        # night's FAILs). Reports without shards merge as they are (a CPU run and a GPU run).
+        if not sharded:
+            continue
         if code is None:
             code = (name, env)
         elif why := _env_differs(env, code[1]):

@@ -173,6 +173,10 @@ def write_baseline(out_path, sources) -> int:
     headers, runs = [], []
     for src in sources:
         header, records = rec.read(src)
+        if header.get(rec.CUT_SHORT):   # seen once its records are read
+            from harness.errors import UsageError
+            raise UsageError(f"baseline: {src} is incomplete ({header[rec.CUT_SHORT]}); a "
+                             "baseline is made of runs that finished")
         headers.append(header)
         runs.append(records)
     try:
@@ -180,7 +184,8 @@ def write_baseline(out_path, sources) -> int:
     except ValueError as exc:
         from harness.errors import UsageError
         raise UsageError(f"harness baseline: {exc}") from None
-    header = {k: x for k, x in headers[0].items() if k not in ("type", "schema", "environment")}
+    header = {k: x for k, x in headers[0].items()
+              if k not in ("type", "schema", "environment", rec.RECORDS_WRITTEN, rec.CUT_SHORT)}
     header["baseline_of"] = [{"path": str(s), "environment": h.get("environment"),
                               "wall_s": h.get("wall_s")} for s, h in zip(sources, headers)]
     header["baseline_fields"] = list(regression.BASELINE_FIELDS)

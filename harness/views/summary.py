@@ -186,8 +186,8 @@ STYLES = {v.CELL_OK: "green", v.CELL_NEAR: "yellow", v.CELL_CAUGHT: "cyan",
 INCOMPLETE = ("INCOMPLETE: the run that wrote this report never finished (killed before its "
               "end); only what it finished is here, and it is not a pass")
 NONE_BAD_SHARD_IDLE = ("None, and nothing judged: every kernel skips this shard's cases (listed "
-                       "below). A lone shard may; the merge of the shards is held to judging "
-                       "something.")
+                       "below). One shard of several may; a merge of the shards is not a pass "
+                       "unless something is judged.")
 INTERRUPTED_TEXT = "interrupted: only what finished is here, and it is not a pass"
 
 
