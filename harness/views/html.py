@@ -92,11 +92,15 @@ img { max-width: 100%; }
 """)
 
 
-def _figure(**kwargs):
+def _figure(margins: dict | None = None, **kwargs):
     """A figure of matplotlib's object API: no pyplot, no global state, nothing to close; laid
-    out once when drawn (constrained), not drawn twice to find a tight box."""
+    out once when drawn (constrained), not drawn twice to find a tight box; or, with `margins`
+    (subplots_adjust's, for a figure whose labels are always alike), not laid out at all:
+    constrained layout was a third of a trace plot's drawing."""
     from matplotlib.figure import Figure
-    fig = Figure(layout="constrained", **kwargs)
+    fig = Figure(layout=None if margins else "constrained", **kwargs)
+    if margins:
+        fig.subplots_adjust(**margins)
     return fig, fig.subplots()
 
 
@@ -147,11 +151,16 @@ def _heatmap(records) -> str:
     return _png(fig)
 
 
+# A trace plot's margins (fractions of its 10 x 2.8 inch figure): room for the y label and its
+# 1e-03 ticks, the x label, and the segment names above the axes.
+TRACE_MARGINS = {"left": 0.085, "right": 0.99, "bottom": 0.17, "top": 0.9}
+
+
 def _trace_plot(trace) -> str:
     import numpy as np
 
     err = np.array([np.inf if x is None else x for x in trace.token_err], float)
-    fig, ax = _figure(figsize=(10, 2.8))
+    fig, ax = _figure(TRACE_MARGINS, figsize=(10, 2.8))
     pos = np.arange(err.size)
     compared = np.zeros(err.size, bool)
     for seg in trace.segments:
