@@ -373,3 +373,21 @@ def test_a_baseline_of_a_cut_run_is_refused(tmp_path):
     write_baseline(tmp_path / "b.jsonl.gz", [whole, again])
     header, _ = rec.read(tmp_path / "b.jsonl.gz")
     assert rec.CUT_SHORT not in header and header[rec.RECORDS_WRITTEN] == 8
+
+
+def test_a_merge_made_before_joined_by_is_made_again(tmp_path):
+    """From a cold read: an OUT written by an older `harness merge` (its header has the
+    `rejudged` fact, not `joined_by`) was refused as a run's own report."""
+    import subprocess
+    import sys
+    src = _write(tmp_path / "src", [_record("k", CASE_IDS[0], "ok")], pairs_selected=1)
+    old = _write(tmp_path / "old", [_record("k", CASE_IDS[0], "ok")], pairs_selected=1,
+                 rejudged=False)
+    run = _write(tmp_path / "run", [_record("k", CASE_IDS[0], "ok")], pairs_selected=1)
+    root = Path(__file__).resolve().parent.parent
+    again, refused = (subprocess.run([sys.executable, "-m", "harness", "merge", str(out),
+                                      str(src)], cwd=root, capture_output=True, text=True,
+                                     timeout=300) for out in (old, run))
+    assert again.returncode != 2 and "own report" not in again.stderr, again.stderr[-2000:]
+    assert refused.returncode == 2 and "holds a run's own report" in refused.stderr, \
+        refused.stderr[-2000:]
