@@ -58,7 +58,7 @@ def cmd_report(args) -> int:
                      "are written beside report.jsonl)")
     if not folder.is_dir():
         raise _usage(f"report {args.report_dir}: no such folder")
-    if not any((folder / n).is_file() for n in (rec.RECORDS_FILE, rec.RECORDS_FILE + ".gz")):
+    if not rec.report_files(folder):
         raise _usage(f"report {args.report_dir}: no report.jsonl in it: not a report folder (a "
                      "run writes one where --report-dir says)")
     rec.check_writable(folder, option="report")   # its views are written there
@@ -93,8 +93,7 @@ def cmd_merge(args) -> int:
         seen[path] = source
     rec.check_writable(args.out, option="merge OUT")
     with FolderLock(out, option="merge OUT"):   # not a folder a run is writing now
-        if out.is_dir() and any((out / n).is_file() for n in (rec.RECORDS_FILE,
-                                                             rec.RECORDS_FILE + ".gz")):
+        if out.is_dir() and rec.report_files(out):
             held = rec.read_header(out, what="merge OUT")
             if not tallies.made_by_merge(held):   # a merge's OUT made again: fine
                 raise _usage(f"merge {args.out}: holds a run's own report"

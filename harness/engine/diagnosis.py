@@ -55,24 +55,23 @@ def diagnosed(kernel, case, results, records: list[Record], reference: Callable
              kernel.chunk_convention)
     # Where no single feature's absence explains a failing check: two or more features at
     # once, fewest first, until each failing check is explained (or none is left to try).
-    combos = [c for size in range(2, len(droppable) + 1)
-              for c in itertools.combinations(droppable, size)]
-    keys = [*droppable, *("+".join(c) for c in combos)]
-    for combo in combos:
-        if all(any(matches.get(chk, {}).get(k) for k in keys) for chk in failing):
+    combos = {"+".join(c): c for size in range(2, len(droppable) + 1)
+              for c in itertools.combinations(droppable, size)}   # matches' key -> features
+    for key, combo in combos.items():
+        if all(any(matches.get(chk, {}).get(k) for k in [*droppable, *combos])
+               for chk in failing):
             break   # every failing check explained
         without = case.features
         for name in combo:
             without = without.without(name)
-        held("+".join(combo), dataclasses.replace(case, features=without),
-             kernel.chunk_convention)
+        held(key, dataclasses.replace(case, features=without), kernel.chunk_convention)
     for convention in others:
         held(convention, case, convention)
     out = []
     for r in records:
         found = matches.get(r.check, {}) if r.verdict == v.FAIL and r.check in failing else {}
         diagnosis = _drop_diagnosis({n: m for n, m in found.items() if n in droppable},
-                                    next((c for c in combos if found.get("+".join(c))), ()))
+                                    next((c for k, c in combos.items() if found.get(k)), ()))
         if diagnosis is None and any(found.get(c) for c in others):
             diagnosis = _convention_diagnosis(next(c for c in others if found.get(c)))
         if diagnosis:

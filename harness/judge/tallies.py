@@ -120,7 +120,7 @@ def unfinished(header: dict | None) -> str | None:
         return v.INTERRUPTED
     if header.get("shards_missing"):
         return v.SHARDS_MISSING
-    if header.get("cut_short"):
+    if header.get(v.CUT_SHORT_FIELD):
         return v.CUT_SHORT
     return None
 

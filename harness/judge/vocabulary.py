@@ -108,6 +108,7 @@ MERGE_COMMAND = "harness merge"
 # A report holding fewer pairs or records than its header says (a file cut at a line, lines
 # deleted; harness.store.report_file.shortfall): not a pass.
 CUT_SHORT = "cut short"
+CUT_SHORT_FIELD = "cut_short"   # the header's field saying why (reading a report adds it)
 
 # ----- grid cells (kernel x layout) ------------------------------------------------------------
 

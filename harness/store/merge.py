@@ -290,10 +290,9 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                            else {}),
                         **({"narrowed": True} if any(rec.narrowed(h) for h in headers) else {}),
                         # A source that holds fewer records than it wrote: so does the merge.
-                        **({rec.CUT_SHORT: "; ".join(f"{s}: {h[rec.CUT_SHORT]}" for s, h
-                                                     in zip(sources, headers)
-                                                     if h.get(rec.CUT_SHORT))}
-                           if any(h.get(rec.CUT_SHORT) for h in headers) else {}),
+                        **({rec.CUT_SHORT: cut} if (cut := "; ".join(
+                            f"{s}: {h[rec.CUT_SHORT]}" for s, h in zip(sources, headers)
+                            if h.get(rec.CUT_SHORT))) else {}),
                         rec.RECORDS_WRITTEN: len(rows),
                         **header})
     with (out_dir / rec.RECORDS_FILE).open("a") as f:

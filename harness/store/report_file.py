@@ -19,7 +19,7 @@ from pathlib import Path
 
 from harness.errors import UsageError
 from harness.judge.record import BadRecord, Record, Trace
-from harness.judge.vocabulary import RUNNING
+from harness.judge.vocabulary import CUT_SHORT_FIELD, RUNNING
 
 SCHEMA = 2
 READABLE = (1, 2)
@@ -28,6 +28,13 @@ TRACES_FILE = "traces.jsonl"
 # The views written from them (harness.views.report_dir).
 SUMMARY_FILE = "summary.md"
 HTML_FILE = "report.html"
+# The header's count of the records its report holds, written where the report is finished
+# (update_header, a merge, write_report): a report that holds fewer was cut short or edited.
+RECORDS_WRITTEN = "records_written"
+RECORD_PREFIX = '{"type": "record"'   # how record_line begins a record's line
+# What reading a whole report adds to its header (never written by a run): why it holds fewer
+# records or pairs than its header says (shortfall); a merge writes its sources' reasons.
+CUT_SHORT = CUT_SHORT_FIELD
 
 
 def write_header(path: Path, environment: dict, **run_info) -> None:
@@ -70,15 +77,6 @@ def update_header(path: Path, **run_info) -> None:
     fresh = path.with_name(path.name + ".new")
     fresh.write_text("".join(lines))
     os.replace(fresh, path)
-
-
-# The header's count of the records its report holds, written where the report is finished
-# (update_header, a merge, write_report): a report that holds fewer was cut short or edited.
-RECORDS_WRITTEN = "records_written"
-RECORD_PREFIX = '{"type": "record"'   # how record_line begins a record's line
-# What reading a whole report adds to its header (never written by a run): why it holds fewer
-# records or pairs than its header says (shortfall); a merge writes its sources' reasons.
-CUT_SHORT = "cut_short"
 
 
 def shortfall(header: dict, pairs_held: int, records_held: int) -> str | None:
@@ -177,6 +175,12 @@ def _same_text(plain: tuple, packed: tuple) -> bool:
         return False
 
 
+def report_files(folder: Path) -> list[Path]:
+    """The report files a folder holds: report.jsonl, report.jsonl.gz, either or both."""
+    return [folder / name for name in (RECORDS_FILE, RECORDS_FILE + ".gz")
+            if (folder / name).is_file()]
+
+
 def resolve(path: str | Path, what: str = "report") -> Path:
     """A report file, or a report folder holding report.jsonl (or .jsonl.gz); a UsageError
     naming the path when there is none."""
@@ -185,8 +189,7 @@ def resolve(path: str | Path, what: str = "report") -> Path:
                          "report.jsonl(.gz) file")
     p = Path(path)
     if p.is_dir():
-        found = [p / name for name in (RECORDS_FILE, RECORDS_FILE + ".gz")
-                 if (p / name).is_file()]
+        found = report_files(p)
         if len(found) == 2 and _same_text(_stat_key(found[0]), _stat_key(found[1])):
             return found[0]   # report.jsonl and its gzip copy (scripts/gpu.sh keeps both)
         if len(found) == 2:

@@ -63,8 +63,7 @@ def read_parts(report_dir: Path) -> list[Part]:
                     versions=_json(path / "versions.json") or {},
                     meta=_json(path / "part.json") or {})
         nightly = path / "nightly"
-        if any((nightly / name).exists() for name in (rec.RECORDS_FILE,
-                                                      rec.RECORDS_FILE + ".gz")):
+        if rec.report_files(nightly):
             part.header, part.records = rec.read(nightly)   # committed parts are gzipped
         parts.append(part)
     return parts
