@@ -3,6 +3,7 @@ from harness.engine.runner import run_kernel_case
 from harness.kernels.kernel import Kernel, Platform
 from harness.model.case import Case
 from harness.model.features import Features
+from harness.views.summary import describe_problem
 
 
 def test_a_kernel_counting_chunks_from_the_row_start_is_told_so():
@@ -43,3 +44,32 @@ def test_a_kernel_dropping_two_features_is_told_both_were_dropped():
                if r.check == "out" and r.outcome == "fail"]
     assert failing and all(r.diagnosis == "matches the mask without the window and the soft "
                            "cap: each was dropped" for r in failing), failing[:1]
+
+
+def test_a_window_one_token_off_is_told_so():
+    """A kernel whose window reaches one key further back than asked (a bound written with <=
+    for <), or one short: dropping the window does not match its results, the window one token
+    wider (narrower) does, and its failures say which (it read like any failure before)."""
+    from harness.judge.oracle import dense_attention
+
+    def off_by(extra):
+        def window_off(query, key, value, segment_ids, *, causal, scale, window=None):
+            left, right = window
+            return dense_attention(query, key, value, segment_ids, scale=scale, causal=causal,
+                                   truth=False, features=Features(window=(left + extra, right))
+                                   ).astype(query.dtype)
+        return window_off
+    case = Case("packed/random", 2, 128, 4, 2, 32, "float32", 0, features=Features(window=(15, 0)))
+    for extra, said in ((1, "matches a window of 16 back: one token wider than the case's 15 "
+                             "back (an off-by-one)"),
+                        (-1, "matches a window of 14 back: one token narrower than the case's "
+                             "15 back (an off-by-one)")):
+        kernel = Kernel(f"cpu:window_off_{extra}", off_by(extra), devices=("cpu",),
+                        features=("window",))
+        failing = [r for r in run_kernel_case(kernel, case, Platform("cpu")).records
+                   if r.outcome == "fail" and r.check in ("out", "dq", "dk", "dv")]
+        assert failing and all(r.diagnosis == said and r.message.startswith(said)
+                               for r in failing), failing[:1]
+        # Each problem's line (a failing pytest test's text, the CLI's problem list) says it.
+        assert all(describe_problem(r).endswith(f": {said}") for r in failing), \
+            describe_problem(failing[0])

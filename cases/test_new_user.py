@@ -428,6 +428,14 @@ def test_a_kernel_with_the_wrong_signature_is_refused_when_registered(tmp_path):
     _one_line(_run("-m", "harness", "list", "--kernel-module", str(module)),
               "bad_sig.py:4", "causal, scale, softcap, window)",
               "unexpected keyword argument 'window'")
+    # ... with a default: a case without the feature leaves its keyword out (every case
+    # without a window erred, `missing 1 required keyword-only argument: 'window'`).
+    module.write_text("import harness\ndef k(q, k, v, seg, *, causal, scale, window):\n"
+                      "    return q\nharness.register_kernel('window_required', k, "
+                      "features=('window',))\n")
+    _one_line(_run("-m", "harness", "list", "--kernel-module", str(module)),
+              "bad_sig.py:4", "keyword(s) window of signature", "have no default",
+              "(window=None)")
 
 
 def test_merge_says_where_it_wrote_and_which_pairs_repeat(tmp_path):

@@ -1,10 +1,12 @@
 """What a kernel did where a feature case fails: each failing tolerance check held against the
 case without one feature at a time (and, where none alone matches, without two or more at
-once, fewest first), and, with chunks, against chunks counted from the other start. A check
-that passes there on every segment names it, in the record's diagnosis and message: "matches
-the mask without the window: the window was dropped", or "matches chunks counted from the
-row's start" (a kernel whose library counts chunks from the row, judged by
-the harness's count from each segment's start)."""
+once, fewest first), and, with chunks, against chunks counted from the other start; with a
+window that none of those explains, against the window one token wider or narrower on each
+side. A check that passes there on every segment names it, in the record's diagnosis and
+message: "matches the mask without the window: the window was dropped", "matches chunks
+counted from the row's start" (a kernel whose library counts chunks from the row, judged by
+the harness's count from each segment's start), or "matches a window of 64 back: one token
+wider than the case's 63 back (an off-by-one)"."""
 from __future__ import annotations
 
 import dataclasses
@@ -35,7 +37,7 @@ def diagnosed(kernel, case, results, records: list[Record], reference: Callable
     droppable = [f for f in case.features.names if f != HEAD_DIM_V]
     others = [c for c in CHUNK_CONVENTIONS if c != kernel.chunk_convention] \
         if case.features.chunk is not None else []
-    if not failing or not (droppable or others):
+    if not failing or not (droppable or others or case.features.window is not None):
         return records
     matches: dict[str, dict[str, bool]] = {}
     tensors = results[:len(TENSORS)]
@@ -67,6 +69,12 @@ def diagnosed(kernel, case, results, records: list[Record], reference: Callable
         held(key, dataclasses.replace(case, features=without), kernel.chunk_convention)
     for convention in others:
         held(convention, case, convention)
+    near = _near_windows(case)   # matches' key -> the window one token off
+    for key, window in near.items():
+        if all(any(found for found in matches.get(chk, {}).values()) for chk in failing):
+            break   # every failing check explained
+        held(key, dataclasses.replace(case, features=dataclasses.replace(
+            case.features, window=window)), kernel.chunk_convention)
     out = []
     for r in records:
         found = matches.get(r.check, {}) if r.verdict == v.FAIL and r.check in failing else {}
@@ -74,6 +82,9 @@ def diagnosed(kernel, case, results, records: list[Record], reference: Callable
                                     next((c for k, c in combos.items() if found.get(k)), ()))
         if diagnosis is None and any(found.get(c) for c in others):
             diagnosis = _convention_diagnosis(next(c for c in others if found.get(c)))
+        if diagnosis is None and any(found.get(k) for k in near):
+            diagnosis = _window_diagnosis(case.features.window,
+                                          near[next(k for k in near if found.get(k))])
         if diagnosis:
             r = r.replace(diagnosis=diagnosis, message=diagnosis + (
                 f"; {r.message}" if r.message else ""))
@@ -95,3 +106,28 @@ def _drop_diagnosis(dropped: dict[str, bool], together=()) -> str | None:
         *rest, last = [WITHOUT[n] for n in together]
         return f"matches the mask without {', '.join(rest)} and {last}: each was dropped"
     return None
+
+
+def _near_windows(case) -> dict[str, tuple[int, int]]:
+    """The case's window one token wider or narrower on one side (a bound written with < for
+    <=, or the other way): key -> (left, right); a side ahead only where the case reads ahead
+    (bidirectional), narrower only where the side is not 0. Wider first: the commoner bug."""
+    if case.features.window is None:
+        return {}
+    left, right = case.features.window
+    sides = [(1, 0), (-1, 0)] + ([(0, 1), (0, -1)] if not case.causal else [])
+    near = {}
+    for d_left, d_right in sides:
+        window = (left + d_left, right + d_right)
+        if min(window) >= 0 and window != (left, right):
+            near[f"window{window[0]}.{window[1]}"] = window
+    return near
+
+
+def _window_diagnosis(asked: tuple[int, int], window: tuple[int, int]) -> str:
+    """The diagnosis of a failing window case whose results match `window`, one token off."""
+    def text(w):
+        return f"{w[0]} back" + (f", {w[1]} ahead" if w[1] else "")
+    wider = sum(window) > sum(asked)
+    return (f"matches a window of {text(window)}: one token {'wider' if wider else 'narrower'} "
+            f"than the case's {text(asked)} (an off-by-one)")

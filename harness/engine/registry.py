@@ -68,12 +68,22 @@ def signature_problem(fn: Callable, takes_max_segments: bool = False,
         kwargs["max_segments"] = 4
     # Each declared feature is one keyword (harness.engine.program_functions); the value head
     # dim is the value's shape, no keyword.
+    plain = dict(kwargs)
     kwargs.update({f: object() for f in features if f != HEAD_DIM_V})
     try:
         sig.bind(*args, **kwargs)
     except TypeError as exc:
         wanted = "fn(query, key, value, segment_ids, *, " + ", ".join(kwargs) + ")"
         return f"signature {sig} cannot be called as {wanted}: {exc}"
+    # A case without a feature hands its keyword over not at all (feature_arguments): a
+    # declared feature's keyword needs a default, or every case without it errs.
+    required = [f for f in kwargs if f not in plain and f in sig.parameters
+                and sig.parameters[f].default is inspect.Parameter.empty
+                and sig.parameters[f].kind is not inspect.Parameter.VAR_KEYWORD]
+    if required:
+        names = ", ".join(required)
+        return (f"keyword(s) {names} of signature {sig} have no default: a case without the "
+                f"feature leaves its keyword out, so give each a default ({required[0]}=None)")
     return None
 
 

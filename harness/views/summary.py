@@ -41,9 +41,12 @@ def describe_problem(r: Record) -> str:
             f"max|err|={fmt(r.max_abs_err)} tol={r.tolerance:.3g} ratio={ratio} "
             f"worst token {r.worst_token} (segment {r.tokens})")
     # Its message where the numbers do not say why (non-finite; a ratio within tolerance,
-    # failed on its reruns: judging.reruns_within_tolerance).
-    return text + (f": {r.message}" if r.nonfinite or (r.ratio is not None and r.ratio <= 1)
-                   else "")
+    # failed on its reruns: judging.reruns_within_tolerance), else its diagnosis, where one
+    # was made (harness.engine.diagnosis: what the kernel computed instead); the message
+    # begins with the diagnosis.
+    if r.nonfinite or (r.ratio is not None and r.ratio <= 1):
+        return text + f": {r.message}"
+    return text + (f": {r.diagnosis}" if r.diagnosis else "")
 
 
 def kept_text(kept: dict) -> str:
