@@ -73,3 +73,31 @@ def test_a_window_one_token_off_is_told_so():
         # Each problem's line (a failing pytest test's text, the CLI's problem list) says it.
         assert all(describe_problem(r).endswith(f": {said}") for r in failing), \
             describe_problem(failing[0])
+
+
+def test_a_sinks_gradient_cut_or_flipped_is_described():
+    """dsinks failed with an empty message (a new user's trial): a kernel whose sinks' gradient
+    is stopped reads 'zero on every head', one whose gradient has the wrong sign says so."""
+    import jax
+    from harness.judge.oracle import dense_attention
+
+    def sinks_kernel(how):
+        def attend(query, key, value, segment_ids, *, causal, scale, sinks=None):
+            s = {"cut": jax.lax.stop_gradient(sinks), "flipped": 2 * jax.lax.stop_gradient(
+                sinks) - sinks}[how]
+            return dense_attention(query, key, value, segment_ids, s, scale=scale,
+                                   causal=causal, truth=False,
+                                   features=Features(sinks=True)).astype(query.dtype)
+        return attend
+    case = Case("packed/random", 2, 128, 4, 2, 32, "float32", 0, features=Features(sinks=True))
+    for how, said in (("cut", "zero on every head: the gradient does not reach the sinks"),
+                      ("flipped", "of the opposite sign on 4 of 4 heads")):
+        kernel = Kernel(f"cpu:sinks_{how}", sinks_kernel(how), devices=("cpu",),
+                        features=("sinks",))
+        records = run_kernel_case(kernel, case, Platform("cpu"), leak=False).records
+        dsinks = [r for r in records if r.check == "dsinks"]
+        assert [(r.outcome, r.diagnosis, r.message) for r in dsinks] == [("fail", said, said)]
+        assert describe_problem(dsinks[0]).endswith(f": {said}")
+        # The other checks pass: the forward (and dq, dk, dv) are right (the probe is off).
+        assert all(r.outcome == "ok" for r in records if r.check not in ("dsinks", "leak")), \
+            [(r.check, r.outcome) for r in records if r.outcome != "ok"][:3]

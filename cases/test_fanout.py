@@ -183,6 +183,16 @@ def test_rejudge_keeps_a_check_left_to_a_probe_that_was_off_not_run_and_rejudges
                             message="dsinks non-finite")
     assert [(r.expected, r.outcome, r.message) for r in rejudge([nan], now, probed=False)] == [
         ("fail", "caught", "dsinks non-finite")]
+    # A failing one keeps its diagnosis (what the gradient looks like) before the reason.
+    cut = dsinks[0].replace(verdict="fail", outcome="fail", ratio=30.0, diagnosis="zero on "
+                            "every head", message="zero on every head")
+    assert [(r.outcome, r.message) for r in rejudge([cut], now, probed=False)] == [
+        ("caught", "zero on every head")]
+    now["dot_product"] = Kernel("dot_product", kernel.fn, features=kernel.features,
+                                expect=lambda case, check, segment: ("known", "bug 7")
+                                if check == "dsinks" else "pass")
+    assert [(r.outcome, r.message) for r in rejudge([cut], now, probed=False)] == [
+        ("known", "zero on every head; bug 7")]
 
 
 def test_rejudge_misses_a_crash_declared_after_a_run_that_did_not_crash(tmp_path, monkeypatch):

@@ -664,7 +664,7 @@ def test_problem_lines_of_records_without_a_segment_read_whole():
     contract = Record(kernel="k", case_id=CASE.id, check="contract", verdict="fail",
                       expected="pass", outcome="fail", message="output dtype float32")
     assert describe_problem(contract) == f"k contract of {CASE.id}: FAIL: output dtype float32"
-    assert digest_lines([contract]) == [f"k contract: 1 records fail; first on {CASE.id}"]
+    assert digest_lines([contract]) == [f"k contract: 1 record fail; first on {CASE.id}"]
 
 
 def test_a_cell_whose_per_case_checks_failed_names_them_beside_its_passing_segments():

@@ -203,7 +203,22 @@ def _dsinks(kernel, case, results, ref) -> Record:
                                                      ref.truth[len(TENSORS)]))
     nonfinite = not np.isfinite(got).all()
     err = float(np.abs(got - want).max()) if not nonfinite else math.inf
-    return judging.dsinks_record(kernel, case, err, nonfinite, ref, DEFAULT)
+    return judging.dsinks_record(kernel, case, err, nonfinite, ref, DEFAULT,
+                                 "" if nonfinite else _dsinks_detail(got, want))
+
+
+def _dsinks_detail(got: np.ndarray, want: np.ndarray) -> str:
+    """What a sinks' gradient (one per head) looks like against the truth's: zero where the
+    truth is not (the gradient never reached the sinks), of the opposite sign on most heads,
+    or its worst head's two values."""
+    worst = int(np.abs(got - want).argmax())
+    moving = want != 0
+    if not got.any() and moving.any():
+        return "zero on every head: the gradient does not reach the sinks"
+    flipped = int((np.sign(got[moving]) == -np.sign(want[moving])).sum())
+    if flipped > moving.sum() / 2:
+        return f"of the opposite sign on {flipped} of {got.size} heads"
+    return f"worst on head {worst}: {got[worst]:.4g}, the truth {want[worst]:.4g}"
 
 
 def _disagreement(kernel, case, ref, default_records: list[Record]):

@@ -268,24 +268,23 @@ def refused_record(kernel, case, feature: str, message: str, check: str = KERNEL
                          f"refused {feature} {where}: {first_line(message, 500)}", check=check)
 
 
-def dsinks_record(kernel, case, err: float, nonfinite: bool, reference, mode: str) -> Record:
+def dsinks_record(kernel, case, err, nonfinite, reference, mode, detail="") -> Record:
     """The sinks' gradient: one record per kernel x case (a sink's gradient sums over every
-    token of the batch, so it has no segment), against the peer's error over the heads."""
+    token of the batch: no segment), against the peer's error over the heads; `detail`: what
+    the kernel's gradient looks like, its diagnosis where it fails."""
     chk = v.DSINKS
     expected, reason = kernel.expected(case, chk.name, None)
-    unjudgeable = no_tolerance(chk, case.dtype, reference.peer_dsinks_err,
-                               reference.dsinks_scale)
+    unjudgeable = no_tolerance(chk, case.dtype, reference.peer_dsinks_err, reference.dsinks_scale)
     if unjudgeable:
         return status_record(kernel, case, v.ERROR, unjudgeable, check=chk.name,
-                             expected=expected, outcome_=v.ERROR,
-                             max_abs_err=None if nonfinite else err, mode=mode,
-                             harness_error=True)
+                             expected=expected, outcome_=v.ERROR, harness_error=True,
+                             max_abs_err=None if nonfinite else err, mode=mode)
     tol = tolerance(chk, case.dtype, reference.peer_dsinks_err, reference.dsinks_scale)
-    r = ratio(err, tol, int(nonfinite))
-    verdict = tolerance_verdict(r)
-    message = "dsinks non-finite" if nonfinite else reason
+    verdict = tolerance_verdict(r := ratio(err, tol, int(nonfinite)))
+    diagnosis = (detail if verdict == v.FAIL else "") or None
+    message = "dsinks non-finite" if nonfinite else "; ".join(x for x in (diagnosis, reason) if x)
     return status_record(kernel, case, verdict, message, check=chk.name, expected=expected,
-                         max_abs_err=None if nonfinite else err,
+                         max_abs_err=None if nonfinite else err, diagnosis=diagnosis,
                          peer_err=reference.peer_dsinks_err, tolerance=tol, ratio=r, mode=mode)
 
 

@@ -44,8 +44,10 @@ def rejudge(records: Iterable[Record], kernels: Mapping, probed: bool = True) ->
             elif r.verdict in (v.PASS, v.FAIL) and r.check == v.DSINKS.name:
                 expected, reason = kernel.expected(case, r.check, None)
                 # Non-finite (no error measured): its message says so, whatever is expected.
+                # Else its diagnosis (what the gradient looks like, where it fails) and reason.
                 r = r.replace(expected=expected, outcome=outcome(r.verdict, expected),
-                              **({} if r.max_abs_err is None else {"message": reason}))
+                              **({} if r.max_abs_err is None else {"message": "; ".join(
+                                  x for x in (r.diagnosis, reason) if x)}))
             elif r.verdict in (v.PASS, v.FAIL) and r.check == v.PADDING.name:
                 expected, _ = kernel.expected_padding(case, r.row)
                 r = r.replace(expected=expected, outcome=outcome(r.verdict, expected))

@@ -405,7 +405,9 @@ class CheckDigest:
 
 def digests(records: Iterable[Record]) -> list[CheckDigest]:
     """Per failing kernel and check (bad outcomes only), in kernel then check order: the
-    digest a failing kernel's report opens with, before the list of every segment."""
+    digest a failing kernel's report opens with, before the list of every segment. Its first
+    segment is the first in the records' order, the list's (the order of the suite's cases:
+    by case id, `...-bidir-sink` came before `...-sink`, listed after it)."""
     groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
         if r.bad and r.outcome != v.ERROR:
@@ -413,9 +415,7 @@ def digests(records: Iterable[Record]) -> list[CheckDigest]:
     out = []
     for (kernel, check), rows in groups.items():
         has_ratio, worst = worst_ratio(rows)
-        first = min(rows, key=lambda r: (r.case_id, r.row if r.row is not None else -1,
-                                         r.segment or 0))
-        out.append(CheckDigest(kernel, check, len(rows), worst, has_ratio, first))
+        out.append(CheckDigest(kernel, check, len(rows), worst, has_ratio, rows[0]))
     return out
 
 

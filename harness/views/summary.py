@@ -93,7 +93,7 @@ def digest_lines(records: list[Record]) -> list[str]:
         worst = (f", worst ratio {tallies.ratio_text(d.worst)}" if d.has_ratio else "")
         tokens = f" (tokens {d.first.tokens})" if d.first.tokens else ""
         diagnosis = f"; {d.first.diagnosis}" if d.first.diagnosis else ""
-        unit = "segments" if d.first.segment else "records"
+        unit = ("segment" if d.first.segment else "record") + ("s" if d.segments != 1 else "")
         first = (f"first {d.first.where}{tokens} of {d.first.case_id}" if d.first.where
                  else f"first on {d.first.case_id}")
         out.append(f"{d.kernel} {d.check}: {d.segments} {unit} {d.first.outcome}{worst}; "
@@ -232,7 +232,7 @@ def print_console(records: list[Record], header: dict | None = None, console=Non
     console.print(table)
     idle = skipped_kernel_lines(records)
     if idle:
-        console.print(f"[dim]skipped every case ({len(idle)} kernels): "
+        console.print(f"[dim]skipped every case ({len(idle)} kernel{'s' if len(idle) != 1 else ''}): "
                       + "; ".join(idle) + "[/]", highlight=False)
     for line in digest_lines(records):
         console.print(f"[red]{line}[/]", highlight=False)
