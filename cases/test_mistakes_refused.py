@@ -125,6 +125,19 @@ def test_a_kernel_module_that_exits_while_imported_is_named(tmp_path):
     assert "exits.py: it called sys.exit(0)" in pyt.stdout + pyt.stderr
 
 
+def test_pytest_dist_each_is_refused(tmp_path):
+    """`-n 2 --dist each` ran every test on both workers and the report kept one worker's
+    records of each pair: a kernel that failed on one worker read ok (an adversarial review)."""
+    pyt = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          str(ROOT / "cases" / "test_matrix.py"), "-n", "2", "--dist", "each",
+                          "--kernels", "dot_product", "--cases", ONE_CASE,
+                          "--report-dir", str(tmp_path / "p")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert pyt.returncode == 4 and "INTERNALERROR" not in pyt.stdout + pyt.stderr
+    assert "--dist each runs every test on every worker" in pyt.stdout + pyt.stderr
+    assert not (tmp_path / "p").exists()
+
+
 @pytest.mark.parametrize("args, needle", [
     (["bench", "--kernels", ""], "--kernels '': names no bench entry"),
     (["bench", "--kernels", ","], "--kernels ',': names no bench entry"),
@@ -231,6 +244,10 @@ def test_register_kernel_refuses_a_name_no_selection_reaches_and_a_fn_it_cannot_
     import harness
     for name in ("", "a,b", " spaced "):
         with pytest.raises(ValueError, match="a name is non-empty text without commas"):
+            harness.register_kernel(name, dot_product)
+    # pytest escapes other characters in its ids, where its plugin finds each test's pair.
+    for name in ("attn_\u00e9", "tab\there"):
+        with pytest.raises(ValueError, match="a name is printable ASCII"):
             harness.register_kernel(name, dot_product)
     with pytest.raises(ValueError, match="kernel 'nc': fn 42 is not callable"):
         harness.register_kernel("nc", 42)

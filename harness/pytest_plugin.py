@@ -9,12 +9,12 @@ options are the engine's own declarations (harness.engine.options), checked once
 a usage error of one line before anything runs.
 
 Where an NVIDIA GPU is visible (or with --ahead), the matrix's pairs run ahead of their tests in
-the engine's worker lanes (harness.engine.lanes: worker processes compiling ahead on every
-core, one lane per GPU with --gpu-per-worker), and each test waits for its pair's records and
-judges them; elsewhere (or with --in-test) each pair runs inside its test. Each xdist worker
-appends its records to DIR/parts/<run>/<worker>/ as it goes; the controller joins them and
-finishes the report with the engine's one finish (views, status, baseline): a crashed worker
-loses only its test, and a pytest inside another never touches the outer run's parts."""
+the engine's worker lanes (harness.engine.lanes: worker processes compiling ahead on every core,
+one lane per GPU with --gpu-per-worker), and each test waits for its pair's records and judges
+them; elsewhere (or with --in-test) each pair runs inside its test. Each xdist worker appends its
+records to DIR/parts/<run>/<worker>/ as it goes; the controller joins them and finishes the
+report with the engine's one finish (views, status, baseline): a crashed worker loses only its
+test; a pytest inside another never touches the outer run's parts."""
 from __future__ import annotations
 
 import contextlib
@@ -93,6 +93,9 @@ def pytest_configure(config):
     try:
         if config.getoption("--ahead") and config.getoption("--in-test"):
             raise UsageError("--ahead and --in-test: choose one")
+        if getattr(config.option, "dist", None) == "each":   # a failing worker's pair read ok
+            raise UsageError("--dist each runs every test on every worker, and the report holds "
+                             "each kernel x case pair once: use --dist load (the default)")
         options = RunOptions.from_values(config.getoption, source="pytest")
         config._harness_options = options
         _settle_rootdir(config, options)
@@ -149,11 +152,9 @@ def _gpu_per_worker_ids(config) -> list[str] | None:
     would fall back to the CPU, where the GPU kernels skip."""
     from harness.engine.environment import nvidia_smi_gpus
     from harness.errors import UsageError
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        ids, where = [g.strip() for g in visible.split(",") if g.strip()], \
-            f"CUDA_VISIBLE_DEVICES={visible!r}"
+    if (visible := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        where = f"CUDA_VISIBLE_DEVICES={visible!r}"
+        ids = [g.strip() for g in visible.split(",") if g.strip()]
     elif nvidia_smi_gpus() is not None:
         ids, where = [str(i) for i in range(nvidia_smi_gpus())], "nvidia-smi -L"
     else:

@@ -33,6 +33,12 @@ def register_kernel(name: str, fn: Callable, *, replace: bool = False, **capabil
     if not isinstance(name, str) or not name or name != name.strip() or "," in name:
         raise ValueError(f"kernel name {name!r}: a name is non-empty text without commas or "
                          "surrounding spaces (--kernels selects it by that name)")
+    if not (name.isascii() and name.isprintable()):
+        # pytest escapes other characters in its test ids ('attn_\\xe9'), where the plugin
+        # finds each test's pair by name: a run narrowed with -k or -n lost its lock and its
+        # interrupted state (a review's 'attn_é').
+        raise ValueError(f"kernel name {name!r}: a name is printable ASCII (pytest escapes "
+                         "other characters in its test ids)")
     if not callable(fn):
         raise ValueError(f"kernel {name!r}: fn {fn!r} is not callable")
     if not replace and (name in _USER or name in _builtins()):
