@@ -975,11 +975,72 @@ def test_a_worker_killed_otherwise_blames_its_pair_once_it_dies_alone(tmp_path, 
     assert [c[:2] for c in result.crashes] == [("k", "a")]
     assert [a[:2] for a in result.run_again] == [("k", "a")]
     assert given == [[("k", "a"), ("k", "b")], [("k", "a")], [("k", "b")]]
-    # Alone, it ran: not its crash; the rest runs on in a fresh worker.
+    # Alone, it ran: not its crash; the rest runs on in a fresh worker. No pair died again:
+    # a death no pair repeats, blamed on none, and the run is not a pass (a review's kernel
+    # that segfaulted on its first trace only read ok, the death in no view).
     result, given, _, said = _scripted_group(tmp_path / "once", monkeypatch, [segv])
     assert result.crashes == [] and [a[:2] for a in result.run_again] == [("k", "a")]
     assert given == [[("k", "a"), ("k", "b")], [("k", "a")], [("k", "b")]]
     assert any("ran alone" in line for line in said), said
+    assert result.unblamed == [("k", "a")]
+    from concurrent.futures import Future
+
+    from harness.engine.workers import run_again_entries
+    from harness.judge import tallies
+    done = Future()
+    done.set_result(result)
+    header = {"run_again": run_again_entries([done])}
+    assert header["run_again"] == [{"kernel": "k", "case_id": "a", "unblamed": True,
+                                    "why": "killed by SIGSEGV: Segmentation fault in the "
+                                           "kernel's own library"}]
+    assert tallies.unblamed(header) and tallies.run_status([], header) == 1
+    assert "1 worker death(s) that no pair repeated" in tallies.unblamed_text(
+        tallies.unblamed(header))
+    # The death repeated by a pair after it (blamed there): that pair's error, none unblamed.
+
+    def ran(report, pairs):
+        _pairs_file(report / isolation.FINISHED_FILE, pairs)
+        return 0, ""
+    from harness.engine import workers as isolation
+    result, given, _, _ = _scripted_group(tmp_path / "later", monkeypatch, [segv, ran, segv])
+    assert given == [[("k", "a"), ("k", "b")], [("k", "a")], [("k", "b")]]
+    assert [c[:2] for c in result.crashes] == [("k", "b")] and result.unblamed == []
+
+
+CRASHES_ONCE = """
+import os, signal
+import harness
+from harness.kernels.reference import dot_product
+
+def crash_once(q, k, v, seg, *, causal, scale):
+    # Its first trace in any process ends that process (a fault now and then); then it is right.
+    if not os.path.exists(os.environ["CRASH_MARKER"]):
+        open(os.environ["CRASH_MARKER"], "w").close()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return dot_product(q, k, v, seg, causal=causal, scale=scale)
+
+harness.register_kernel("crash_once", crash_once, dtypes=("float32",), isolation="crashy")
+"""
+
+
+def test_a_worker_death_no_pair_repeats_is_not_a_pass(tmp_path):
+    """A kernel that kills its worker once (its first trace) and is right after: its pair
+    ran alone in a fresh worker and passed, and the run read ok with exit 0, the death in no
+    view (an adversarial review). Now the death stands, blamed on none: exit 1, every view
+    says it, and so does a merge of the report."""
+    cases = f"{ONE},packed/many-b4-t256-h4kv4-d32-f32-s0"
+    out = _run_module(tmp_path, CRASHES_ONCE, "crash_once,dot_product", cases,
+                      env={"CRASH_MARKER": str(tmp_path / "crashed")},
+                      more=("--no-lowering-process",))
+    assert (tmp_path / "crashed").exists()
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "worker death(s) that no pair repeated" in out.stdout, out.stdout[-3000:]
+    header, records = _records(tmp_path / "r")
+    assert _ok_probe_off(records)   # every check ran, and passed
+    assert [e["kernel"] for e in header["run_again"] if e.get("unblamed")] == ["crash_once"]
+    assert "worker death(s) that no pair repeated" in (tmp_path / "r" / "summary.md").read_text()
+    merged = _run("merge", str(tmp_path / "m"), str(tmp_path / "r"))
+    assert merged.returncode == 1 and "no pair repeated" in merged.stdout, merged.stdout[-2000:]
 
 
 BREAKS_A_CAPTURE = """

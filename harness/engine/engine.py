@@ -308,6 +308,8 @@ def finish(report_dir: Path, options: RunOptions, *, state: str = FINISHED,
         print(f"\nharness: not every check ran: {not_run} not run, {unprobed} tensor x segment(s) "
               "the leak probe could not compare (unprobed); neither is a pass (summary.md "
               "lists them)")
+    if not console and (deaths := tallies.unblamed(header)):   # pytest's tests all passed
+        print("\nharness: " + tallies.unblamed_text(deaths))
     status = tallies.run_status(records, header)
     if options.baseline:
         from harness.views.compare import compare_files

@@ -37,6 +37,7 @@ from harness.engine.capture import RETRY_FILE, StderrTail, death, died_compiling
 from harness.engine.device_shares import at_once, share, shares, user_set_memory
 from harness.engine.main_parts import DEFERRED, DEFERRED_FILE, is_part, with_parts
 from harness.engine.memory import memory_bound
+from harness.judge.vocabulary import UNBLAMED_FIELD
 from harness.store import report_file as rec
 
 STARTED_FILE = "started.jsonl"
@@ -163,7 +164,9 @@ def run_again_entries(futures, again: WorkerResult | None = None) -> list[dict]:
     """The header's `run_again`: the pairs the groups that finished or were stopped partway (and
     the deferred pairs' workers, `again`) ran again in a fresh worker (harness.engine.capture)."""
     ended = ended_results(futures, stopped=True) + ([again] if again is not None else [])
-    return [{"kernel": k, "case_id": c, "why": why} for r in ended for k, c, why in r.run_again]
+    return [{"kernel": k, "case_id": c, "why": why,
+             **({UNBLAMED_FIELD: True} if (k, c) in r.unblamed else {})}
+            for r in ended for k, c, why in r.run_again]
 
 
 def report_names(groups, parts: int = 1) -> list[str]:
@@ -199,6 +202,9 @@ class WorkerResult:
     crashes: list[tuple[str, str, str]] = field(default_factory=list)  # (kernel, case, why)
     deferred: list[tuple[str, str]] = field(default_factory=list)   # lacked memory (a part)
     run_again: list[tuple[str, str, str]] = field(default_factory=list)  # harness.engine.capture
+    # Pairs a worker died on that ran alone in the next and passed, no pair of the group dying
+    # again: a death no pair repeats, blamed on none (run_group); the run is not a pass.
+    unblamed: list[tuple[str, str]] = field(default_factory=list)
     name: str = ""                 # the group's workers' name (run_group's `name`)
     interrupted: bool = False      # stopped by Ctrl-C / SIGTERM: what finished is kept
 
@@ -297,6 +303,7 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
     # a kernel that ends the process there (os._exit, a fault while tracing) killed it while
     # an innocent pair was the last started (a helper's adversarial review).
     remaining, attempt, alone = list(pairs), 0, None
+    unblamed: dict[tuple[str, str], int] = {}   # such a pair -> the crashes blamed before
     while remaining:
         attempt += 1
         wdir = workdir / f"{name}-{attempt}"
@@ -331,7 +338,9 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
                              f"the worker for isolation group {name!r} refused its pairs")
         if alone is not None and alone not in left:   # alone, it ran: not its crash
             echo(f"[worker {name}#{attempt}] {alone[0]} {alone[1]} ran alone: the worker "
-                 "before died of another pair's doing")
+                 "before died of another pair's doing, or of a crash no pair repeats (then the "
+                 "run is not a pass)")
+            unblamed[alone] = len(result.crashes)
             alone, remaining = None, left
             continue
         # Whatever its exit status (a process whose capture broke may crash as it ends; a
@@ -382,6 +391,10 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
             on_crash(*result.crashes[-1])
         echo(f"[worker {name}#{attempt}] died on {crashed[0]} {crashed[1]}: {why}")
         remaining = [p for p in left if p != crashed]
+    # A death whose pair ran alone, after which no pair was blamed for one: nobody repeated it
+    # (a kernel that crashed the process once, or the pair before it; a review's kernel that
+    # segfaulted on its first trace only read ok with the death in no view).
+    result.unblamed = [p for p, blamed in unblamed.items() if blamed == len(result.crashes)]
     return result
 
 

@@ -125,13 +125,29 @@ def unfinished(header: dict | None) -> str | None:
     return None
 
 
+def unblamed(header: dict | None) -> list[dict]:
+    """The header's `run_again` entries of worker deaths no pair repeated (the pair the worker
+    died on passed alone, and no pair of its group died again: harness.engine.workers)."""
+    return [e for e in (header or {}).get("run_again") or [] if e.get(v.UNBLAMED_FIELD)]
+
+
+def unblamed_text(entries: list[dict]) -> str:
+    """Those deaths in one line, as every view says them."""
+    shown = "; ".join(f"{e['kernel']} on {e['case_id']}: {' '.join(str(e.get('why')).split())}"
+                      [:300] for e in entries[:3])
+    return (f"{len(entries)} worker death(s) that no pair repeated: the pair last started ran "
+            f"alone and passed, and no pair died again ({shown}"
+            f"{'; ...' if len(entries) > 3 else ''}); this run is not a pass")
+
+
 def run_status(records: Iterable[Record], header: dict | None = None) -> int:
     """A run's exit status from its records: 1 if anything is bad, if nothing at all was
     judged (a run where every pair skipped is never green), if a kernel the run named judged
-    nothing (named_idle), or if the run did not finish (unfinished: killed, or stopped by the
-    user, whatever finished before is clean); else 0."""
+    nothing (named_idle), if the run did not finish (unfinished: killed, or stopped by the
+    user, whatever finished before is clean), or if a worker died and no pair repeated it
+    (unblamed); else 0."""
     records = list(records)
-    if unfinished(header):
+    if unfinished(header) or unblamed(header):
         return 1
     return 1 if bad(records) or judged_nothing(records, header) or named_idle(records, header) \
         else 0

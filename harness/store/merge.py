@@ -293,6 +293,10 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                         **({rec.CUT_SHORT: cut} if (cut := "; ".join(
                             f"{s}: {h[rec.CUT_SHORT]}" for s, h in zip(sources, headers)
                             if h.get(rec.CUT_SHORT))) else {}),
+                        # Pairs run again in a fresh worker, a death no pair repeated among
+                        # them (tallies.unblamed): a shard's stay in the nightly's join.
+                        **({"run_again": again} if (again := [
+                            e for h in headers for e in h.get("run_again") or []]) else {}),
                         rec.RECORDS_WRITTEN: len(rows),
                         **header})
     with (out_dir / rec.RECORDS_FILE).open("a") as f:

@@ -149,6 +149,9 @@ def compare_files(new_path, base_path, growth: float = 2.0) -> int:
     if unfinished:
         print(f"INCOMPLETE: the new report is incomplete ({unfinished}); it is not a pass, "
               "whatever it compares")
+    if deaths := tallies.unblamed(new_header):   # a crash no pair repeated: not a pass
+        print(f"UNBLAMED CRASH: {tallies.unblamed_text(deaths)}")
+        unfinished = unfinished or "a worker death no pair repeated"
     if result.compared_nothing:
         print("NOTHING COMPARED: no check was measured in both this run and the baseline "
               "(another suite, kernels or cases, or every shared pair skipped); this is not a "

@@ -322,6 +322,8 @@ def none_bad(records: list[Record], header: dict | None = None) -> str:
     could not compare: "every kernel expected to pass passed" overstated it)."""
     if unfinished(header or {}):
         return NONE_BAD_UNFINISHED
+    if deaths := tallies.unblamed(header):
+        return tallies.unblamed_text(deaths)
     if idle := tallies.named_idle(records, header):
         return named_idle_text(idle)
     if tallies.shard_idle(records, header):
@@ -338,10 +340,12 @@ def _problems(records: list[Record], header: dict | None = None) -> list[str]:
                    "skipped, or the run stopped before the first finished). This run is not a "
                    "pass.")
     else:
-        if idle := tallies.named_idle(records, header):   # said beside the problems too
+        if deaths := tallies.unblamed(header):   # said beside the problems too
+            out.append(f"**{tallies.unblamed_text(deaths)}**.")
+        if idle := tallies.named_idle(records, header):
             out.append(f"**{named_idle_text(idle)}**.")
         if not bad:
-            if not idle or unfinished(header or {}):
+            if not (idle or deaths) or unfinished(header or {}):
                 out.append(none_bad(records, header))
             return out
     digest = digest_lines(records)

@@ -232,8 +232,9 @@ def print_console(records: list[Record], header: dict | None = None, console=Non
     console.print(table)
     idle = skipped_kernel_lines(records)
     if idle:
-        console.print(f"[dim]skipped every case ({len(idle)} kernel{'s' if len(idle) != 1 else ''}): "
-                      + "; ".join(idle) + "[/]", highlight=False)
+        console.print(f"[dim]skipped every case ({len(idle)} "
+                      f"kernel{'s' if len(idle) != 1 else ''}): " + "; ".join(idle) + "[/]",
+                      highlight=False)
     for line in digest_lines(records):
         console.print(f"[red]{line}[/]", highlight=False)
     problems = tallies.bad(records)
@@ -253,6 +254,8 @@ def print_console(records: list[Record], header: dict | None = None, console=Non
     console.print(f"outcomes: {outcome_text(records)}", highlight=False)
     if (notice := unfinished(header)) is not None:
         console.print(f"[bold red]{notice}[/]", highlight=False)
+    if deaths := tallies.unblamed(header):
+        console.print(f"[bold red]{tallies.unblamed_text(deaths)}[/]", highlight=False)
     nothing = tallies.judged_nothing(records, header)
     if tallies.shard_idle(records, header):
         console.print(f"[yellow]{NONE_BAD_SHARD_IDLE}[/]", highlight=False)
