@@ -101,3 +101,18 @@ def test_a_sinks_gradient_cut_or_flipped_is_described():
         # The other checks pass: the forward (and dq, dk, dv) are right (the probe is off).
         assert all(r.outcome == "ok" for r in records if r.check not in ("dsinks", "leak")), \
             [(r.check, r.outcome) for r in records if r.outcome != "ok"][:3]
+
+
+def test_a_window_one_token_off_is_tried_only_where_every_failing_segment_could_show_it():
+    """A window of w back differs from w + 1 only at distance w + 1, which a segment of w + 1
+    tokens lacks: where a shorter segment fails too (the nightly's segment-ids bug on its
+    window cases), no reference is computed for the near windows."""
+    from harness.engine.diagnosis import _near_windows
+    causal = Case("packed/random", 2, 128, 4, 2, 32, "float32", 0,
+                  features=Features(window=(15, 0)))
+    assert _near_windows(causal, 17) == {"window16.0": (16, 0), "window14.0": (14, 0)}
+    assert _near_windows(causal, 16) == {"window14.0": (14, 0)}
+    assert _near_windows(causal, 15) == {}
+    both = Case("packed/random", 2, 128, 4, 2, 32, "float32", 0, causal=False,
+                features=Features(window=(15, 0)))
+    assert list(_near_windows(both, 17)) == ["window16.0", "window14.0", "window15.1"]
