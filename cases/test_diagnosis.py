@@ -91,7 +91,8 @@ def test_a_sinks_gradient_cut_or_flipped_is_described():
         return attend
     case = Case("packed/random", 2, 128, 4, 2, 32, "float32", 0, features=Features(sinks=True))
     for how, said in (("cut", "zero on every head: the gradient does not reach the sinks"),
-                      ("flipped", "of the opposite sign on 4 of 4 heads")):
+                      ("flipped", "of the opposite sign on 4 of the 4 heads whose truth is not "
+                                  "zero")):
         kernel = Kernel(f"cpu:sinks_{how}", sinks_kernel(how), devices=("cpu",),
                         features=("sinks",))
         records = run_kernel_case(kernel, case, Platform("cpu"), leak=False).records
@@ -115,4 +116,10 @@ def test_a_window_one_token_off_is_tried_only_where_every_failing_segment_could_
     assert _near_windows(causal, 15) == {}
     both = Case("packed/random", 2, 128, 4, 2, 32, "float32", 0, causal=False,
                 features=Features(window=(15, 0)))
-    assert list(_near_windows(both, 17)) == ["window16.0", "window14.0", "window15.1"]
+    assert list(_near_windows(both, 17)) == ["window16.0", "window14.0", "window15.1",
+                                             "window16.1"]
+    # Both sides at once (|i - j| <= w + 1 for a window of w each way): either side can show it.
+    wide = Case("packed/random", 2, 128, 4, 2, 32, "float32", 0, causal=False,
+                features=Features(window=(15, 15)))
+    assert list(_near_windows(wide, 17)) == ["window16.15", "window14.15", "window15.16",
+                                             "window15.14", "window16.16", "window14.14"]

@@ -744,7 +744,7 @@ def _red_zone_death(report: Path, pairs) -> tuple[int, str]:
     return -11, f"{RED_ZONE}\n{TIMER}\n{TIMER}"
 
 
-def _scripted_group(tmp_path, monkeypatch, ends):
+def _scripted_group(tmp_path, monkeypatch, ends, defer_memory=False):
     """run_group over ("k", "a"), ("k", "b") whose workers end as `ends` say, one per worker
     (each given its report folder and pairs, returning the exit status and stderr's end); the
     worker after them finishes what it is given. Returns the result, each worker's pairs and
@@ -765,7 +765,7 @@ def _scripted_group(tmp_path, monkeypatch, ends):
         return 0, ""
     monkeypatch.setattr(isolation, "_stream", fake_stream)
     result = isolation.run_group("g", [("k", "a"), ("k", "b")], tmp_path, RunOptions(),
-                                 echo=said.append)
+                                 echo=said.append, defer_memory=defer_memory)
     return result, given, told, said
 
 
@@ -1005,6 +1005,21 @@ def test_a_worker_killed_otherwise_blames_its_pair_once_it_dies_alone(tmp_path, 
     result, given, _, _ = _scripted_group(tmp_path / "later", monkeypatch, [segv, ran, segv])
     assert given == [[("k", "a"), ("k", "b")], [("k", "a")], [("k", "b")]]
     assert [c[:2] for c in result.crashes] == [("k", "b")] and result.unblamed == []
+    # Killed outright (no dump: the host's out-of-memory killer while a cold run compiles) or
+    # out of device memory: maybe the harness's doing, run again alone, not held against it.
+    for end in ((-9, ""), (-6, "RESOURCE_EXHAUSTED: Out of memory while trying to allocate")):
+        result, given, _, _ = _scripted_group(tmp_path / f"harness{end[0]}", monkeypatch,
+                                              [lambda report, pairs, end=end: end])
+        assert [a[:2] for a in result.run_again] == [("k", "a")] and result.unblamed == []
+    # The pair that ran alone deferred there (it lacked device memory, a main part's worker):
+    # it did not run, so it did not pass.
+
+    def deferred(report, pairs):
+        _pairs_file(report / isolation.DEFERRED_FILE, pairs)
+        return 0, ""
+    result, given, _, _ = _scripted_group(tmp_path / "deferred", monkeypatch, [segv, deferred],
+                                          defer_memory=True)
+    assert result.deferred == [("k", "a")] and result.unblamed == []
 
 
 CRASHES_ONCE = """
@@ -1040,7 +1055,19 @@ def test_a_worker_death_no_pair_repeats_is_not_a_pass(tmp_path):
     assert [e["kernel"] for e in header["run_again"] if e.get("unblamed")] == ["crash_once"]
     assert "worker death(s) that no pair repeated" in (tmp_path / "r" / "summary.md").read_text()
     merged = _run("merge", str(tmp_path / "m"), str(tmp_path / "r"))
-    assert merged.returncode == 1 and "no pair repeated" in merged.stdout, merged.stdout[-2000:]
+    assert merged.returncode == 1 and "1 worker death(s) that no pair repeated" in \
+        merged.stdout, merged.stdout[-2000:]
+    # Run again (the kernel no longer crashes) and merged over it: the pair's records are the
+    # second run's, and so is its verdict.
+    (tmp_path / "again").mkdir()
+    again = _run_module(tmp_path / "again", CRASHES_ONCE, "crash_once,dot_product", cases,
+                        env={"CRASH_MARKER": str(tmp_path / "crashed")},
+                        more=("--no-lowering-process",))
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    merged = _run("merge", str(tmp_path / "m2"), str(tmp_path / "r"),
+                  str(tmp_path / "again" / "r"))
+    assert merged.returncode == 0 and "no pair repeated" not in merged.stdout, \
+        merged.stdout[-2000:]
 
 
 BREAKS_A_CAPTURE = """

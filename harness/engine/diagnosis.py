@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable
 
 from harness.engine.program_functions import DEFAULT
@@ -121,12 +122,13 @@ def _near_windows(case, shortest: int) -> dict[str, tuple[int, int]]:
     if case.features.window is None:
         return {}
     left, right = case.features.window
-    sides = [(1, 0), (-1, 0)] + ([(0, 1), (0, -1)] if not case.causal else [])
+    sides = [(1, 0), (-1, 0)] + ([(0, 1), (0, -1), (1, 1), (-1, -1)] if not case.causal else [])
     near = {}
     for d_left, d_right in sides:
         window = (left + d_left, right + d_right)
-        # The farthest distance at which the two windows differ, on the side that changed.
-        reach = max(left, window[0]) if d_left else max(right, window[1])
+        # The nearest distance at which the two windows differ, on a side that changed.
+        reach = min(max(left, window[0]) if d_left else math.inf,
+                    max(right, window[1]) if d_right else math.inf)
         if min(window) >= 0 and reach < shortest:
             near[f"window{window[0]}.{window[1]}"] = window
     return near
@@ -137,5 +139,6 @@ def _window_diagnosis(asked: tuple[int, int], window: tuple[int, int]) -> str:
     def text(w):
         return f"{w[0]} back" + (f", {w[1]} ahead" if w[1] else "")
     wider = sum(window) > sum(asked)
-    return (f"matches a window of {text(window)}: one token {'wider' if wider else 'narrower'} "
-            f"than the case's {text(asked)} (an off-by-one)")
+    sides = " on each side" if window[0] != asked[0] and window[1] != asked[1] else ""
+    return (f"matches a window of {text(window)}: one token {'wider' if wider else 'narrower'}"
+            f"{sides} than the case's {text(asked)} (an off-by-one)")

@@ -217,7 +217,8 @@ def _dsinks_detail(got: np.ndarray, want: np.ndarray) -> str:
         return "zero on every head: the gradient does not reach the sinks"
     flipped = int((np.sign(got[moving]) == -np.sign(want[moving])).sum())
     if flipped > moving.sum() / 2:
-        return f"of the opposite sign on {flipped} of {got.size} heads"
+        return (f"of the opposite sign on {flipped} of the {int(moving.sum())} heads whose "
+                "truth is not zero")
     return f"worst on head {worst}: {got[worst]:.4g}, the truth {want[worst]:.4g}"
 
 

@@ -303,7 +303,10 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
     # a kernel that ends the process there (os._exit, a fault while tracing) killed it while
     # an innocent pair was the last started (a helper's adversarial review).
     remaining, attempt, alone = list(pairs), 0, None
-    unblamed: dict[tuple[str, str], int] = {}   # such a pair -> the crashes blamed before
+    # A pair whose worker died and that then passed alone -> the dead worker's pairs: its
+    # death stands blamed on none unless one of those is blamed for a death later.
+    unblamed: dict[tuple[str, str], set] = {}
+    suspects: set = set()   # the pairs of the worker whose death sent `alone` to run alone
     while remaining:
         attempt += 1
         wdir = workdir / f"{name}-{attempt}"
@@ -340,7 +343,8 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
             echo(f"[worker {name}#{attempt}] {alone[0]} {alone[1]} ran alone: the worker "
                  "before died of another pair's doing, or of a crash no pair repeats (then the "
                  "run is not a pass)")
-            unblamed[alone] = len(result.crashes)
+            if alone in done and suspects:   # ran (not deferred), its worker's death not memory
+                unblamed[alone] = suspects
             alone, remaining = None, left
             continue
         # Whatever its exit status (a process whose capture broke may crash as it ends; a
@@ -380,6 +384,10 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
             echo(f"[worker {name}#{attempt}] died on {crashed[0]} {crashed[1]}: {why}: it runs "
                  "again alone in a fresh worker before it is blamed")
             result.run_again.append((*crashed, why))
+            # A death the harness may have caused (killed outright, as the host's out-of-memory
+            # killer does, or out of device memory beside the other groups) is no kernel's if
+            # nobody repeats it; any other stands unless one of this worker's pairs repeats it.
+            suspects = set() if harness_like(returncode, why) else set(running)
             alone, remaining = crashed, left
             continue
         alone = None
@@ -394,8 +402,16 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
     # A death whose pair ran alone, after which no pair was blamed for one: nobody repeated it
     # (a kernel that crashed the process once, or the pair before it; a review's kernel that
     # segfaulted on its first trace only read ok with the death in no view).
-    result.unblamed = [p for p, blamed in unblamed.items() if blamed == len(result.crashes)]
+    blamed = {c[:2] for c in result.crashes}
+    result.unblamed = [p for p, pairs_then in unblamed.items() if not pairs_then & blamed]
     return result
+
+
+def harness_like(returncode: int, why: str) -> bool:
+    """Whether a worker's death may be the harness's doing rather than a kernel's: killed by
+    SIGKILL (no dump: the host's out-of-memory killer, while a cold run compiles on every
+    core) or out of device memory (harness.engine.memory: beside the other groups' workers)."""
+    return returncode == -signal.SIGKILL or memory_bound(why)
 
 
 def clear_workdir(workdir: Path) -> None:

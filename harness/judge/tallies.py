@@ -420,10 +420,10 @@ class CheckDigest:
 
 
 def digests(records: Iterable[Record]) -> list[CheckDigest]:
-    """Per failing kernel and check (bad outcomes only), in kernel then check order: the
+    """Per failing kernel and check (bad outcomes only), in the order each first fails: the
     digest a failing kernel's report opens with, before the list of every segment. Its first
-    segment is the first in the records' order, the list's (the order of the suite's cases:
-    by case id, `...-bidir-sink` came before `...-sink`, listed after it)."""
+    segment is the first in the records' order, as the list shows them (by case id,
+    `...-bidir-sink` came before `...-sink`, listed after it)."""
     groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
         if r.bad and r.outcome != v.ERROR:

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.judge.vocabulary import SKIP
+from harness.judge.vocabulary import SKIP, UNBLAMED_FIELD
 from harness.store import report_file as rec
 from harness.store.writer import FINISHED, INTERRUPTED, RUNNING
 
@@ -203,6 +203,20 @@ def missing_shards(headers: list[dict], whole: bool = False) -> list[str]:
     return [f"{i}/{n}" for i in range(1, filled + 1) if i not in have]
 
 
+def _run_again(headers: list[dict], origin: dict[tuple, int]) -> list[dict]:
+    """The sources' `run_again` entries, each once; a death no pair repeated (UNBLAMED_FIELD)
+    only from the source whose records of its pair the merge keeps (a later run of the pair
+    replaced it: a shard run again over a flaky one)."""
+    out = []
+    for i, h in enumerate(headers):
+        for e in h.get("run_again") or []:
+            if e.get(UNBLAMED_FIELD) and origin.get((e.get("kernel"), e.get("case_id"))) != i:
+                continue
+            if e not in out:
+                out.append(e)
+    return out
+
+
 def _only_skipped(rows: list[str]) -> bool:
     """Whether a pair's record lines are skips only (nothing measured, nothing raised)."""
     return all(json.loads(row).get("outcome") == SKIP for row in rows)
@@ -244,6 +258,7 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
     by_case: dict[tuple, list] = {}
     traces: dict[tuple, list] = {}
     headers, overlaps, short = [], [], []   # short: pairs each source lacks of its selection
+    origin: dict[tuple, int] = {}           # pair -> the source whose records the merge keeps
     for src in sources:
         # Each record's line as its source wrote it, where nothing rewrites them.
         if transform is None:
@@ -262,6 +277,7 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
         if overlap:
             overlaps.append((src, len(overlap) - len(kept), len(kept)))
         by_case.update({p: rows for p, rows in fresh.items() if p not in kept})
+        origin.update({p: len(headers) - 1 for p in fresh if p not in kept})
         fresh_traces: dict[tuple, list] = {key: [] for key in fresh if key not in kept}
         folder = Path(src) if Path(src).is_dir() else Path(src).parent
         for pair, line in rec.read_trace_lines(folder / rec.TRACES_FILE):
@@ -295,8 +311,8 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                             if h.get(rec.CUT_SHORT))) else {}),
                         # Pairs run again in a fresh worker, a death no pair repeated among
                         # them (tallies.unblamed): a shard's stay in the nightly's join.
-                        **({"run_again": again} if (again := [
-                            e for h in headers for e in h.get("run_again") or []]) else {}),
+                        **({"run_again": again} if (again := _run_again(headers, origin))
+                           else {}),
                         rec.RECORDS_WRITTEN: len(rows),
                         **header})
     with (out_dir / rec.RECORDS_FILE).open("a") as f:

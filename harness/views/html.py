@@ -49,13 +49,15 @@ img { max-width: 100%; }
 </style></head><body>
 <h1>Attention harness report</h1>
 {% if unfinished %}<p class="bad">{{ unfinished }}</p>
+{% endif %}{% if deaths %}<p class="bad">{{ deaths }}</p>
 {% endif %}<p>{{ run_line }} · {{ env_line }}</p>
 <p>{{ counts }}</p>
 <h2>Overview: worst error/tolerance ratio per kernel and layout</h2>
 <img alt="heatmap" src="data:image/png;base64,{{ heatmap }}">
 <h2>Problems ({{ bad|length }})</h2>
 {% if nothing %}<p class="bad">Nothing was judged: no check measured anything (every kernel x case skipped, or none finished). This run is not a pass.</p>
-{% elif not bad %}<p{% if unfinished %} class="bad"{% endif %}>{{ none_bad }}</p>
+{% elif not bad and not deaths %}<p{% if unfinished %} class="bad"{% endif %}>{{ none_bad }}</p>
+{% elif not bad %}
 {% else %}<table><tr><th>kernel</th><th>check</th><th>segment</th><th>tokens</th><th>max abs err</th>
 <th>tolerance</th><th>ratio</th><th>worst token</th><th>case id</th></tr>
 {% for r in bad %}<tr class="bad"><td>{{ r.kernel }}</td><td>{{ r.check }}</td>
@@ -230,6 +232,7 @@ def write_html(path: Path, header: dict, records: list, traces: list) -> None:
     path.write_text(_TEMPLATE.render(
         header=header, env_line=env_line(header.get("environment", {})),
         run_line=run_line(header, marked=False), unfinished=unfinished(header),
+        deaths=(tallies.unblamed_text(d) if (d := tallies.unblamed(header)) else None),
         none_bad=none_bad(records, header),
         counts=outcome_text(records), heatmap=_heatmap(records), bad=_problem_rows(records),
         nothing=tallies.judged_nothing(records, header), plots=plots, dropped=dropped,
