@@ -73,6 +73,21 @@ def test_a_window_one_token_off_is_told_so():
         # Each problem's line (a failing pytest test's text, the CLI's problem list) says it.
         assert all(describe_problem(r).endswith(f": {said}") for r in failing), \
             describe_problem(failing[0])
+    # Bidirectional, one token wider each way (|i - j| <= w + 1): both sides at once.
+
+    def both_wider(query, key, value, segment_ids, *, causal, scale, window=None):
+        left, right = window
+        return dense_attention(query, key, value, segment_ids, scale=scale, causal=causal,
+                               truth=False, features=Features(window=(left + 1, right + 1))
+                               ).astype(query.dtype)
+    wide = Case("packed/random", 2, 128, 4, 2, 32, "float32", 0, causal=False,
+                features=Features(window=(15, 15)))
+    kernel = Kernel("cpu:window_both_wider", both_wider, devices=("cpu",), features=("window",))
+    failing = [r for r in run_kernel_case(kernel, wide, Platform("cpu"), leak=False).records
+               if r.outcome == "fail" and r.check in ("out", "dq", "dk", "dv")]
+    said = ("matches a window of 16 back, 16 ahead: one token wider on each side than the "
+            "case's 15 back, 15 ahead (an off-by-one)")
+    assert failing and all(r.diagnosis == said for r in failing), failing[:1]
 
 
 def test_a_sinks_gradient_cut_or_flipped_is_described():

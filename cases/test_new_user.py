@@ -436,6 +436,13 @@ def test_a_kernel_with_the_wrong_signature_is_refused_when_registered(tmp_path):
     _one_line(_run("-m", "harness", "list", "--kernel-module", str(module)),
               "bad_sig.py:4", "keyword(s) window of signature", "have no default",
               "(window=None)")
+    # ... unless its constraints may skip the cases without the feature.
+    module.write_text("import harness\ndef k(q, k, v, seg, *, causal, scale, window):\n"
+                      "    return q\nharness.register_kernel('window_only', k, "
+                      "features=('window',), constraints=lambda case, platform: [] if "
+                      "case.features.window else ['window cases only'])\n")
+    out = _run("-m", "harness", "list", "--kernel-module", str(module))
+    assert out.returncode == 0 and "window_only" in out.stdout, out.stdout + out.stderr
 
 
 def test_merge_says_where_it_wrote_and_which_pairs_repeat(tmp_path):

@@ -50,7 +50,8 @@ def register_kernel(name: str, fn: Callable, *, replace: bool = False, **capabil
         kernel = Kernel(name=name, fn=fn, **capabilities)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"kernel {name!r}: {exc}") from None
-    problem = signature_problem(fn, kernel.takes_max_segments, kernel.features)
+    problem = signature_problem(fn, kernel.takes_max_segments, kernel.features,
+                                defaults=kernel.constraints is None)
     if problem:
         raise ValueError(f"kernel {name!r}: {problem}")
     _USER[name] = kernel
@@ -58,7 +59,7 @@ def register_kernel(name: str, fn: Callable, *, replace: bool = False, **capabil
 
 
 def signature_problem(fn: Callable, takes_max_segments: bool = False,
-                      features: tuple[str, ...] = ()) -> str | None:
+                      features: tuple[str, ...] = (), defaults: bool = True) -> str | None:
     """Why `fn` cannot be called as a kernel (query, key, value, segment_ids, *, causal,
     scale[, max_segments], and a keyword per feature it declares: window, softcap, chunk,
     sinks), or None. Found when it is registered, not once per case (a kernel declaring the
@@ -82,8 +83,9 @@ def signature_problem(fn: Callable, takes_max_segments: bool = False,
         wanted = "fn(query, key, value, segment_ids, *, " + ", ".join(kwargs) + ")"
         return f"signature {sig} cannot be called as {wanted}: {exc}"
     # A case without a feature hands its keyword over not at all (feature_arguments): a
-    # declared feature's keyword needs a default, or every case without it errs.
-    required = [f for f in kwargs if f not in plain and f in sig.parameters
+    # declared feature's keyword needs a default, or every case without it errs; `defaults`
+    # False (the kernel's constraints may skip every case without it): not checked here.
+    required = [f for f in kwargs if defaults and f not in plain and f in sig.parameters
                 and sig.parameters[f].default is inspect.Parameter.empty
                 and sig.parameters[f].kind is not inspect.Parameter.VAR_KEYWORD]
     if required:
