@@ -202,8 +202,8 @@ class WorkerResult:
     crashes: list[tuple[str, str, str]] = field(default_factory=list)  # (kernel, case, why)
     deferred: list[tuple[str, str]] = field(default_factory=list)   # lacked memory (a part)
     run_again: list[tuple[str, str, str]] = field(default_factory=list)  # harness.engine.capture
-    # Pairs a worker died on that ran alone in the next and passed, no pair of the group dying
-    # again: a death no pair repeats, blamed on none (run_group); the run is not a pass.
+    # Pairs a worker died on that ran alone in the next, no pair of that worker blamed for a
+    # death later: a death no pair repeats, blamed on none (run_group); the run is not a pass.
     unblamed: list[tuple[str, str]] = field(default_factory=list)
     name: str = ""                 # the group's workers' name (run_group's `name`)
     interrupted: bool = False      # stopped by Ctrl-C / SIGTERM: what finished is kept
@@ -399,7 +399,7 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
             on_crash(*result.crashes[-1])
         echo(f"[worker {name}#{attempt}] died on {crashed[0]} {crashed[1]}: {why}")
         remaining = [p for p in left if p != crashed]
-    # A death whose pair ran alone, after which no pair was blamed for one: nobody repeated it
+    # A death whose pair ran alone, no pair of its worker blamed for one after: nobody repeated it
     # (a kernel that crashed the process once, or the pair before it; a review's kernel that
     # segfaulted on its first trace only read ok with the death in no view).
     blamed = {c[:2] for c in result.crashes}

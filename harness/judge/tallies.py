@@ -136,7 +136,7 @@ def unblamed_text(entries: list[dict]) -> str:
     shown = "; ".join(f"{e['kernel']} on {e['case_id']}: {' '.join(str(e.get('why')).split())}"
                       [:300] for e in entries[:3])
     return (f"{len(entries)} worker death(s) that no pair repeated: the pair last started ran "
-            f"alone and passed, and no pair died again ({shown}"
+            f"alone after it, and no pair of that worker died again ({shown}"
             f"{'; ...' if len(entries) > 3 else ''}); this run is not a pass")
 
 
