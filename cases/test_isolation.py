@@ -1168,6 +1168,26 @@ def test_pytest_lanes_header_lists_the_pairs_run_again(tmp_path):
     assert "1 pair(s) run again in a fresh worker" in (tmp_path / "r" / "summary.md").read_text()
 
 
+def test_pytest_lanes_hold_a_worker_death_no_pair_repeats(tmp_path):
+    """pytest's lanes (--ahead) as the CLI: a kernel that kills its worker once and is right
+    after fails the session (exit 1, every test passed), its terminal and summary say why."""
+    import os
+    module = tmp_path / "kernels.py"
+    module.write_text(CRASHES_ONCE)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+         str(ROOT / "cases" / "test_matrix.py"), "--ahead", "--kernel-module", str(module),
+         "--kernels", "crash_once,dot_product", "--no-leak-probe", "--no-lowering-process",
+         "--cases", f"{ONE},packed/many-b4-t256-h4kv4-d32-f32-s0",
+         "--report-dir", str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True,
+        timeout=600, env={**os.environ, "CRASH_MARKER": str(tmp_path / "crashed")})
+    assert (tmp_path / "crashed").exists()
+    assert out.returncode == 1 and "4 passed" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "1 worker death(s) that no pair repeated" in out.stdout, out.stdout[-3000:]
+    header, _ = _records(tmp_path / "r")
+    assert [e["kernel"] for e in header["run_again"] if e.get("unblamed")] == ["crash_once"]
+
+
 SKIPS_NAMING_A_CAPTURE = """
 import harness
 from harness.kernels.reference import dot_product
