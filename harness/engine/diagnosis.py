@@ -43,6 +43,10 @@ def diagnosed(kernel, case, results, records: list[Record], reference: Callable
     matches: dict[str, dict[str, bool]] = {}
     tensors = results[:len(TENSORS)]
 
+    def explained() -> bool:
+        """Whether some reference tried so far matches each failing check."""
+        return all(any(matches.get(chk, {}).values()) for chk in failing)
+
     def held(name: str, against, convention: str) -> None:
         try:
             ref = reference(against, convention)
@@ -61,9 +65,8 @@ def diagnosed(kernel, case, results, records: list[Record], reference: Callable
     combos = {"+".join(c): c for size in range(2, len(droppable) + 1)
               for c in itertools.combinations(droppable, size)}   # matches' key -> features
     for key, combo in combos.items():
-        if all(any(matches.get(chk, {}).get(k) for k in [*droppable, *combos])
-               for chk in failing):
-            break   # every failing check explained
+        if explained():
+            break
         without = case.features
         for name in combo:
             without = without.without(name)
@@ -76,8 +79,8 @@ def diagnosed(kernel, case, results, records: list[Record], reference: Callable
     near = _near_windows(case, min((r.length for r in records if r.verdict == v.FAIL
                                     and r.check in failing and r.length), default=0))
     for key, window in near.items():
-        if all(any(found for found in matches.get(chk, {}).values()) for chk in failing):
-            break   # every failing check explained
+        if explained():
+            break
         held(key, dataclasses.replace(case, features=dataclasses.replace(
             case.features, window=window)), kernel.chunk_convention)
     out = []

@@ -85,7 +85,9 @@ def signature_problem(fn: Callable, takes_max_segments: bool = False,
     # A case without a feature hands its keyword over not at all (feature_arguments): a
     # declared feature's keyword needs a default, or every case without it errs; `defaults`
     # False (the kernel's constraints may skip every case without it): not checked here.
-    required = [f for f in kwargs if defaults and f not in plain and f in sig.parameters
+    if not defaults:
+        return None
+    required = [f for f in kwargs if f not in plain and f in sig.parameters
                 and sig.parameters[f].default is inspect.Parameter.empty
                 and sig.parameters[f].kind is not inspect.Parameter.VAR_KEYWORD]
     if required:

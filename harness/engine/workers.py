@@ -303,7 +303,7 @@ def run_group(name: str, pairs: list[tuple[str, str]], workdir: Path, options,
     # a kernel that ends the process there (os._exit, a fault while tracing) killed it while
     # an innocent pair was the last started (a helper's adversarial review).
     remaining, attempt, alone = list(pairs), 0, None
-    # A pair whose worker died and that then passed alone -> the dead worker's pairs: its
+    # A pair whose worker died and that then ran alone -> the dead worker's pairs: its
     # death stands blamed on none unless one of those is blamed for a death later.
     unblamed: dict[tuple[str, str], set] = {}
     suspects: set = set()   # the pairs of the worker whose death sent `alone` to run alone

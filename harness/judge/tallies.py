@@ -127,7 +127,8 @@ def unfinished(header: dict | None) -> str | None:
 
 def unblamed(header: dict | None) -> list[dict]:
     """The header's `run_again` entries of worker deaths no pair repeated (the pair the worker
-    died on passed alone, and no pair of its group died again: harness.engine.workers)."""
+    died on ran alone after it, and no pair of that worker was blamed for a death later:
+    harness.engine.workers.run_group)."""
     return [e for e in (header or {}).get("run_again") or [] if e.get(v.UNBLAMED_FIELD)]
 
 

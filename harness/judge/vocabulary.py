@@ -109,8 +109,9 @@ MERGE_COMMAND = "harness merge"
 # deleted; harness.store.report_file.shortfall): not a pass.
 CUT_SHORT = "cut short"
 CUT_SHORT_FIELD = "cut_short"   # the header's field saying why (reading a report adds it)
-# A header's `run_again` entry so marked: its worker died on the pair, which then ran alone and
-# passed, and no pair of its group died again: a death no pair repeats (the run is not a pass).
+# A header's `run_again` entry so marked: its worker died on the pair, which then ran alone,
+# and no pair of that worker was blamed for a death later: a death no pair repeats (the run is
+# not a pass).
 UNBLAMED_FIELD = "unblamed"
 
 # ----- grid cells (kernel x layout) ------------------------------------------------------------

@@ -311,8 +311,8 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                             if h.get(rec.CUT_SHORT))) else {}),
                         # Pairs run again in a fresh worker, a death no pair repeated among
                         # them (tallies.unblamed): a shard's stay in the nightly's join.
-                        **({"run_again": again} if (again := _run_again(headers, origin))
-                           else {}),
+                        **({"run_again": again}
+                           if (again := _run_again(headers, origin)) else {}),
                         rec.RECORDS_WRITTEN: len(rows),
                         **header})
     with (out_dir / rec.RECORDS_FILE).open("a") as f:

@@ -56,8 +56,7 @@ img { max-width: 100%; }
 <img alt="heatmap" src="data:image/png;base64,{{ heatmap }}">
 <h2>Problems ({{ bad|length }})</h2>
 {% if nothing %}<p class="bad">Nothing was judged: no check measured anything (every kernel x case skipped, or none finished). This run is not a pass.</p>
-{% elif not bad and not deaths %}<p{% if unfinished %} class="bad"{% endif %}>{{ none_bad }}</p>
-{% elif not bad %}
+{% elif not bad %}{% if not deaths %}<p{% if unfinished %} class="bad"{% endif %}>{{ none_bad }}</p>{% endif %}
 {% else %}<table><tr><th>kernel</th><th>check</th><th>segment</th><th>tokens</th><th>max abs err</th>
 <th>tolerance</th><th>ratio</th><th>worst token</th><th>case id</th></tr>
 {% for r in bad %}<tr class="bad"><td>{{ r.kernel }}</td><td>{{ r.check }}</td>

@@ -202,8 +202,8 @@ def unfinished(header: dict | None) -> str | None:
         return (f"INCOMPLETE: shard(s) {', '.join(header['shards_missing'])} missing from this "
                 "merge of shards; their pairs are not here, and it is not a pass")
     if how == v.CUT_SHORT:
-        return (f"INCOMPLETE: {header[v.CUT_SHORT_FIELD]}; the records it lacks are not here, and it "
-                "is not a pass")
+        return (f"INCOMPLETE: {header[v.CUT_SHORT_FIELD]}; the records it lacks are not here, "
+                "and it is not a pass")
     if how == v.INTERRUPTED and (why := header.get("stopped_by")):
         why = "; ".join(why) if isinstance(why, list) else why   # merged: each source's
         return f"STOPPED by an error once the run had begun: {why}; this report is not a pass"
