@@ -715,3 +715,20 @@ def test_no_problem_is_a_pass_only_where_every_check_ran():
                       probed=["out"], unprobed=["dk"], **where)
     assert none_bad([ok]) == NONE_BAD
     assert none_bad([ok, not_run]) == none_bad([ok, unprobed]) == NONE_BAD_NOT_RUN
+
+
+def test_a_problem_table_says_what_a_check_without_a_tolerance_asks():
+    """The problem tables' tolerance column read 'exact' for the padding check, whose output
+    rule is 'finite', not exact: each check without a tolerance says its rule."""
+    from harness.judge.record import Record
+    from harness.views import html, markdown
+    where = dict(kernel="k", case_id=CASE.id, layout=CASE.layout, row=0)
+    padding = Record(check="padding", verdict="fail", expected="pass", outcome="fail",
+                     message="out non-finite at padding", max_abs_err=1.0, **where)
+    leak = Record(check="leak", verdict="fail", expected="pass", outcome="fail", segment=2,
+                  max_abs_err=0.5, **where)
+    table = markdown._problem_table([padding, leak])
+    assert "exact" not in "\n".join(table)
+    assert "| grads 0, out finite |" in table[2] and "| bitwise |" in table[3]
+    assert [row["tol"] for row in html._problem_rows([padding, leak])] == \
+        ["grads 0, out finite", "bitwise"]

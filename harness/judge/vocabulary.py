@@ -44,6 +44,7 @@ class Check:
     peer_factor: float = 0.0
     floor_eps: float = 0.0
     per_segment: bool = True   # one record per segment (else one per row, or per kernel x case)
+    rule: str = ""        # a check without a tolerance: what it asks, in a table's few words
 
     def __str__(self) -> str:
         return self.name
@@ -57,9 +58,11 @@ DSINKS = Check("dsinks", "", traced=False, bitwise=False, peer_factor=3.0, floor
                per_segment=False)
 # The output's tangent: chained like a gradient (the score's tangent, then the softmax's).
 JVP = Check("jvp", "query", traced=False, bitwise=False, peer_factor=3.0, floor_eps=4.0)
-LEAK = Check("leak", "", traced=False, bitwise=True)
-PADDING = Check("padding", "", traced=False, bitwise=True, per_segment=False)
-CONTRACT = Check("contract", "", traced=False, bitwise=True, per_segment=False)
+LEAK = Check("leak", "", traced=False, bitwise=True, rule="bitwise")
+PADDING = Check("padding", "", traced=False, bitwise=True, per_segment=False,
+                rule="grads 0, out finite")
+CONTRACT = Check("contract", "", traced=False, bitwise=True, per_segment=False,
+                 rule="query's dtype")
 
 TENSORS = (OUT, DQ, DK, DV)      # a kernel program's results, in this order
 CHECKS = {c.name: c for c in (*TENSORS, DSINKS, JVP, LEAK, PADDING, CONTRACT)}
@@ -71,6 +74,13 @@ def check(name: str) -> Check:
         return CHECKS[name]
     except KeyError:
         raise KeyError(f"unknown check {name!r}; known: {', '.join(CHECKS)}") from None
+
+
+def rule(check_name: str) -> str:
+    """What a check without a tolerance asks, for a table's tolerance column ("—" where the
+    record's check is none of the harness's)."""
+    chk = CHECKS.get(check_name)
+    return chk.rule if chk is not None and chk.rule else "—"
 
 
 def has_ratio(check_name: str) -> bool:

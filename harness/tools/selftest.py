@@ -165,7 +165,7 @@ def _ratio_text(res: Result) -> str:
     if r is None or r.check == v.KERNEL_LEVEL:
         return ""
     if not v.has_ratio(r.check):
-        return "bitwise" if r.check == v.LEAK.name else "exact"
+        return v.rule(r.check)
     return tallies.ratio_text(r.ratio)
 
 

@@ -199,7 +199,7 @@ def _problem_rows(records) -> list[dict]:
         ratio = v.has_ratio(r.check)
         rows.append({"kernel": r.kernel, "check": r.check, "where": r.where,
                      "outcome": r.outcome, "tokens": r.tokens, "err": fmt(r.max_abs_err),
-                     "tol": fmt(r.tolerance) if ratio else "exact",
+                     "tol": fmt(r.tolerance) if ratio else v.rule(r.check),
                      "ratio": fmt(r.ratio) if ratio else "—", "worst_token": r.worst_token,
                      "case_id": r.case_id, "message": r.message[:300]})
     return rows

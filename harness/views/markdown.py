@@ -261,7 +261,7 @@ def _problem_table(rows: list[Record]) -> list[str]:
         ratio = v.has_ratio(r.check)
         out.append(
             f"| {r.kernel} | {r.check} | {label} | {r.tokens} "
-            f"| {fmt(r.max_abs_err)} | {fmt(r.tolerance) if ratio else 'exact'} "
+            f"| {fmt(r.max_abs_err)} | {fmt(r.tolerance) if ratio else v.rule(r.check)} "
             f"| {fmt(r.ratio) if ratio else '—'} | {r.worst_token} | `{r.case_id}` |")
     return out
 
