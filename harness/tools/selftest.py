@@ -152,7 +152,7 @@ def run(entries: list[Entry], cases=SELFTEST_CASES, programs=None,
 
 # ----- output -----------------------------------------------------------------------------------
 
-WIDTH = 180
+WIDTH = 200
 _STYLE = {v.ZOO_CAUGHT: "green", v.ZOO_OK: "green", v.ZOO_MISSED: "bold red",
           v.ZOO_FLAGGED: "bold red", v.ZOO_ERROR: "bold red"}
 
