@@ -391,3 +391,39 @@ def test_a_merge_made_before_joined_by_is_made_again(tmp_path):
     assert again.returncode != 2 and "own report" not in again.stderr, again.stderr[-2000:]
     assert refused.returncode == 2 and "holds a run's own report" in refused.stderr, \
         refused.stderr[-2000:]
+
+
+def test_a_shard_run_again_whole_after_its_runner_died_completes_the_merge(tmp_path):
+    """A shard whose runner died (its report cut short, its state 'running') and the same shard
+    run again to the end: merged in that order, the rerun replaces the cut one whole and the
+    merge is green (it read INCOMPLETE, the cut source's shortfall and state carried over). In
+    the other order, or against a rerun of another selection, the cut source still counts."""
+    def pairs(shard):
+        return [_record(k, c, "ok") for k in ("k", "j") for c in CASE_IDS
+                if (CASE_IDS.index(c) % 2) + 1 == int(shard[0])]
+    one = _write(tmp_path / "p1", pairs("1/2"), shard="1/2", cases=1)
+    cut = _write(tmp_path / "p2-cut", pairs("2/2")[:1], shard="2/2", state="running",
+                 pairs_selected=2, cases=1)
+    again = _write(tmp_path / "p2-again", pairs("2/2"), shard="2/2", cases=1)
+    status, _, header, records = engine.merge(tmp_path / "m", [one, cut])
+    assert status == 1 and header["state"] == "running"
+    status, _, header, records = engine.merge(tmp_path / "m2", [one, cut, again])
+    assert status == 0 and header["state"] == "finished" and len(records) == 4, header
+    assert rec.CUT_SHORT not in header and header["pairs_selected"] == 4
+    md = (tmp_path / "m2" / "summary.md").read_text()
+    assert "INCOMPLETE" not in md and "never finished" not in md
+    # The cut one last: its pair may be cut inside; the merge stays unfinished.
+    status, _, header, _ = engine.merge(tmp_path / "m3", [one, again, cut])
+    assert status == 1 and header["state"] == "running"
+    # A rerun of another selection (the cut pair alone, unsharded) does not replace it whole.
+    narrower = _write(tmp_path / "p2-k", pairs("2/2")[:1], kernels=["k"], cases=1,
+                      selection={**SELECTION, "kernels": "k", "cases": CASE_IDS[1]})
+    status, _, header, _ = engine.merge(tmp_path / "m4", [one, cut, narrower])
+    assert status == 1 and header["state"] == "running"
+    # Cut short without the running state (a file cut at a line) and run again: green too.
+    short = _write(tmp_path / "p2-short", pairs("2/2")[:1], shard="2/2", pairs_selected=2,
+                   cases=1)
+    status, _, header, _ = engine.merge(tmp_path / "m5", [one, short])
+    assert status == 1 and rec.CUT_SHORT in header
+    status, _, header, _ = engine.merge(tmp_path / "m6", [one, short, again])
+    assert status == 0 and rec.CUT_SHORT not in header, header

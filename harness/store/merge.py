@@ -217,6 +217,18 @@ def _run_again(headers: list[dict], origin: dict[tuple, int]) -> list[dict]:
     return out
 
 
+def superseded(headers: list[dict], short: list) -> set[int]:
+    """The sources a later source replaces whole: a run of the same selection (its shard
+    included) that finished holding every pair and record it selected (a shard run again after
+    its runner died). What the earlier one lacked, and its unfinished state, are then not the
+    merge's: each pair it held is replaced or was measured where the later one skipped it."""
+    whole = [j for j, h in enumerate(headers)
+             if short[j] == 0 and not h.get(rec.CUT_SHORT) and h.get("state") == FINISHED
+             and h.get("selection") is not None and not rec.narrowed(h)]
+    return {i for i, h in enumerate(headers) for j in whole if j > i
+            and rec.canonical(h.get("selection")) == rec.canonical(headers[j]["selection"])}
+
+
 def _only_skipped(rows: list[str]) -> bool:
     """Whether a pair's record lines are skips only (nothing measured, nothing raised)."""
     return all(json.loads(row).get("outcome") == SKIP for row in rows)
@@ -285,11 +297,14 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                 fresh_traces.setdefault(pair, []).append(line)
         traces.update(fresh_traces)
     rows = [r for pair_rows in by_case.values() for r in pair_rows]
+    # A source a later one replaced whole says nothing of the merge's completeness.
+    replaced = superseded(headers, short)
+    short = [0 if i in replaced else x for i, x in enumerate(short)]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     facts = merged_environment([{k: h.get(k) for k in RUN_FACTS} for h in headers])
     facts["shard"] = merged_shards(headers)
-    states = {h.get("state") for h in headers}
+    states = {h.get("state") for i, h in enumerate(headers) if i not in replaced}
     facts["state"] = next((s for s in (RUNNING, INTERRUPTED) if s in states), FINISHED)
     suites = sorted({h.get("suite") for h in headers}, key=str)
     rec.write_header(out_dir / rec.RECORDS_FILE,
@@ -307,8 +322,9 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
                         **({"narrowed": True} if any(rec.narrowed(h) for h in headers) else {}),
                         # A source that holds fewer records than it wrote: so does the merge.
                         **({rec.CUT_SHORT: cut} if (cut := "; ".join(
-                            f"{s}: {h[rec.CUT_SHORT]}" for s, h in zip(sources, headers)
-                            if h.get(rec.CUT_SHORT))) else {}),
+                            f"{s}: {h[rec.CUT_SHORT]}" for i, (s, h) in
+                            enumerate(zip(sources, headers))
+                            if h.get(rec.CUT_SHORT) and i not in replaced)) else {}),
                         # Pairs run again in a fresh worker, a death no pair repeated among
                         # them (tallies.unblamed): a shard's stay in the nightly's join.
                         **({"run_again": again}
