@@ -299,3 +299,48 @@ def test_pytest_stopped_by_sigterm_says_interrupted_and_leaves_no_earlier_views(
     header = rec.read_header(report_dir)
     assert header["state"] == "interrupted", header
     assert "interrupted" in (report_dir / "summary.md").read_text()
+
+
+TERM_IN_GC = """
+import gc, os, signal
+import harness
+from harness.kernels.reference import dot_product
+
+sent = []
+
+def _term(phase, info):   # SIGTERM arrives while Python runs a garbage-collection callback
+    if phase == "start" and not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+def expect(case, check, segment):
+    if not sent and os.environ.get("TERM_IN_GC"):
+        gc.callbacks.append(_term)
+        gc.collect()
+        gc.callbacks.remove(_term)
+    return "pass"
+
+harness.register_kernel("term_in_gc", dot_product, dtypes=("float32",), expect=expect)
+"""
+
+
+@pytest.mark.parametrize("front", ["cli", "pytest"])
+def test_a_sigterm_python_drops_in_a_gc_callback_still_stops_the_run(tmp_path, front):
+    """CI's SIGTERM landed while jax's garbage-collection callback ran: Python printed the
+    KeyboardInterrupt as 'ignored' and the run went on to its end, exit 0. The request is kept
+    and the run stops at the next pair, interrupted (CLI 130, pytest 2)."""
+    import os
+    from harness.store import report_file as rec
+    module = tmp_path / "kernels.py"
+    module.write_text(TERM_IN_GC)
+    cases = "packed/random-b4-t256-h4kv4-d32-f32-s0,unaligned/odd-b4-t256-h4kv4-d32-f32-s0"
+    common = ["--kernel-module", str(module), "--kernels", "term_in_gc", "--cases", cases,
+              f"--report-dir={tmp_path / 'r'}", "--no-leak-probe"]
+    command = ["-m", "harness", "run", *common] if front == "cli" else \
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "cases/test_matrix.py", *common]
+    out = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "TERM_IN_GC": "1"})
+    assert out.returncode == (130 if front == "cli" else 2), out.stdout[-2000:] + out.stderr[-2000:]
+    header, records = rec.read(tmp_path / "r")
+    assert header["state"] == "interrupted"
+    assert len({r.case_id for r in records}) == 1   # the pair judged when it came, and no more

@@ -21,7 +21,6 @@ import contextlib
 import functools
 import os
 import shutil
-import signal
 import time
 import uuid
 from pathlib import Path
@@ -232,6 +231,7 @@ def run_case(request):
     lanes = _lane_results(request.config)
 
     def run(kernel, case):
+        engine.stop_if_asked()   # a SIGTERM whose exception Python lost: stop before this pair
         result = lanes.wait(kernel, case) if lanes is not None else None
         try:
             return result if result is not None else _run_in_test(request, kernel, case)
@@ -330,7 +330,7 @@ def _begin(config, pairs) -> None:
     begin(_report_dir(config), describe_host(),
           **engine.run_info(config._harness_options, config._harness_selection))
     with contextlib.suppress(ValueError):   # SIGTERM as the CLI takes it: interrupted
-        signal.signal(signal.SIGTERM, engine.interrupt)
+        engine.on_sigterm()
 
 
 def _start_lanes(config, pairs) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,7 +133,8 @@ def run(options: RunOptions) -> int:
         if present:
             print(f"replacing the report in {report_dir}/ ({', '.join(present)}; --report-dir "
                   "DIR writes elsewhere)", file=sys.stderr)
-        previous = signal.signal(signal.SIGTERM, interrupt)  # `timeout`, CI cancellations
+        previous = signal.getsignal(signal.SIGTERM)
+        on_sigterm()   # `timeout`, CI cancellations
         try:
             # On GPUs the pairs run in worker processes: this process never starts a device
             # (that would take a share of its memory from the workers), and a kernel that
@@ -164,9 +166,39 @@ def stopped_by(report_dir: Path, exc: UsageError) -> None:
     write_views(report_dir)
 
 
+# A SIGTERM received (interrupt): Python drops an exception raised where it cannot be raised
+# (jax's garbage-collection callback, a __del__), so the request is kept and checked again
+# after each pair (stop_if_asked).
+_TERM_ASKED = threading.Event()
+
+
 def interrupt(signum, frame):
     """SIGTERM (`timeout`, a CI cancel) as Ctrl-C: the run stops as interrupted."""
+    _TERM_ASKED.set()
     raise KeyboardInterrupt
+
+
+def on_sigterm() -> None:
+    """Installs `interrupt` for SIGTERM in this (the main) thread, no stop asked yet."""
+    _TERM_ASKED.clear()
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def stop_if_asked() -> None:
+    """Raises KeyboardInterrupt where a SIGTERM came and its exception was lost: CI's run that
+    SIGTERM met inside jax's garbage-collection callback ran on to its end, exit 0."""
+    if _TERM_ASKED.is_set():
+        raise KeyboardInterrupt
+
+
+def _result(future):
+    """A worker group's result, waited for a second at a time: a SIGTERM whose exception was
+    lost stops the wait (stop_if_asked)."""
+    while True:
+        try:
+            return future.result(timeout=1.0)
+        except TimeoutError:
+            stop_if_asked()
 
 
 def _programs(options: RunOptions):
@@ -189,6 +221,7 @@ def _run_here(options: RunOptions, selection: Selection, report_dir: Path
             def on_result(kernel, case, result):
                 writer.add(result)
                 step(f"{kernel.name} {case.id}")
+                stop_if_asked()
             run_matrix(selection.kernels, selection.cases, current_platform(),
                        on_result=on_result, programs=programs, leak=options.leak_probe)
     except KeyboardInterrupt:
@@ -237,7 +270,7 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
     try:
         for future in futures:
             try:
-                interrupted |= future.result().interrupted
+                interrupted |= _result(future).interrupted
             except workers.Stopped:
                 interrupted = True
         if not interrupted:
