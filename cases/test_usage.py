@@ -343,4 +343,6 @@ def test_a_sigterm_python_drops_in_a_gc_callback_still_stops_the_run(tmp_path, f
     assert out.returncode == (130 if front == "cli" else 2), out.stdout[-2000:] + out.stderr[-2000:]
     header, records = rec.read(tmp_path / "r")
     assert header["state"] == "interrupted"
-    assert len({r.case_id for r in records}) == 1   # the pair judged when it came, and no more
+    # Not run on to its end (the signal's exception, where Python raised it after the callback
+    # returned, stops the pair it came in).
+    assert len({r.case_id for r in records}) < 2
