@@ -5,7 +5,10 @@ import io
 from pathlib import Path
 from contextlib import redirect_stdout
 
+import pytest
+
 from harness.engine import engine
+from harness.errors import UsageError
 from harness.judge.record import Record
 from harness.judge.tallies import run_status
 from harness.store import report_file as rec
@@ -397,14 +400,24 @@ def test_a_shard_run_again_whole_after_its_runner_died_completes_the_merge(tmp_p
     """A shard whose runner died (its report cut short, its state 'running') and the same shard
     run again to the end: merged in that order, the rerun replaces the cut one whole and the
     merge is green (it read INCOMPLETE, the cut source's shortfall and state carried over). In
-    the other order, or against a rerun of another selection, the cut source still counts."""
+    the other order, or against a rerun of another selection, kernels or commit, the cut source
+    still counts."""
     def pairs(shard):
         return [_record(k, c, "ok") for k in ("k", "j") for c in CASE_IDS
                 if (CASE_IDS.index(c) % 2) + 1 == int(shard[0])]
-    one = _write(tmp_path / "p1", pairs("1/2"), shard="1/2", cases=1)
-    cut = _write(tmp_path / "p2-cut", pairs("2/2")[:1], shard="2/2", state="running",
-                 pairs_selected=2, cases=1)
-    again = _write(tmp_path / "p2-again", pairs("2/2"), shard="2/2", cases=1)
+
+    def shard(name, records, **header):
+        folder = tmp_path / name
+        info = {"suite": "t", "kernels": ["k", "j"], "cases": 1, "state": "finished",
+                "selection": {**SELECTION, "shard": header.get("shard", "2/2")},
+                "shard": "2/2", "pairs_selected": 2, **header}
+        rec.write_report(folder / rec.RECORDS_FILE,
+                         {"platform": "cpu", "git_commit": header.pop("commit", "abc")},
+                         records, **{k: x for k, x in info.items() if k != "commit"})
+        return folder
+    one = shard("p1", pairs("1/2"), shard="1/2")
+    cut = shard("p2-cut", pairs("2/2")[:1], state="running")
+    again = shard("p2-again", pairs("2/2"))
     status, _, header, records = engine.merge(tmp_path / "m", [one, cut])
     assert status == 1 and header["state"] == "running"
     status, _, header, records = engine.merge(tmp_path / "m2", [one, cut, again])
@@ -415,15 +428,26 @@ def test_a_shard_run_again_whole_after_its_runner_died_completes_the_merge(tmp_p
     # The cut one last: its pair may be cut inside; the merge stays unfinished.
     status, _, header, _ = engine.merge(tmp_path / "m3", [one, again, cut])
     assert status == 1 and header["state"] == "running"
-    # A rerun of another selection (the cut pair alone, unsharded) does not replace it whole.
-    narrower = _write(tmp_path / "p2-k", pairs("2/2")[:1], kernels=["k"], cases=1,
-                      selection={**SELECTION, "kernels": "k", "cases": CASE_IDS[1]})
-    status, _, header, _ = engine.merge(tmp_path / "m4", [one, cut, narrower])
-    assert status == 1 and header["state"] == "running"
+    # Stopped (Ctrl-C, SIGTERM) rather than killed, then run again: its interrupted fact goes
+    # with it.
+    stopped = shard("p2-stopped", pairs("2/2")[:1], state="interrupted", interrupted=True)
+    status, _, header, _ = engine.merge(tmp_path / "m4", [one, stopped, again])
+    assert status == 0 and not header.get("interrupted"), header
     # Cut short without the running state (a file cut at a line) and run again: green too.
-    short = _write(tmp_path / "p2-short", pairs("2/2")[:1], shard="2/2", pairs_selected=2,
-                   cases=1)
+    short = shard("p2-short", pairs("2/2")[:1])
     status, _, header, _ = engine.merge(tmp_path / "m5", [one, short])
     assert status == 1 and rec.CUT_SHORT in header
     status, _, header, _ = engine.merge(tmp_path / "m6", [one, short, again])
     assert status == 0 and rec.CUT_SHORT not in header, header
+    # Not the same run: the cut one had a kernel more (a --kernel-module the rerun lacked: its
+    # selection reads alike), or held a pair the rerun does not (another commit is refused).
+    wider = shard("p2-wider", pairs("2/2")[:1], state="running", kernels=["k", "j", "mine"],
+                  pairs_selected=3)
+    extra = shard("p2-extra", [*pairs("2/2")[:1], _record("k", CASE_IDS[0], "ok")],
+                  state="running", pairs_selected=3)
+    other = shard("p2-other", pairs("2/2")[:1], state="running", commit="def")
+    with pytest.raises(UsageError, match="not run by the same code"):
+        engine.merge(tmp_path / "n", [one, other, again])
+    for n, earlier in enumerate((wider, extra)):
+        status, _, header, _ = engine.merge(tmp_path / f"n{n}", [one, earlier, again])
+        assert status == 1 and header["state"] == "running", earlier

@@ -719,7 +719,8 @@ def test_no_problem_is_a_pass_only_where_every_check_ran():
 
 def test_a_problem_table_says_what_a_check_without_a_tolerance_asks():
     """The problem tables' tolerance column read 'exact' for the padding check, whose output
-    rule is 'finite', not exact: each check without a tolerance says its rule."""
+    rule is 'finite' by default (or zero, or none, as the kernel declares), not exact: each check
+    without a tolerance says its rule."""
     from harness.judge.record import Record
     from harness.views import html, markdown
     where = dict(kernel="k", case_id=CASE.id, layout=CASE.layout, row=0)
@@ -729,6 +730,6 @@ def test_a_problem_table_says_what_a_check_without_a_tolerance_asks():
                   max_abs_err=0.5, **where)
     table = markdown._problem_table([padding, leak])
     assert "exact" not in "\n".join(table)
-    assert "| grads 0, out finite |" in table[2] and "| bitwise |" in table[3]
+    assert "| grads 0, out as declared |" in table[2] and "| bitwise |" in table[3]
     assert [row["tol"] for row in html._problem_rows([padding, leak])] == \
-        ["grads 0, out finite", "bitwise"]
+        ["grads 0, out as declared", "bitwise"]

@@ -194,11 +194,10 @@ def stop_if_asked() -> None:
 def _result(future):
     """A worker group's result, waited for a second at a time: a SIGTERM whose exception was
     lost stops the wait (stop_if_asked)."""
-    while True:
-        try:
-            return future.result(timeout=1.0)
-        except TimeoutError:
-            stop_if_asked()
+    from concurrent.futures import wait
+    while not wait([future], timeout=1.0).done:
+        stop_if_asked()
+    return future.result()
 
 
 def _programs(options: RunOptions):
@@ -274,6 +273,7 @@ def _run_in_workers(options: RunOptions, selection: Selection, report_dir: Path
             except workers.Stopped:
                 interrupted = True
         if not interrupted:
+            stop_if_asked()
             again = workers.run_deferred(futures, workdir, options, on_crash=on_crash,
                                          stop=stopping)
             interrupted |= again is not None and again.interrupted

@@ -60,9 +60,9 @@ DSINKS = Check("dsinks", "", traced=False, bitwise=False, peer_factor=3.0, floor
 JVP = Check("jvp", "query", traced=False, bitwise=False, peer_factor=3.0, floor_eps=4.0)
 LEAK = Check("leak", "", traced=False, bitwise=True, rule="bitwise")
 PADDING = Check("padding", "", traced=False, bitwise=True, per_segment=False,
-                rule="grads 0, out finite")
+                rule="grads 0, out as declared")
 CONTRACT = Check("contract", "", traced=False, bitwise=True, per_segment=False,
-                 rule="query's dtype")
+                 rule="declared dtype")
 
 TENSORS = (OUT, DQ, DK, DV)      # a kernel program's results, in this order
 CHECKS = {c.name: c for c in (*TENSORS, DSINKS, JVP, LEAK, PADDING, CONTRACT)}

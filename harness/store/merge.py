@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.judge.vocabulary import SKIP, UNBLAMED_FIELD
+from harness.judge.vocabulary import MERGE_COMMAND, SKIP, UNBLAMED_FIELD
 from harness.store import report_file as rec
 from harness.store.writer import FINISHED, INTERRUPTED, RUNNING
 
@@ -217,16 +217,30 @@ def _run_again(headers: list[dict], origin: dict[tuple, int]) -> list[dict]:
     return out
 
 
-def superseded(headers: list[dict], short: list) -> set[int]:
+def superseded(headers: list[dict], held: list[set], short: list) -> set[int]:
     """The sources a later source replaces whole: a run of the same selection (its shard
-    included) that finished holding every pair and record it selected (a shard run again after
-    its runner died). What the earlier one lacked, and its unfinished state, are then not the
-    merge's: each pair it held is replaced or was measured where the later one skipped it."""
+    included), kernels, cases and code, that finished holding every pair and record it selected,
+    among them every pair the earlier one holds (a shard run again after its runner died). What
+    the earlier one lacked, and its unfinished state, are then not the merge's: each pair it held
+    is replaced, or was measured where the later one skipped it. Where any of that is unknown
+    (a merged source, an older header), nothing is replaced."""
+    def by_merge(h: dict) -> bool:   # harness merge's (a run's own join of its workers is not)
+        return h.get("joined_by") == MERGE_COMMAND or "rejudged" in h
+
+    def same_run(a: dict, b: dict) -> bool:
+        return (a.get("selection") is not None
+                and rec.canonical(a["selection"]) == rec.canonical(b.get("selection"))
+                and isinstance(a.get("kernels"), list) and isinstance(b.get("kernels"), list)
+                and set(a["kernels"]) == set(b["kernels"]) and a.get("cases") == b.get("cases")
+                and (ea := a.get("environment") or {}).get("git_commit") is not None
+                and ea["git_commit"] == (eb := b.get("environment") or {}).get("git_commit")
+                and _env_differs(ea, eb) is None)
     whole = [j for j, h in enumerate(headers)
              if short[j] == 0 and not h.get(rec.CUT_SHORT) and h.get("state") == FINISHED
-             and h.get("selection") is not None and not rec.narrowed(h)]
-    return {i for i, h in enumerate(headers) for j in whole if j > i
-            and rec.canonical(h.get("selection")) == rec.canonical(headers[j]["selection"])}
+             and not rec.narrowed(h) and not by_merge(h)]
+    return {i for i, h in enumerate(headers) for j in whole
+            if j > i and not by_merge(h) and same_run(h, headers[j])
+            and held[i] <= held[j]}
 
 
 def _only_skipped(rows: list[str]) -> bool:
@@ -270,6 +284,7 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
     by_case: dict[tuple, list] = {}
     traces: dict[tuple, list] = {}
     headers, overlaps, short = [], [], []   # short: pairs each source lacks of its selection
+    held: list[set] = []                    # the pairs each source holds
     origin: dict[tuple, int] = {}           # pair -> the source whose records the merge keeps
     for src in sources:
         # Each record's line as its source wrote it, where nothing rewrites them.
@@ -282,6 +297,7 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
         fresh: dict[tuple, list] = {}
         for pair, row in rows:
             fresh.setdefault(pair, []).append(row)
+        held.append(set(fresh))
         expected = rec.pairs_expected(head)
         short.append(None if expected is None else max(0, expected - len(fresh)))
         overlap = set(fresh) & set(by_case)
@@ -298,11 +314,13 @@ def merge_reports(out_dir: Path, sources: list[Path], transform: Callable | None
         traces.update(fresh_traces)
     rows = [r for pair_rows in by_case.values() for r in pair_rows]
     # A source a later one replaced whole says nothing of the merge's completeness.
-    replaced = superseded(headers, short)
+    replaced = superseded(headers, held, short)
     short = [0 if i in replaced else x for i, x in enumerate(short)]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    facts = merged_environment([{k: h.get(k) for k in RUN_FACTS} for h in headers])
+    # Its run's facts (interrupted, stopped_by, ...) are not the merge's either.
+    facts = merged_environment([{k: h.get(k) for k in RUN_FACTS}
+                                for i, h in enumerate(headers) if i not in replaced])
     facts["shard"] = merged_shards(headers)
     states = {h.get("state") for i, h in enumerate(headers) if i not in replaced}
     facts["state"] = next((s for s in (RUNNING, INTERRUPTED) if s in states), FINISHED)
