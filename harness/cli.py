@@ -71,7 +71,7 @@ def cmd_report(args) -> int:
 
 def cmd_merge(args) -> int:
     from harness.engine import engine
-    from harness.judge import tallies
+    from harness.judge import vocabulary
     from harness.store import report_file as rec
     from harness.views.summary import print_console
     from harness.store.writer import FolderLock
@@ -95,7 +95,7 @@ def cmd_merge(args) -> int:
     with FolderLock(out, option="merge OUT"):   # not a folder a run is writing now
         if out.is_dir() and rec.report_files(out):
             held = rec.read_header(out, what="merge OUT")
-            if not tallies.made_by_merge(held):   # a merge's OUT made again: fine
+            if not vocabulary.made_by_merge(held):   # a merge's OUT made again: fine
                 raise _usage(f"merge {args.out}: holds a run's own report"
                              + (f" (shard {held['shard']})" if held.get("shard") else "")
                              + ", which the merge would replace; give OUT first, a folder of its "

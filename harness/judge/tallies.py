@@ -46,20 +46,13 @@ def worst_outcome(records: Iterable[Record]) -> str | None:
     return next((o for o in v.SEVERITY if o in present), None)
 
 
-def made_by_merge(header: dict | None) -> bool:
-    """Whether `harness merge` wrote the report (not a run, whose own join of its workers'
-    parts is a merge too)."""
-    header = header or {}
-    return header.get("joined_by") == v.MERGE_COMMAND or "rejudged" in header
-
-
 def lone_shard(header: dict | None) -> bool:
     """A run's single shard I/N of N > 1 that is not the whole selection (its header's shard
     text; shards_filled: how many shards hold cases). A merge, of one shard or several, is
     held to the whole."""
     header = header or {}
     shard, filled = header.get("shard"), header.get("shards_filled")
-    return (isinstance(shard, str) and not shard.endswith("/1") and not made_by_merge(header)
+    return (isinstance(shard, str) and not shard.endswith("/1") and not v.made_by_merge(header)
             and not (isinstance(filled, int) and filled <= 1))
 
 

@@ -113,8 +113,17 @@ RUNNING, FINISHED, INTERRUPTED = "running", "finished", "interrupted"
 # A merge of shards I/N that lacks some (its header's shards_missing): not a pass either.
 SHARDS_MISSING = "shards missing"
 # A report `harness merge` wrote says so in its header (`joined_by`); older ones, by the
-# `rejudged` fact every such merge has written (harness.judge.tallies.made_by_merge).
+# `rejudged` fact every such merge has written (made_by_merge).
 MERGE_COMMAND = "harness merge"
+
+
+def made_by_merge(header: dict | None) -> bool:
+    """Whether `harness merge` wrote the report (not a run, whose own join of its workers'
+    parts is a merge too)."""
+    header = header or {}
+    return header.get("joined_by") == MERGE_COMMAND or "rejudged" in header
+
+
 # A report holding fewer pairs or records than its header says (a file cut at a line, lines
 # deleted; harness.store.report_file.shortfall): not a pass.
 CUT_SHORT = "cut short"

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.judge.vocabulary import MERGE_COMMAND, SKIP, UNBLAMED_FIELD
+from harness.judge.vocabulary import SKIP, UNBLAMED_FIELD, made_by_merge
 from harness.store import report_file as rec
 from harness.store.writer import FINISHED, INTERRUPTED, RUNNING
 
@@ -224,9 +224,6 @@ def superseded(headers: list[dict], held: list[set], short: list) -> set[int]:
     the earlier one lacked, and its unfinished state, are then not the merge's: each pair it held
     is replaced, or was measured where the later one skipped it. Where any of that is unknown
     (a merged source, an older header), nothing is replaced."""
-    def by_merge(h: dict) -> bool:   # harness merge's (a run's own join of its workers is not)
-        return h.get("joined_by") == MERGE_COMMAND or "rejudged" in h
-
     def same_run(a: dict, b: dict) -> bool:
         return (a.get("selection") is not None
                 and rec.canonical(a["selection"]) == rec.canonical(b.get("selection"))
@@ -237,9 +234,9 @@ def superseded(headers: list[dict], held: list[set], short: list) -> set[int]:
                 and _env_differs(ea, eb) is None)
     whole = [j for j, h in enumerate(headers)
              if short[j] == 0 and not h.get(rec.CUT_SHORT) and h.get("state") == FINISHED
-             and not rec.narrowed(h) and not by_merge(h)]
+             and not rec.narrowed(h) and not made_by_merge(h)]
     return {i for i, h in enumerate(headers) for j in whole
-            if j > i and not by_merge(h) and same_run(h, headers[j])
+            if j > i and not made_by_merge(h) and same_run(h, headers[j])
             and held[i] <= held[j]}
 
 
